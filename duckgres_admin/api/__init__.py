@@ -1,0 +1,1 @@
+"""The REST API (faces only: views validate and call domain services)."""

@@ -1,0 +1,1 @@
+"""One seam per external system: Kubernetes, S3, PostgreSQL admin, HTTP, secret references."""

@@ -1,0 +1,52 @@
+"""All models of Duckgres Admin live in this package (design §2)."""
+
+from duckgres_admin.models.audit import AuditRecord, Operator, OperatorRole
+from duckgres_admin.models.leases import ConnectionLease, Lease, LeasePurpose, LeaseState
+from duckgres_admin.models.reshard import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    LogLevel,
+    LogSource,
+    OpState,
+    ReshardLogEntry,
+    ReshardOperation,
+    ReshardStepTiming,
+    StepOutcome,
+)
+from duckgres_admin.models.stores import (
+    LIBPQ_SSLMODES,
+    STORE_NAME_PATTERN,
+    MetadataStore,
+    StoreKind,
+)
+from duckgres_admin.models.warehouses import (
+    EXTERNAL_SSLMODES,
+    Warehouse,
+    WarehouseState,
+)
+
+__all__ = [
+    "ACTIVE_STATES",
+    "EXTERNAL_SSLMODES",
+    "LIBPQ_SSLMODES",
+    "STORE_NAME_PATTERN",
+    "TERMINAL_STATES",
+    "AuditRecord",
+    "ConnectionLease",
+    "Lease",
+    "LeasePurpose",
+    "LeaseState",
+    "LogLevel",
+    "LogSource",
+    "MetadataStore",
+    "OpState",
+    "Operator",
+    "OperatorRole",
+    "ReshardLogEntry",
+    "ReshardOperation",
+    "ReshardStepTiming",
+    "StepOutcome",
+    "StoreKind",
+    "Warehouse",
+    "WarehouseState",
+]

@@ -1,0 +1,239 @@
+"""Reshard operations, their op log and step timings (spec reshard §2.5-§2.8).
+
+The operation row is the single source of truth. Runner writes are fenced by
+``(id, state='running', runner_id, runner_epoch)``; see ``reshard.fencing``.
+There is no password column, on purpose.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class OpState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATES = (OpState.PENDING.value, OpState.RUNNING.value)
+TERMINAL_STATES = (OpState.SUCCEEDED.value, OpState.FAILED.value, OpState.CANCELLED.value)
+
+COMPACTION_PRIOR_SHAPES = models.Q(compaction_prior__isnull=True) | models.Q(
+    compaction_prior__in=[
+        {"present": False},
+        {"present": True, "value": True},
+        {"present": True, "value": False},
+    ]
+)
+
+
+class ReshardOperation(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    org_id = models.TextField()
+    created_by = models.TextField(default="", blank=True)
+
+    source_kind = models.TextField()
+    from_shard = models.TextField(default="", blank=True)
+    source_endpoint = models.TextField(default="", blank=True)
+    source_port = models.IntegerField(default=0)
+    source_sslmode = models.TextField(default="", blank=True)
+    source_user = models.TextField(default="", blank=True)
+    source_database = models.TextField(default="", blank=True)
+    source_password_secret_ref = models.TextField(default="", blank=True)
+    compaction_prior = models.JSONField(null=True, blank=True)
+
+    target_kind = models.TextField()
+    to_shard = models.TextField(default="", blank=True)
+    target_endpoint = models.TextField(default="", blank=True)
+    target_port = models.IntegerField(default=0)
+    target_sslmode = models.TextField(default="", blank=True)
+    target_user = models.TextField(default="", blank=True)
+    target_database = models.TextField(default="", blank=True)
+    target_password_secret_ref = models.TextField(default="", blank=True)
+
+    state = models.TextField(choices=OpState.choices, default=OpState.PENDING)
+    step = models.TextField(default="", blank=True)
+    error = models.TextField(default="", blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    drain_timeout_seconds = models.BigIntegerField(default=1800)
+    cutover_timeout_seconds = models.BigIntegerField(default=0)
+    launcher = models.TextField()
+    runner_id = models.TextField(default="", blank=True)
+    runner_epoch = models.BigIntegerField(default=0)
+    respawn_attempts = models.IntegerField(default=0)
+    runner_image = models.CharField(max_length=1024, default="", blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    blocked_at = models.DateTimeField(null=True, blank=True)
+    unblocked_at = models.DateTimeField(null=True, blank=True)
+
+    # Milestones (§2.6): written only after positive observation.
+    source_access_verified_at = models.DateTimeField(null=True, blank=True)
+    source_fence_requested_at = models.DateTimeField(null=True, blank=True)
+    source_fenced_at = models.DateTimeField(null=True, blank=True)
+    target_rendered_at = models.DateTimeField(null=True, blank=True)
+    target_login_ready_at = models.DateTimeField(null=True, blank=True)
+    external_verified_at = models.DateTimeField(null=True, blank=True)
+    source_drop_committed_at = models.DateTimeField(null=True, blank=True)
+    source_dropped_at = models.DateTimeField(null=True, blank=True)
+
+    tables_copied = models.BigIntegerField(default=0)
+    rows_copied = models.BigIntegerField(default=0)
+    bytes_copied = models.BigIntegerField(default=0)
+    progress = models.JSONField(default=dict, blank=True)
+    backup_s3_uri = models.TextField(default="", blank=True)
+    backup_bytes = models.BigIntegerField(default=0)
+    password_url = models.TextField(default="", blank=True)
+
+    recovery_required = models.BooleanField(default=False)
+    recovery_owner = models.TextField(default="", blank=True)
+    recovery_claimed_at = models.DateTimeField(null=True, blank=True)
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    recovery_outcome = models.TextField(default="", blank=True)
+    metrics_observed_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "duckgres_reshard_operations"
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["org_id", "-id"], name="reshard_op_org_recent"),
+            models.Index(fields=["state"], name="reshard_op_state"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id"],
+                condition=models.Q(state__in=ACTIVE_STATES),
+                name="reshard_one_active_op_per_org",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=[s.value for s in OpState]),
+                name="reshard_op_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(source_kind__in=["cnpg", "external"])
+                & models.Q(target_kind__in=["cnpg", "external"]),
+                name="reshard_op_kinds_valid",
+            ),
+            models.CheckConstraint(
+                condition=~(models.Q(source_kind="external") & models.Q(target_kind="external")),
+                name="reshard_op_not_external_to_external",
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(target_kind="cnpg") & ~models.Q(to_shard=""))
+                | (~models.Q(target_kind="cnpg") & models.Q(to_shard="")),
+                name="reshard_op_to_shard_iff_cnpg",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(launcher__in=["pod", "local"]), name="reshard_op_launcher_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(runner_epoch__gte=0), name="reshard_op_epoch_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(respawn_attempts__gte=0),
+                name="reshard_op_respawns_nonnegative",
+            ),
+            models.CheckConstraint(
+                condition=COMPACTION_PRIOR_SHAPES, name="reshard_op_compaction_prior_shape"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    recovery_outcome__in=["", "rolled_back", "rolled_forward", "left_blocked"]
+                ),
+                name="reshard_op_recovery_outcome_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"reshard op {self.id} ({self.org_id}, {self.state})"
+
+    @property
+    def runner_name(self) -> str:
+        return f"duckgres-reshard-op-{self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def direction(self) -> str:
+        return f"{self.source_kind}_to_{self.target_kind}"
+
+
+class LogLevel(models.TextChoices):
+    INFO = "info"
+    WARN = "warn"
+    ERROR = "error"
+
+
+class LogSource(models.TextChoices):
+    API = "api"
+    RUNNER = "runner"
+    JANITOR = "janitor"
+    POD_LOG = "pod-log"
+    RECOVERY = "recovery"
+
+
+class ReshardLogEntry(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    operation_id = models.BigIntegerField()
+    ts = models.DateTimeField(db_default=Now())
+    level = models.TextField(choices=LogLevel.choices, default=LogLevel.INFO)
+    message = models.TextField()
+    runner_epoch = models.BigIntegerField(null=True, blank=True)
+    source = models.TextField(choices=LogSource.choices)
+
+    class Meta:
+        db_table = "duckgres_reshard_operation_log"
+        indexes = [models.Index(fields=["operation_id", "id"], name="reshard_log_op_seq")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(level__in=["info", "warn", "error"]), name="reshard_log_level"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(source__in=[s.value for s in LogSource]),
+                name="reshard_log_source",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"op {self.operation_id} #{self.id} {self.level}: {self.message[:60]}"
+
+
+class StepOutcome(models.TextChoices):
+    OPEN = ""
+    OK = "ok"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+
+class ReshardStepTiming(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    operation_id = models.BigIntegerField()
+    step = models.TextField()
+    runner_epoch = models.BigIntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.TextField(choices=StepOutcome.choices, default="", blank=True)
+
+    class Meta:
+        db_table = "duckgres_reshard_operation_steps"
+        ordering = ["operation_id", "id"]
+        indexes = [models.Index(fields=["operation_id", "id"], name="reshard_steps_op")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(outcome__in=["", "ok", "failed", "cancelled", "superseded"]),
+                name="reshard_step_outcome_valid",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"op {self.operation_id} {self.step} ({self.outcome or 'open'})"

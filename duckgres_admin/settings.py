@@ -1,0 +1,268 @@
+"""Django settings for Duckgres Admin, parsed strictly from the environment (spec reshard §6).
+
+A bad value refuses to start the process (``ImproperlyConfigured``) naming the variable; there
+is no silent fallback (no eager Celery, no default broker, no default config store).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+from duckgres_admin.config import EnvReader, environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = EnvReader(environ())
+
+# The runner (`manage.py reshard_runner`) needs only the runner secret; every other process
+# needs all three shared secrets.
+IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
+
+SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=True)
+DEBUG = env.boolean("DUCKGRES_DEBUG", False)
+ALLOWED_HOSTS = [h for h in env.string("DUCKGRES_ALLOWED_HOSTS", "*").split(",") if h]
+
+# --- config store -------------------------------------------------------------------------
+_config_store = env.string("DUCKGRES_CONFIG_STORE", required=True)
+_db: dict[str, Any] = {}
+if _config_store:
+    try:
+        _db = conninfo_to_dict(_config_store)
+    except Exception:  # noqa: BLE001 - the message must never echo the DSN (it may hold a password)
+        env.errors.append(
+            "DUCKGRES_CONFIG_STORE is not a valid PostgreSQL DSN "
+            "(postgresql://user@host:port/db?sslmode=...)"
+        )
+_db_options = {
+    k: v
+    for k, v in _db.items()
+    if k not in {"dbname", "user", "password", "host", "port"} and v is not None
+}
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _db.get("dbname", "duckgres_admin"),
+        "USER": _db.get("user", ""),
+        "PASSWORD": _db.get("password", ""),
+        "HOST": _db.get("host", ""),
+        "PORT": str(_db.get("port", "")),
+        "OPTIONS": {"application_name": "duckgres-admin", **_db_options},
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": env.string("DUCKGRES_TEST_DATABASE", "") or None},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- shared secrets (spec §5, §6) -------------------------------------------------------------
+SECRET_MIN_LENGTH = 32
+_secret_names = (
+    ("DUCKGRES_RUNNER_SECRET",)
+    if IS_RUNNER
+    else ("DUCKGRES_INTERNAL_SECRET", "DUCKGRES_RUNNER_SECRET", "DUCKGRES_DATAPLANE_SECRET")
+)
+_secrets: dict[str, str] = {}
+for _name in ("DUCKGRES_INTERNAL_SECRET", "DUCKGRES_RUNNER_SECRET", "DUCKGRES_DATAPLANE_SECRET"):
+    _value = env.string(_name, required=_name in _secret_names and not IS_RUNNER)
+    if _value and len(_value) < SECRET_MIN_LENGTH:
+        env.errors.append(f"{_name} must be at least {SECRET_MIN_LENGTH} characters")
+    if _value:
+        _secrets[_name] = _value
+_seen: dict[str, str] = {}
+for _name, _value in _secrets.items():
+    if _value in _seen:
+        env.errors.append(f"{_seen[_value]} and {_name} are equal: the three secrets must differ")
+    _seen[_value] = _name
+DUCKGRES_INTERNAL_SECRET = _secrets.get("DUCKGRES_INTERNAL_SECRET", "")
+DUCKGRES_RUNNER_SECRET = _secrets.get("DUCKGRES_RUNNER_SECRET", "")
+DUCKGRES_DATAPLANE_SECRET = _secrets.get("DUCKGRES_DATAPLANE_SECRET", "")
+
+# --- reshard ----------------------------------------------------------------------------------
+DUCKGRES_RESHARD_LAUNCHER = env.choice("DUCKGRES_RESHARD_LAUNCHER", "local", ("local", "pod"))
+DUCKGRES_RESHARD_POD_CPU = env.string("DUCKGRES_RESHARD_POD_CPU", "2")
+DUCKGRES_RESHARD_POD_MEMORY = env.string("DUCKGRES_RESHARD_POD_MEMORY", "8Gi")
+DUCKGRES_RESHARD_LOCAL_STATE_DIR = env.string(
+    "DUCKGRES_RESHARD_LOCAL_STATE_DIR", str(BASE_DIR / "var" / "reshard-runners")
+)
+DUCKGRES_RESHARD_FLIP_TIMEOUT = env.lenient_duration("DUCKGRES_RESHARD_FLIP_TIMEOUT", 900)
+if DUCKGRES_RESHARD_FLIP_TIMEOUT <= 0:
+    env.warnings.append("DUCKGRES_RESHARD_FLIP_TIMEOUT <= 0 is ignored; using 900s")
+    DUCKGRES_RESHARD_FLIP_TIMEOUT = 900
+DUCKGRES_CONFIG_POLL_INTERVAL = env.lenient_duration("DUCKGRES_CONFIG_POLL_INTERVAL", 30)
+
+DUCKGRES_RESHARD_STALE_SECONDS = env.integer("DUCKGRES_RESHARD_STALE_SECONDS", 300, minimum=1)
+DUCKGRES_RESHARD_PENDING_GRACE_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_PENDING_GRACE_SECONDS", 120, minimum=1
+)
+DUCKGRES_RESHARD_SPAWN_GRACE_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_SPAWN_GRACE_SECONDS", 120, minimum=1
+)
+DUCKGRES_RESHARD_REAP_AFTER_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_REAP_AFTER_SECONDS", 300, minimum=1
+)
+DUCKGRES_RESHARD_HEARTBEAT_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_HEARTBEAT_SECONDS", 30, minimum=1
+)
+DUCKGRES_RESHARD_POLL_SECONDS = env.integer("DUCKGRES_RESHARD_POLL_SECONDS", 5, minimum=1)
+DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS", 570, minimum=1
+)
+if DUCKGRES_RESHARD_STALE_SECONDS < 60 + 2 * DUCKGRES_RESHARD_HEARTBEAT_SECONDS:
+    env.errors.append(
+        "DUCKGRES_RESHARD_STALE_SECONDS must be >= 60 + 2 x DUCKGRES_RESHARD_HEARTBEAT_SECONDS "
+        f"({DUCKGRES_RESHARD_STALE_SECONDS} < 60 + 2 x {DUCKGRES_RESHARD_HEARTBEAT_SECONDS}), "
+        "so that one failed heartbeat never self-fences"
+    )
+if DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS >= 600:
+    env.errors.append(
+        "DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS must be < 600 (the runner pod's grace period)"
+    )
+DUCKGRES_RESHARD_MAX_PARTS = env.integer(
+    "DUCKGRES_RESHARD_MAX_PARTS", 10000, minimum=1, maximum=10000
+)
+DUCKGRES_RESHARD_COPY_PARALLELISM = env.integer(
+    "DUCKGRES_RESHARD_COPY_PARALLELISM", 2, minimum=1, maximum=16
+)
+DUCKGRES_PG_BIN_DIRS = env.string("DUCKGRES_PG_BIN_DIRS", "/usr/lib/postgresql/*/bin")
+
+DUCKGRES_JANITOR_LEASE_SECONDS = env.integer("DUCKGRES_JANITOR_LEASE_SECONDS", 90, minimum=1)
+DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS = env.integer(
+    "DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS", 60, minimum=1
+)
+if DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS >= DUCKGRES_JANITOR_LEASE_SECONDS:
+    env.errors.append(
+        "DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS must be < DUCKGRES_JANITOR_LEASE_SECONDS"
+    )
+DUCKGRES_CONTROL_METRICS_PORT = env.integer(
+    "DUCKGRES_CONTROL_METRICS_PORT", 9108, minimum=0, maximum=65535
+)
+
+# --- password handoff (spec §4.17) -------------------------------------------------------------
+DUCKGRES_ADVERTISE_ADDRESS = env.string("DUCKGRES_ADVERTISE_ADDRESS", "")
+DUCKGRES_ADVERTISE_PORT = env.integer("DUCKGRES_ADVERTISE_PORT", 8080, minimum=1, maximum=65535)
+DUCKGRES_ADVERTISE_SCHEME = env.choice("DUCKGRES_ADVERTISE_SCHEME", "http", ("http", "https"))
+POD_NAME = env.string("POD_NAME", "")
+POD_NAMESPACE = env.string("POD_NAMESPACE", "")
+POD_IP = env.string("POD_IP", "")
+
+# --- S3 ---------------------------------------------------------------------------------------
+DUCKGRES_AWS_REGION = env.string("DUCKGRES_AWS_REGION", "")
+DUCKGRES_S3_ENDPOINT_URL = env.string("DUCKGRES_S3_ENDPOINT_URL", "")
+DUCKGRES_S3_ADDRESSING_STYLE = env.choice(
+    "DUCKGRES_S3_ADDRESSING_STYLE", "auto", ("auto", "path", "virtual")
+)
+
+# --- Kubernetes API (pod launcher) -------------------------------------------------------------
+# Empty: in-cluster service-account configuration. Tests point it at the real test apiserver.
+DUCKGRES_KUBE_API_URL = env.string("DUCKGRES_KUBE_API_URL", "")
+DUCKGRES_KUBE_TOKEN = env.string("DUCKGRES_KUBE_TOKEN", "")
+DUCKGRES_KUBE_VERIFY_TLS = env.boolean("DUCKGRES_KUBE_VERIFY_TLS", True)
+
+# With the pod launcher, secret-bearing allowlisted names cannot reach runner pods as files.
+if DUCKGRES_RESHARD_LAUNCHER == "pod":
+    for _name in sorted(env.from_file):
+        if _name in {
+            "DJANGO_SECRET_KEY",
+            "DUCKGRES_CONFIG_STORE",
+            "DUCKGRES_RUNNER_SECRET",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        }:
+            env.errors.append(
+                f"{_name} is supplied as {_name}_FILE, which cannot be passed to runner pods: "
+                "supply it as a secretKeyRef env var"
+            )
+
+# --- Celery (spec §6): no default broker, never eager -------------------------------------------
+CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=True)
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_TASK_DEFAULT_QUEUE = "duckgres.default"
+CELERY_TASK_ROUTES = {
+    "reshard.launch_runner": {"queue": "duckgres.default"},
+    "reshard.reconcile": {"queue": "duckgres.control"},
+}
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+
+DUCKGRES_LOG_LEVEL = env.choice("DUCKGRES_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+
+env.raise_if_errors()
+CONFIG_WARNINGS = list(env.warnings)
+
+# --- Django ----------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "duckgres_admin",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "duckgres_admin.urls"
+WSGI_APPLICATION = "duckgres_admin.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+REST_FRAMEWORK: dict[str, Any] = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Duckgres Admin API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": DUCKGRES_LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "botocore": {"level": "WARNING"},
+        "urllib3": {"level": "WARNING"},
+        "kubernetes": {"level": "WARNING"},
+    },
+}

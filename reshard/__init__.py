@@ -1,0 +1,1 @@
+"""The reshard domain: start/cancel services, launchers, runner, janitor, password stash."""

@@ -1,0 +1,60 @@
+"""The launcher interface shared by the pod and local-process launchers (spec reshard §4.13).
+
+Phase is not liveness: only the op row's ``heartbeat_at`` is. ``exited`` means Succeeded or
+Failed. ``terminating`` means deletion was requested and the object is not gone yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from duckgres_admin.models import ReshardOperation
+
+PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+class LauncherError(RuntimeError):
+    """A launch/delete/inspect failure, with a message fit for the op log."""
+
+
+class StillTerminating(LauncherError):
+    """``create`` found a same-name runner that has not exited or is still terminating."""
+
+    def __init__(self) -> None:
+        super().__init__("previous runner pod still terminating")
+
+
+@dataclass(frozen=True)
+class RunnerStatus:
+    phase: str  # one of PHASES
+    terminating: bool = False
+    spawned_at: datetime | None = None
+    reason: str = ""  # container termination reason / exit description
+    uid: str = ""
+
+    @property
+    def exited(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class RunnerObject:
+    name: str
+    op_id_label: str  # raw `duckgres-op-id` label; may be unparsable
+    status: RunnerStatus
+
+
+class Launcher(Protocol):
+    kind: str
+
+    def create(self, op: ReshardOperation, replace: bool) -> RunnerStatus: ...
+
+    def get_phase(self, op_id: int) -> RunnerStatus: ...
+
+    def list(self) -> list[RunnerObject]: ...
+
+    def delete(self, op_id: int, grace_seconds: int | None = None) -> None: ...
+
+    def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str: ...

@@ -1,0 +1,33 @@
+"""Direct op-log appends for the API, the janitor and recovery (spec reshard §2.7).
+
+The runner uses its own buffered writer (``reshard.runner.oplog``) because its appends must
+never fail a step. Every message passes through a scrubber here, the one place this sink is
+written from these processes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from duckgres_admin.models import ReshardLogEntry
+from reshard.scrub import Scrubber, process_scrubber
+
+_log = logging.getLogger("duckgres.reshard.oplog")
+
+
+def append(
+    op_id: int,
+    message: str,
+    *,
+    level: str = "info",
+    source: str = "api",
+    epoch: int | None = None,
+    scrubber: Scrubber | None = None,
+) -> None:
+    """Append one op-log line (scrubbed) and mirror it to the process log."""
+    text = (scrubber or process_scrubber()).scrub(message)
+    ReshardLogEntry.objects.create(
+        operation_id=op_id, level=level, message=text, runner_epoch=epoch, source=source
+    )
+    py_level = {"info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}[level]
+    _log.log(py_level, text, extra={"op_id": op_id, "epoch": epoch, "source": source})
