@@ -29,7 +29,13 @@ class ReshardOperationAdmin(admin.ModelAdmin[ReshardOperation]):
 
 @admin.register(Warehouse)
 class WarehouseAdmin(admin.ModelAdmin[Warehouse]):
-    list_display = ("org_id", "state", "metadata_store_kind", "metadata_store", "compaction_enabled")
+    list_display = (
+        "org_id",
+        "state",
+        "metadata_store_kind",
+        "metadata_store",
+        "compaction_enabled",
+    )
     list_filter = ("state", "metadata_store_kind")
     search_fields = ("org_id",)
 
