@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.config import EnvReader, environ
+
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = EnvReader(environ())
