@@ -39,6 +39,9 @@ if _config_store:
             "DUCKGRES_CONFIG_STORE is not a valid PostgreSQL DSN "
             "(postgresql://user@host:port/db?sslmode=...)"
         )
+if _db and not str(_db.get("port") or "5432").isdigit():
+    env.errors.append("DUCKGRES_CONFIG_STORE has a port that is not a number")
+    _db = {}
 _db_options = {
     k: v
     for k, v in _db.items()
@@ -61,14 +64,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- shared secrets (spec §5, §6) -------------------------------------------------------------
 SECRET_MIN_LENGTH = 32
-_secret_names = (
-    ("DUCKGRES_RUNNER_SECRET",)
-    if IS_RUNNER
-    else ("DUCKGRES_INTERNAL_SECRET", "DUCKGRES_RUNNER_SECRET", "DUCKGRES_DATAPLANE_SECRET")
+_SHARED_SECRETS = (
+    "DUCKGRES_INTERNAL_SECRET",
+    "DUCKGRES_RUNNER_SECRET",
+    "DUCKGRES_DATAPLANE_SECRET",
 )
+if IS_RUNNER:
+    # A runner needs the runner secret only when it must pull a password (spec §6).
+    _required = {"DUCKGRES_RUNNER_SECRET"} if env.string("DUCKGRES_RESHARD_PASSWORD_URL") else set()
+else:
+    _required = set(_SHARED_SECRETS)
 _secrets: dict[str, str] = {}
-for _name in ("DUCKGRES_INTERNAL_SECRET", "DUCKGRES_RUNNER_SECRET", "DUCKGRES_DATAPLANE_SECRET"):
-    _value = env.string(_name, required=_name in _secret_names and not IS_RUNNER)
+for _name in _SHARED_SECRETS:
+    _value = env.string(_name, required=_name in _required)
     if _value and len(_value) < SECRET_MIN_LENGTH:
         env.errors.append(f"{_name} must be at least {SECRET_MIN_LENGTH} characters")
     if _value:
@@ -179,7 +187,8 @@ if DUCKGRES_RESHARD_LAUNCHER == "pod":
             )
 
 # --- Celery (spec §6): no default broker, never eager -------------------------------------------
-CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=True)
+# Runners never talk to the broker; every other process needs it (no eager fallback).
+CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=not IS_RUNNER)
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_DEFAULT_QUEUE = "duckgres.default"
 CELERY_TASK_ROUTES = {
