@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Starts every service the test suite and the demo need; idempotent and safe when they already run.
+#
+#   PostgreSQL 15 `main`      127.0.0.1:5432  config store; trust on loopback; TLS (self-signed)
+#   PostgreSQL 15 `ci_source` 127.0.0.1:5433  metadata store "source"; TLS
+#   PostgreSQL 15 `ci_target` 127.0.0.1:5434  metadata store "target"; TLS
+#       on 5433/5434: user postgres trusted on 127.0.0.1 (test setup only), every other user
+#       needs its password (scram-sha-256), and a role `provisioner` LOGIN CREATEDB CREATEROLE
+#       whose password is $DUCKGRES_TEST_PROVISIONER_PASSWORD (default below; tests/testenv.py
+#       uses the same default).
+#   Redis                     127.0.0.1:6379
+#   etcd + kube-apiserver     https://127.0.0.1:16443, bearer token `ci-token` (.ci/kube-apiserver.sh)
+#
+# Env: CI_STATE_DIR (default /var/tmp/duckgres-ci), CI=true (a missing kube-apiserver binary is
+# built instead of skipped), DUCKGRES_SKIP_KUBE=1 (do not start the apiserver at all).
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+HERE=$(cd "$(dirname "$0")" && pwd)
+STATE=${CI_STATE_DIR:-/var/tmp/duckgres-ci}
+PROVISIONER_PASSWORD=${DUCKGRES_TEST_PROVISIONER_PASSWORD:-ci-provisioner-password-4f1e2d3c}
+mkdir -p "$STATE"
+log() { printf 'services: %s\n' "$*"; }
+
+# --- packages ---------------------------------------------------------------------------------
+need=()
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need+=(postgresql)
+command -v psql >/dev/null || need+=(postgresql-client)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]} (apt)"
+  apt-get update -q >/dev/null
+  # --no-install-recommends: without it redis-server drags a systemd/udev upgrade (infra.md §1).
+  apt-get install -y -q --no-install-recommends "${need[@]}" >"$STATE/apt.log"
+fi
+PGV=$(ls /usr/lib/postgresql | sort -n | tail -1)
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+exists() { pg_lsclusters -h | awk -v v="$PGV" -v n="$1" '$1==v && $2==n {f=1} END {exit !f}'; }
+start_cluster() {  # name port
+  if ! pg_isready -q -h 127.0.0.1 -p "$2"; then
+    pg_ctlcluster --skip-systemctl-redirect "$PGV" "$1" start
+    for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p "$2" && break; sleep 0.2; done
+  fi
+}
+# psql as the superuser through the local socket (peer/trust there on every Debian cluster).
+su_psql() {  # port, psql args...
+  local port=$1; shift
+  (cd / && runuser -u postgres -- psql -X -q -p "$port" -v ON_ERROR_STOP=1 "$@")
+}
+write_hba() {  # name, content: rewrite pg_hba.conf only when it differs; reload then
+  local f=/etc/postgresql/$PGV/$1/pg_hba.conf
+  if ! printf '%s\n' "$2" | cmp -s - "$f"; then
+    printf '%s\n' "$2" >"$f"
+    chown postgres:postgres "$f"
+    su_psql "$3" -Atc 'select pg_reload_conf()' >/dev/null
+    log "pg_hba.conf of $1 updated"
+  fi
+}
+ensure_tls() {  # name port: self-signed certificate in the data directory, ssl=on
+  local dir
+  dir=$(su_psql "$2" -Atc 'show data_directory')
+  if [ ! -s "$dir/server.crt" ] || [ ! -s "$dir/server.key" ]; then
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
+      -keyout "$dir/server.key" -out "$dir/server.crt" 2>/dev/null
+    chown postgres:postgres "$dir/server.key" "$dir/server.crt"
+    chmod 0600 "$dir/server.key"
+  fi
+  if [ "$(su_psql "$2" -Atc 'show ssl')" != on ]; then
+    su_psql "$2" -c 'ALTER SYSTEM SET ssl = on' -c 'SELECT pg_reload_conf()' >/dev/null
+    for _ in $(seq 25); do [ "$(su_psql "$2" -Atc 'show ssl')" = on ] && break; sleep 0.2; done
+    [ "$(su_psql "$2" -Atc 'show ssl')" = on ] || { log "ssl did not turn on for $1"; exit 1; }
+    log "TLS enabled on $1 ($2)"
+  fi
+}
+
+HBA_MAIN='# Managed by .ci/services.sh: the config store of tests and the demo (loopback only).
+local all all trust
+host  all all 127.0.0.1/32 trust
+host  all all ::1/128 trust'
+HBA_STORE='# Managed by .ci/services.sh: a test metadata store. Only the superuser is trusted (test
+# setup); every other login (provisioner, tenant roles) must present its password.
+local all all trust
+host  all postgres 127.0.0.1/32 trust
+host  all all 127.0.0.1/32 scram-sha-256
+host  all all ::1/128 scram-sha-256'
+
+ensure_cluster() {  # name port hba
+  if ! exists "$1"; then
+    pg_createcluster "$PGV" "$1" -p "$2" -- --auth=trust >/dev/null
+    log "created cluster $PGV/$1 on port $2"
+  fi
+  start_cluster "$1" "$2"
+  write_hba "$1" "$3" "$2"
+  ensure_tls "$1" "$2"
+}
+
+ensure_cluster main 5432 "$HBA_MAIN"
+su_psql 5432 -Atc "select 1 from pg_roles where rolname='root'" | grep -q 1 \
+  || su_psql 5432 -c 'CREATE ROLE root SUPERUSER LOGIN'
+for db in test root; do
+  su_psql 5432 -Atc "select 1 from pg_database where datname='$db'" | grep -q 1 \
+    || su_psql 5432 -c "CREATE DATABASE $db"
+done
+
+for spec in ci_source:5433 ci_target:5434; do
+  name=${spec%%:*}; port=${spec##*:}
+  ensure_cluster "$name" "$port" "$HBA_STORE"
+  # The privileged login the product uses on cnpg stores (spec reshard §2.2). The password
+  # travels in the environment and is quoted by psql (:'pw'): never in argv, never printed.
+  DUCKGRES_CI_PW="$PROVISIONER_PASSWORD" su_psql "$port" <<'SQL'
+\getenv pw DUCKGRES_CI_PW
+SELECT format('CREATE ROLE provisioner LOGIN CREATEDB CREATEROLE PASSWORD %L', :'pw')
+  WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'provisioner') \gexec
+SELECT format('ALTER ROLE provisioner LOGIN CREATEDB CREATEROLE PASSWORD %L', :'pw') \gexec
+SQL
+done
+
+# --- Redis ------------------------------------------------------------------------------------
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$STATE" --logfile "$STATE/redis.log" --pidfile "$STATE/redis.pid"
+  for _ in $(seq 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  log "redis started on 6379"
+fi
+
+# --- Kubernetes API ---------------------------------------------------------------------------
+if [ "${DUCKGRES_SKIP_KUBE:-}" = 1 ]; then
+  log "kube-apiserver not started (DUCKGRES_SKIP_KUBE=1)"
+else
+  "$HERE/kube-apiserver.sh" start
+fi
+log "ready: postgres 5432/5433/5434 (TLS), redis 6379"
