@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 from typing import Any
 
 from django.conf import settings
-from kubernetes import client, config
+from kubernetes import client, config, utils
 
 
 class KubeError(RuntimeError):
@@ -38,16 +39,150 @@ def core() -> client.CoreV1Api:
     return client.CoreV1Api(api_client())
 
 
+def _server_message(exc: Exception) -> str:
+    """The API server's Status message (e.g. admission or validation text), if any."""
+    body = getattr(exc, "body", None)
+    if not body:
+        return ""
+    try:
+        return str(json.loads(body).get("message") or "")
+    except (ValueError, AttributeError):
+        return ""
+
+
 def _wrap(exc: Exception, verb: str, resource: str) -> KubeError:
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        # pydantic rejected the body client-side; never echo the input values.
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in errors(include_input=False, include_url=False)
+        )
+        return KubeError(f"Kubernetes {verb} {resource} refused by the client: {fields}")
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", None) or type(exc).__name__
+    detail = _server_message(exc)
+    suffix = f": {detail}" if detail else ""
     if status == 403:
-        return KubeError(f"Kubernetes forbids {verb} on {resource} (403 Forbidden)", 403)
+        return KubeError(f"Kubernetes forbids {verb} on {resource} (403 Forbidden){suffix}", 403)
     if status == 404:
         return KubeError(f"{resource} not found (404)", 404)
+    if status == 409:
+        return KubeError(f"Kubernetes {verb} {resource}: already exists (409){suffix}", 409)
     return KubeError(
-        f"Kubernetes {verb} {resource} failed: {status or ''} {reason}".strip(), status
+        f"Kubernetes {verb} {resource} failed: {status or ''} {reason}{suffix}".strip(), status
     )
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A client model as its wire-form dict (camelCase keys, None fields dropped)."""
+    data = api_client().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+    return data if isinstance(data, dict) else {}
+
+
+# --- pods (the runner pod launcher, spec reshard §4.13) -----------------------------------------
+
+
+def read_pod(namespace: str, name: str) -> dict[str, Any]:
+    """The pod as a wire-form dict; KubeError (status 404 when it does not exist)."""
+    try:
+        return _plain(core().read_namespaced_pod(name=name, namespace=namespace))
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "get", f"pods/{name} in namespace {namespace}") from None
+
+
+def read_pod_or_none(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return read_pod(namespace, name)
+    except KubeError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def create_pod(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    name = (body.get("metadata") or {}).get("name", "")
+    try:
+        # A dict body is validated strictly by the client (unknown fields refused), unlike
+        # V1Pod.from_dict, which drops them silently.
+        pod_body: Any = body
+        return _plain(core().create_namespaced_pod(namespace=namespace, body=pod_body))
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "create", f"pods/{name} in namespace {namespace}") from None
+
+
+def list_pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    try:
+        result = core().list_namespaced_pod(namespace=namespace, label_selector=label_selector)
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "list", f"pods ({label_selector}) in namespace {namespace}") from None
+    return [_plain(item) for item in result.items or []]
+
+
+def delete_pod(namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+    """Request deletion (``None``: the pod's own grace period). False when already gone."""
+    try:
+        core().delete_namespaced_pod(
+            name=name, namespace=namespace, grace_period_seconds=grace_seconds
+        )
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "delete", f"pods/{name} in namespace {namespace}")
+        if wrapped.status == 404:
+            return False
+        raise wrapped from None
+    return True
+
+
+def read_pod_log(namespace: str, name: str, container: str, limit_bytes: int) -> str:
+    """The container's log, at most ``limit_bytes`` from the end (``tail`` semantics).
+
+    The API's ``limitBytes`` reads from the start, so the tail is approximated by fetching
+    everything up to a generous cap and keeping the last ``limit_bytes``.
+    """
+    try:
+        text = core().read_namespaced_pod_log(name=name, namespace=namespace, container=container)
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "get", f"pods/{name}/log in namespace {namespace}") from None
+    data = (text or "").encode("utf-8", errors="replace")
+    return data[-limit_bytes:].decode("utf-8", errors="replace") if limit_bytes > 0 else ""
+
+
+def read_own_pod() -> dict[str, Any]:
+    """This control-plane process's own pod (``POD_NAME`` in ``POD_NAMESPACE``).
+
+    Errors read "cannot read own control-plane pod <name>: <cause>".
+    """
+    name, namespace = settings.POD_NAME, settings.POD_NAMESPACE
+    if not name or not namespace:
+        missing = " and ".join(
+            v for v, s in (("POD_NAME", name), ("POD_NAMESPACE", namespace)) if not s
+        )
+        raise KubeError(
+            f"cannot read own control-plane pod {name or '<unset>'}: {missing} not set "
+            "(set them from the downward API)"
+        )
+    try:
+        return read_pod(namespace, name)
+    except KubeError as exc:
+        raise KubeError(f"cannot read own control-plane pod {name}: {exc}", exc.status) from None
+
+
+# --- manifests ------------------------------------------------------------------------------------
+
+
+def server_dry_run(doc: dict[str, Any], namespace: str) -> None:
+    """Validate one manifest document on the API server without persisting it."""
+    kind = doc.get("kind", "?")
+    name = (doc.get("metadata") or {}).get("name", "?")
+    try:
+        utils.create_from_dict(  # type: ignore[no-untyped-call]
+            api_client(), doc, namespace=namespace, dry_run="All"
+        )
+    except utils.FailToCreateError as exc:
+        causes = "; ".join(_wrap(e, "create", f"{kind}/{name}").args[0] for e in exc.api_exceptions)
+        raise KubeError(causes) from None
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "create", f"{kind}/{name}") from None
 
 
 def read_secret_key(namespace: str, name: str, key: str) -> str:

@@ -14,16 +14,32 @@ from duckgres_admin.models import ReshardOperation
 
 PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
 
+RUNNER_APP_LABEL = "duckgres-reshard"  # label `app`; the runner NetworkPolicy selects it
+OP_ID_LABEL = "duckgres-op-id"
+SPAWNED_AT_ANNOTATION = "duckgres.posthog.com/runner-spawned-at"
+DEFAULT_GRACE_SECONDS = 600  # the runner pod's terminationGracePeriodSeconds
+
+
+def runner_name(op_id: int) -> str:
+    """The deterministic runner name: pod name, local ``POD_NAME`` and log prefix."""
+    return f"duckgres-reshard-op-{op_id}"
+
 
 class LauncherError(RuntimeError):
     """A launch/delete/inspect failure, with a message fit for the op log."""
 
 
 class StillTerminating(LauncherError):
-    """``create`` found a same-name runner that has not exited or is still terminating."""
+    """``create`` found a same-name runner that has not exited or is still terminating.
 
-    def __init__(self) -> None:
+    The janitor waits for a later tick without consuming a relaunch attempt (spec §4.15).
+    ``existing`` is the runner found (None when only the create call reported AlreadyExists):
+    the launch task can tell a live runner (leave it alone) from an exited one.
+    """
+
+    def __init__(self, existing: RunnerStatus | None = None) -> None:
         super().__init__("previous runner pod still terminating")
+        self.existing = existing
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""The runner's environment contract (spec reshard §4.13), shared by both launchers.
+
+A runner receives only the allowlisted names below, copied from the control plane, plus what the
+launcher sets itself (op id, pod identity, password URL). The internal and data-plane secrets
+are never passed: a runner holds at most the runner secret.
+"""
+
+from __future__ import annotations
+
+# In spec order. Names in SECRET_BEARING travel only as references (pod launcher: secretKeyRef).
+ALLOWLIST: tuple[str, ...] = (
+    "DJANGO_SETTINGS_MODULE",
+    "DJANGO_SECRET_KEY",
+    "DUCKGRES_CONFIG_STORE",
+    "DUCKGRES_CONFIG_POLL_INTERVAL",
+    "DUCKGRES_RUNNER_SECRET",
+    "DUCKGRES_AWS_REGION",
+    "DUCKGRES_S3_ENDPOINT_URL",
+    "DUCKGRES_S3_ADDRESSING_STYLE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "DUCKGRES_LOG_LEVEL",
+    "DUCKGRES_RESHARD_FLIP_TIMEOUT",
+    "DUCKGRES_RESHARD_STALE_SECONDS",
+    "DUCKGRES_RESHARD_PENDING_GRACE_SECONDS",
+    "DUCKGRES_RESHARD_SPAWN_GRACE_SECONDS",
+    "DUCKGRES_RESHARD_REAP_AFTER_SECONDS",
+    "DUCKGRES_RESHARD_HEARTBEAT_SECONDS",
+    "DUCKGRES_RESHARD_POLL_SECONDS",
+    "DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS",
+    "DUCKGRES_RESHARD_MAX_PARTS",
+    "DUCKGRES_PG_BIN_DIRS",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_PATH",
+)
+
+SECRET_BEARING: frozenset[str] = frozenset(
+    {
+        "DJANGO_SECRET_KEY",
+        "DUCKGRES_CONFIG_STORE",
+        "DUCKGRES_RUNNER_SECRET",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    }
+)
+
+# Never given to a runner, whatever the allowlist says (spec §4.13, safeguard 50).
+NEVER_PASSED: frozenset[str] = frozenset({"DUCKGRES_INTERNAL_SECRET", "DUCKGRES_DATAPLANE_SECRET"})
+
+# The local launcher additionally passes these through from its own environment.
+LOCAL_PASSTHROUGH: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "DUCKGRES_RESHARD_LOCAL_STATE_DIR",
+    "DUCKGRES_RESHARD_LAUNCHER",
+)
+
+OP_ID_VAR = "DUCKGRES_RESHARD_OP_ID"
+PASSWORD_URL_VAR = "DUCKGRES_RESHARD_PASSWORD_URL"
+
+assert SECRET_BEARING.issubset(ALLOWLIST)
+assert not NEVER_PASSED & set(ALLOWLIST)

@@ -1,0 +1,162 @@
+"""The Kubernetes pod launcher (spec reshard §4.13): one bare pod per operation, no Job.
+
+The pod is derived from the control plane's own pod (image, service account, scheduling, env
+references); ``podspec`` builds it, ``duckgres_admin.lib.k8s`` talks to the API server. Nothing
+here waits for a pod to run: the op row's heartbeat is the only liveness signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from duckgres_admin.lib import k8s
+from duckgres_admin.models import ReshardOperation
+from reshard.launchers.base import (
+    OP_ID_LABEL,
+    PHASES,
+    RUNNER_APP_LABEL,
+    SPAWNED_AT_ANNOTATION,
+    LauncherError,
+    RunnerObject,
+    RunnerStatus,
+    StillTerminating,
+    runner_name,
+)
+from reshard.launchers.podspec import CONTAINER_NAME, build_runner_pod, parse_spawned_at
+
+_log = logging.getLogger("duckgres.reshard.launcher")
+ABSENT = RunnerStatus(phase="absent")
+
+
+def _namespace() -> str:
+    namespace: str = settings.POD_NAMESPACE
+    if not namespace:
+        raise LauncherError("POD_NAMESPACE is not set: the pod launcher needs its own namespace")
+    return namespace
+
+
+def _own_pod() -> dict[str, Any]:
+    try:
+        return k8s.read_own_pod()
+    except k8s.KubeError as exc:
+        raise LauncherError(str(exc)) from None
+
+
+def resolve_control_plane_image() -> str:
+    """The control-plane pod's first container image (the start API pins it on the op)."""
+    pod = _own_pod()
+    containers = (pod.get("spec") or {}).get("containers") or []
+    image = containers[0].get("image", "") if containers else ""
+    if not image:
+        raise LauncherError(
+            f"cannot read own control-plane pod {settings.POD_NAME}: it has no container image"
+        )
+    return str(image)
+
+
+def status_of(pod: dict[str, Any]) -> RunnerStatus:
+    """The launcher view of a pod object (spec §3.3)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase not in PHASES:
+        phase = "Unknown"
+    reason = ""
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if container.get("name") == CONTAINER_NAME and terminated:
+            code = terminated.get("exitCode")
+            text = terminated.get("reason") or ""
+            reason = f"{text} (exit code {code})" if text and code is not None else text
+            reason = reason or (f"exit code {code}" if code is not None else "")
+    if not reason:
+        reason = status.get("reason") or ""  # e.g. Evicted, with no container state
+    return RunnerStatus(
+        phase=phase,
+        terminating=bool(meta.get("deletionTimestamp")),
+        spawned_at=parse_spawned_at((meta.get("annotations") or {}).get(SPAWNED_AT_ANNOTATION)),
+        reason=reason,
+        uid=str(meta.get("uid") or ""),
+    )
+
+
+class PodLauncher:
+    kind = "pod"
+
+    def create(self, op: ReshardOperation, replace: bool) -> RunnerStatus:
+        namespace = _namespace()
+        name = runner_name(op.id)
+        body = build_runner_pod(
+            op_id=op.id,
+            own_pod=_own_pod(),
+            runner_image=op.runner_image,
+            password_url=op.password_url,
+            cpu=settings.DUCKGRES_RESHARD_POD_CPU,
+            memory=settings.DUCKGRES_RESHARD_POD_MEMORY,
+            machine=platform.machine(),
+            now=datetime.now(UTC),
+        )
+        existing = self._read(namespace, name)
+        if existing is not None:
+            current = status_of(existing)
+            if not (replace and current.exited and not current.terminating):
+                raise StillTerminating(current)
+            try:  # normal grace; the exited runner is fenced by the epoch anyway
+                k8s.delete_pod(namespace, name)
+            except k8s.KubeError as exc:
+                _log.warning("deleting exited runner pod %s failed: %s", name, exc)
+        try:
+            created = k8s.create_pod(namespace, body)
+        except k8s.KubeError as exc:
+            if exc.status == 409:
+                raise StillTerminating() from None
+            raise LauncherError(f"creating runner pod {name} failed: {exc}") from None
+        _log.info("runner pod %s created in namespace %s", name, namespace)
+        return status_of(created)
+
+    def get_phase(self, op_id: int) -> RunnerStatus:
+        pod = self._read(_namespace(), runner_name(op_id))
+        return ABSENT if pod is None else status_of(pod)
+
+    def list(self) -> list[RunnerObject]:
+        try:
+            pods = k8s.list_pods(_namespace(), f"app={RUNNER_APP_LABEL}")
+        except k8s.KubeError as exc:
+            raise LauncherError(f"listing runner pods failed: {exc}") from None
+        return [
+            RunnerObject(
+                name=str((pod.get("metadata") or {}).get("name", "")),
+                op_id_label=str(
+                    ((pod.get("metadata") or {}).get("labels") or {}).get(OP_ID_LABEL, "")
+                ),
+                status=status_of(pod),
+            )
+            for pod in pods
+        ]
+
+    def delete(self, op_id: int, grace_seconds: int | None = None) -> None:
+        """Request deletion; ``None`` keeps the pod's own grace (600 s). Gone already is fine."""
+        name = runner_name(op_id)
+        try:
+            k8s.delete_pod(_namespace(), name, grace_seconds)
+        except k8s.KubeError as exc:
+            raise LauncherError(f"deleting runner pod {name} failed: {exc}") from None
+
+    def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str:
+        name = runner_name(op_id)
+        try:
+            return k8s.read_pod_log(_namespace(), name, CONTAINER_NAME, limit_bytes)
+        except k8s.KubeError as exc:
+            raise LauncherError(f"reading the log of runner pod {name} failed: {exc}") from None
+
+    @staticmethod
+    def _read(namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return k8s.read_pod_or_none(namespace, name)
+        except k8s.KubeError as exc:
+            raise LauncherError(f"reading runner pod {name} failed: {exc}") from None

@@ -1,0 +1,220 @@
+"""The runner pod spec, built from the control plane's own pod (spec reshard §4.13). Pure: no I/O.
+
+Input and output are Kubernetes API dicts in wire form (camelCase keys), as read from and sent
+to the API server. The builder copies only what the table in §4.13 names; anything it refuses
+raises ``LauncherError`` with an operator-facing message that never contains a secret value.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+from reshard.launchers.base import (
+    DEFAULT_GRACE_SECONDS,
+    OP_ID_LABEL,
+    RUNNER_APP_LABEL,
+    SPAWNED_AT_ANNOTATION,
+    LauncherError,
+    runner_name,
+)
+from reshard.launchers.envcontract import (
+    ALLOWLIST,
+    NEVER_PASSED,
+    OP_ID_VAR,
+    PASSWORD_URL_VAR,
+    SECRET_BEARING,
+)
+
+CONTAINER_NAME = "reshard-runner"
+COMMAND = ["python", "manage.py", "reshard_runner"]
+DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
+ARCH_LABEL = "kubernetes.io/arch"
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+_DROPPED_TOLERATION_PREFIX = "node.kubernetes.io/"
+_DOWNWARD = (
+    ("POD_NAME", "metadata.name"),
+    ("POD_UID", "metadata.uid"),
+    ("NODE_NAME", "spec.nodeName"),
+    ("POD_NAMESPACE", "metadata.namespace"),
+)
+# Kubernetes resource.Quantity: <signed number><suffix>; runner sizes must also be positive.
+_QUANTITY_RE = re.compile(
+    r"^\+?(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$"
+)
+
+
+def runner_labels(op_id: int) -> dict[str, str]:
+    return {"app": RUNNER_APP_LABEL, OP_ID_LABEL: str(op_id)}
+
+
+def node_arch(machine: str) -> str:
+    """``platform.machine()`` mapped to the ``kubernetes.io/arch`` vocabulary."""
+    return _ARCH.get(machine.lower(), machine.lower())
+
+
+def validate_quantity(name: str, value: str) -> str:
+    """A positive Kubernetes quantity, else "invalid reshard pod CPU/memory …" naming ``name``."""
+    match = _QUANTITY_RE.match(value.strip())
+    positive = False
+    if match:
+        try:
+            positive = Decimal(match["num"]) > 0
+        except InvalidOperation:
+            positive = False
+    if not match or not positive:
+        raise LauncherError(
+            f"invalid reshard pod CPU/memory: {name}={value!r} is not a positive Kubernetes "
+            "quantity (e.g. 2, 500m, 8Gi)"
+        )
+    return value.strip()
+
+
+def _dsn_has_password(dsn: str) -> bool:
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except Exception:  # noqa: BLE001 - unparsable: cannot prove there is no password
+        return True
+
+
+def copy_allowlisted_env(container: dict[str, Any]) -> list[dict[str, Any]]:
+    """The allowlisted entries of the container's ``env``, verbatim and in their order.
+
+    Secret-bearing names must be ``secretKeyRef``s (``DUCKGRES_CONFIG_STORE`` may be a literal
+    DSN without a password); anything else refuses the launch. ``envFrom`` is never copied.
+    """
+    allowed = set(ALLOWLIST) - NEVER_PASSED
+    out: list[dict[str, Any]] = []
+    for entry in container.get("env") or []:
+        name = entry.get("name", "")
+        if name not in allowed:
+            continue
+        if name in SECRET_BEARING:
+            value_from = entry.get("valueFrom") or {}
+            is_ref = bool(value_from.get("secretKeyRef")) and "value" not in entry
+            literal_ok = (
+                name == "DUCKGRES_CONFIG_STORE"
+                and not value_from
+                and not _dsn_has_password(entry.get("value") or "")
+            )
+            if not (is_ref or literal_ok):
+                raise LauncherError(
+                    f"{name} must be a secretKeyRef on the control-plane container to be passed "
+                    "to runner pods"
+                )
+        out.append(copy.deepcopy(entry))
+    return out
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_runner_pod(
+    *,
+    op_id: int,
+    own_pod: dict[str, Any],
+    runner_image: str,
+    password_url: str,
+    cpu: str,
+    memory: str,
+    machine: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``."""
+    cpu = validate_quantity("DUCKGRES_RESHARD_POD_CPU", cpu)
+    memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
+    own_meta = own_pod.get("metadata") or {}
+    own_spec = own_pod.get("spec") or {}
+    containers = own_spec.get("containers") or []
+    if not containers:
+        raise LauncherError(
+            f"own control-plane pod {own_meta.get('name', '')} has no containers: "
+            "cannot derive the runner pod"
+        )
+    own = containers[0]
+    image = runner_image or own.get("image") or ""
+    if not image:
+        raise LauncherError("no runner image: the op has none and the control-plane pod has none")
+
+    env = copy_allowlisted_env(own)
+    env.append({"name": OP_ID_VAR, "value": str(op_id)})
+    env.extend(
+        {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+        for var, path in _DOWNWARD
+    )
+    if password_url:
+        env.append({"name": PASSWORD_URL_VAR, "value": password_url})
+
+    security_context = copy.deepcopy(own.get("securityContext") or {})
+    security_context.pop("privileged", None)
+    security_context["allowPrivilegeEscalation"] = False
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "command": list(COMMAND),
+        "env": env,
+        "resources": {
+            "requests": {"cpu": cpu, "memory": memory},
+            "limits": {"cpu": cpu, "memory": memory},
+        },
+        "securityContext": security_context,
+    }
+    if own.get("imagePullPolicy"):
+        container["imagePullPolicy"] = own["imagePullPolicy"]
+    if own.get("workingDir"):
+        container["workingDir"] = own["workingDir"]
+
+    node_selector = dict(own_spec.get("nodeSelector") or {})
+    node_selector.setdefault(ARCH_LABEL, node_arch(machine))
+    tolerations = [
+        copy.deepcopy(t)
+        for t in own_spec.get("tolerations") or []
+        if not (t.get("key") or "").startswith(_DROPPED_TOLERATION_PREFIX)
+    ]
+
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
+        "containers": [container],
+        "nodeSelector": node_selector,
+    }
+    account = own_spec.get("serviceAccountName") or own_spec.get("serviceAccount")
+    if account:
+        spec["serviceAccountName"] = account
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if own_spec.get("imagePullSecrets"):
+        spec["imagePullSecrets"] = copy.deepcopy(own_spec["imagePullSecrets"])
+    if own_spec.get("securityContext"):
+        spec["securityContext"] = copy.deepcopy(own_spec["securityContext"])
+
+    metadata: dict[str, Any] = {
+        "name": runner_name(op_id),
+        "labels": runner_labels(op_id),
+        "annotations": {
+            DO_NOT_DISRUPT_ANNOTATION: "true",
+            SPAWNED_AT_ANNOTATION: _rfc3339(now),
+        },
+    }
+    if own_meta.get("namespace"):
+        metadata["namespace"] = own_meta["namespace"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def parse_spawned_at(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None

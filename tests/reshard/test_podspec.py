@@ -1,0 +1,292 @@
+"""The runner pod spec builder (spec reshard §4.13), unit level: no API server, no database."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from reshard.launchers.base import LauncherError
+from reshard.launchers.envcontract import ALLOWLIST
+from reshard.launchers.podspec import (
+    build_runner_pod,
+    copy_allowlisted_env,
+    node_arch,
+    parse_spawned_at,
+    validate_quantity,
+)
+
+NOW = datetime(2026, 11, 30, 9, 30, 5, 123456, tzinfo=UTC)
+
+
+def secret_ref(secret: str, key: str) -> dict[str, Any]:
+    return {"secretKeyRef": {"name": secret, "key": key}}
+
+
+def own_pod(**container_overrides: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": "registry.example/duckgres-admin:1.2.3",
+        "imagePullPolicy": "Always",
+        "env": [
+            {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
+            {"name": "DJANGO_SECRET_KEY", "valueFrom": secret_ref("duckgres", "django")},
+            {"name": "DUCKGRES_CONFIG_STORE", "valueFrom": secret_ref("duckgres", "dsn")},
+            {"name": "DUCKGRES_INTERNAL_SECRET", "valueFrom": secret_ref("duckgres", "int")},
+            {"name": "DUCKGRES_RUNNER_SECRET", "valueFrom": secret_ref("duckgres", "runner")},
+            {"name": "DUCKGRES_DATAPLANE_SECRET", "valueFrom": secret_ref("duckgres", "dp")},
+            {"name": "DUCKGRES_BROKER_URL", "value": "redis://redis:6379/0"},
+            {"name": "DUCKGRES_RESHARD_POD_CPU", "value": "4"},
+            {
+                "name": "DUCKGRES_LOG_LEVEL",
+                "valueFrom": {"configMapKeyRef": {"name": "duckgres", "key": "log"}},
+            },
+            {"name": "DUCKGRES_RESHARD_STALE_SECONDS", "value": "300"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+    }
+    container.update(container_overrides)
+    return {
+        "metadata": {"name": "duckgres-admin-worker-abc", "namespace": "duckgres"},
+        "spec": {
+            "serviceAccountName": "duckgres-admin",
+            "nodeSelector": {"pool": "control"},
+            "tolerations": [
+                {
+                    "key": "dedicated",
+                    "operator": "Equal",
+                    "value": "control",
+                    "effect": "NoSchedule",
+                },
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists"},
+                {"operator": "Exists", "effect": "NoExecute"},
+            ],
+            "containers": [container, {"name": "sidecar", "image": "other:1"}],
+        },
+    }
+
+
+def build(pod: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "op_id": 42,
+        "own_pod": own_pod() if pod is None else pod,
+        "runner_image": "",
+        "password_url": "",
+        "cpu": "2",
+        "memory": "8Gi",
+        "machine": "x86_64",
+        "now": NOW,
+    }
+    args.update(kw)
+    return build_runner_pod(**args)
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_the_runner_pod_is_built_field_by_field():
+    pod = build(password_url="http://10.0.0.7:8080/api/v1/reshards/42/password")
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "duckgres-reshard-op-42"
+    assert meta["namespace"] == "duckgres"
+    assert meta["labels"] == {"app": "duckgres-reshard", "duckgres-op-id": "42"}
+    assert meta["annotations"] == {
+        "karpenter.sh/do-not-disrupt": "true",
+        "duckgres.posthog.com/runner-spawned-at": "2026-11-30T09:30:05Z",
+    }
+    assert "ownerReferences" not in meta
+    assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 600
+    assert spec["serviceAccountName"] == "duckgres-admin"
+    assert spec["nodeSelector"] == {"pool": "control", "kubernetes.io/arch": "amd64"}
+    assert spec["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute"},
+    ]
+    [container] = spec["containers"]
+    assert container["name"] == "reshard-runner"
+    assert container["command"] == ["python", "manage.py", "reshard_runner"]
+    assert container["image"] == "registry.example/duckgres-admin:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False}
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
+    field = lambda path: {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}  # noqa: E731
+    assert container["env"] == [
+        {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
+        {"name": "DJANGO_SECRET_KEY", "valueFrom": secret_ref("duckgres", "django")},
+        {"name": "DUCKGRES_CONFIG_STORE", "valueFrom": secret_ref("duckgres", "dsn")},
+        {"name": "DUCKGRES_RUNNER_SECRET", "valueFrom": secret_ref("duckgres", "runner")},
+        {
+            "name": "DUCKGRES_LOG_LEVEL",
+            "valueFrom": {"configMapKeyRef": {"name": "duckgres", "key": "log"}},
+        },
+        {"name": "DUCKGRES_RESHARD_STALE_SECONDS", "value": "300"},
+        {"name": "DUCKGRES_RESHARD_OP_ID", "value": "42"},
+        {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+        {"name": "NODE_NAME", "valueFrom": field("spec.nodeName")},
+        {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+        {
+            "name": "DUCKGRES_RESHARD_PASSWORD_URL",
+            "value": "http://10.0.0.7:8080/api/v1/reshards/42/password",
+        },
+    ]
+
+
+@pytest.mark.safeguard("reshard-50")
+def test_runner_pods_never_get_the_internal_or_dataplane_secret():
+    names = {e["name"] for e in build()["spec"]["containers"][0]["env"]}
+    assert "DUCKGRES_INTERNAL_SECRET" not in names
+    assert "DUCKGRES_DATAPLANE_SECRET" not in names
+    assert "DUCKGRES_BROKER_URL" not in names
+    assert "DUCKGRES_RESHARD_POD_CPU" not in names
+
+
+def test_no_password_url_means_no_variable():
+    names = [e["name"] for e in build(password_url="")["spec"]["containers"][0]["env"]]
+    assert "DUCKGRES_RESHARD_PASSWORD_URL" not in names
+    assert names[-1] == "POD_NAMESPACE"
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_the_per_op_image_wins_over_the_control_plane_image():
+    pod = build(runner_image="registry.example/duckgres-admin:pinned")
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/duckgres-admin:pinned"
+
+
+@pytest.mark.safeguard("reshard-26")
+@pytest.mark.parametrize(("machine", "arch"), [("x86_64", "amd64"), ("aarch64", "arm64")])
+def test_arch_is_pinned_unless_the_control_plane_pins_it(machine, arch):
+    assert build(machine=machine)["spec"]["nodeSelector"]["kubernetes.io/arch"] == arch
+    pod = own_pod()
+    pod["spec"]["nodeSelector"]["kubernetes.io/arch"] = "arm64"
+    assert build(pod, machine="x86_64")["spec"]["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+    assert node_arch("x86_64") == "amd64"
+
+
+@pytest.mark.safeguard("reshard-26")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DJANGO_SECRET_KEY",
+        "DUCKGRES_CONFIG_STORE",
+        "DUCKGRES_RUNNER_SECRET",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ],
+)
+def test_a_literal_secret_bearing_value_refuses_the_launch(name):
+    literal = (
+        "postgresql://u:hunter2-literal@db/x"
+        if name == "DUCKGRES_CONFIG_STORE"
+        else "hunter2-literal"
+    )
+    pod = own_pod(env=[{"name": name, "value": literal}])
+    with pytest.raises(LauncherError) as err:
+        build(pod)
+    assert str(err.value) == (
+        f"{name} must be a secretKeyRef on the control-plane container to be passed to runner pods"
+    )
+    assert "hunter2" not in str(err.value)
+
+
+def test_a_secret_bearing_config_map_ref_is_refused_too():
+    env = [
+        {
+            "name": "AWS_SECRET_ACCESS_KEY",
+            "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+        }
+    ]
+    with pytest.raises(LauncherError, match="AWS_SECRET_ACCESS_KEY must be a secretKeyRef"):
+        build(own_pod(env=env))
+
+
+def test_a_config_store_literal_without_password_is_copied():
+    env = [
+        {
+            "name": "DUCKGRES_CONFIG_STORE",
+            "value": "postgresql://svc@db:5432/duckgres?sslmode=require",
+        }
+    ]
+    assert build(own_pod(env=env))["spec"]["containers"][0]["env"][0] == env[0]
+    env = [{"name": "DUCKGRES_CONFIG_STORE", "value": "host=db user=svc password=s3cret dbname=x"}]
+    with pytest.raises(LauncherError, match="DUCKGRES_CONFIG_STORE must be a secretKeyRef"):
+        build(own_pod(env=env))
+
+
+def test_the_allowlist_is_complete_and_copied_in_container_order():
+    env = [{"name": n, "value": "v"} for n in reversed(ALLOWLIST)]
+    env = [
+        {"name": e["name"], "valueFrom": secret_ref("s", "k")}
+        if e["name"]
+        in {
+            "DJANGO_SECRET_KEY",
+            "DUCKGRES_CONFIG_STORE",
+            "DUCKGRES_RUNNER_SECRET",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        }
+        else e
+        for e in env
+    ]
+    copied = copy_allowlisted_env({"env": env})
+    assert [e["name"] for e in copied] == list(reversed(ALLOWLIST))
+    assert len(ALLOWLIST) == 23
+
+
+@pytest.mark.safeguard("reshard-26")
+@pytest.mark.parametrize(
+    ("cpu", "memory", "bad"),
+    [
+        ("two", "8Gi", "DUCKGRES_RESHARD_POD_CPU='two'"),
+        ("2", "8GB", "DUCKGRES_RESHARD_POD_MEMORY='8GB'"),
+        ("0", "8Gi", "DUCKGRES_RESHARD_POD_CPU='0'"),
+        ("-1", "8Gi", "DUCKGRES_RESHARD_POD_CPU='-1'"),
+        ("2", "", "DUCKGRES_RESHARD_POD_MEMORY=''"),
+    ],
+)
+def test_an_invalid_quantity_is_a_named_error(cpu, memory, bad):
+    with pytest.raises(LauncherError) as err:
+        build(cpu=cpu, memory=memory)
+    assert str(err.value).startswith("invalid reshard pod CPU/memory: " + bad)
+
+
+@pytest.mark.parametrize("value", ["2", "500m", "1.5", "8Gi", "512Mi", "1e3", "0.5"])
+def test_valid_quantities(value):
+    assert validate_quantity("X", value) == value
+
+
+def test_a_pod_without_containers_is_an_error():
+    pod = own_pod()
+    pod["spec"]["containers"] = []
+    with pytest.raises(
+        LauncherError, match="own control-plane pod duckgres-admin-worker-abc has no containers"
+    ):
+        build(pod)
+
+
+def test_privileged_is_never_copied_and_escalation_is_forced_off():
+    pod = own_pod(
+        securityContext={"runAsNonRoot": True, "privileged": True, "allowPrivilegeEscalation": True}
+    )
+    assert build(pod)["spec"]["containers"][0]["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+    }
+
+
+def test_the_builder_does_not_mutate_its_input():
+    pod = own_pod()
+    before = copy.deepcopy(pod)
+    build(pod)
+    assert pod == before
+
+
+def test_spawned_at_round_trips():
+    assert parse_spawned_at("2026-11-30T09:30:05Z") == NOW.replace(microsecond=0)
+    assert parse_spawned_at("") is None
+    assert parse_spawned_at("garbage") is None
