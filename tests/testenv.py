@@ -20,6 +20,11 @@ TEST_ENV = {
     "DUCKGRES_RESHARD_HEARTBEAT_SECONDS": "1",
     "DUCKGRES_RESHARD_STALE_SECONDS": "62",
     "DUCKGRES_CONTROL_METRICS_PORT": "0",
+    # Test services (.ci/services.sh): the provisioner login on the store clusters 5433/5434
+    # (same default as the script) and the real kube-apiserver.
+    "DUCKGRES_TEST_PROVISIONER_PASSWORD": "ci-provisioner-password-4f1e2d3c",
+    "DUCKGRES_TEST_KUBE_URL": "https://127.0.0.1:16443",
+    "DUCKGRES_TEST_KUBE_TOKEN": "ci-token",
 }
 for _key, _value in TEST_ENV.items():
     os.environ.setdefault(_key, _value)

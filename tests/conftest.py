@@ -1,0 +1,56 @@
+"""Suite-wide pytest configuration: shared fixtures and the marked-suite policy.
+
+Marked suites (``kube``, ``rgw``, ``browser``, ``faults``, ``e2e``) need real endpoints.
+Without ``CI`` a marked test whose endpoint is unavailable is skipped with the reason; with
+``CI`` set (``CI=true`` in CI), ANY skip of a marked test is turned into a failure, so a
+broken service can never make CI green by skipping. See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from tests.fixtures.availability import MARKED_SUITES, ci_enabled, unavailable
+
+pytest_plugins = [
+    "tests.fixtures.stores",
+    "tests.fixtures.rows",
+    "tests.fixtures.processes",
+    "tests.fixtures.kube",
+]
+
+
+def _suites(item: pytest.Item) -> list[str]:
+    return [name for name in MARKED_SUITES if item.get_closest_marker(name) is not None]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    mode = "CI: skips of marked suites FAIL" if ci_enabled() else "local: marked suites may skip"
+    return f"duckgres: {mode} ({', '.join(MARKED_SUITES)})"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for suite in _suites(item):
+        reason = unavailable(suite)
+        if reason:
+            pytest.skip(f"[{suite}] {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if not (report.skipped and ci_enabled()) or hasattr(report, "wasxfail"):
+        return report
+    suites = _suites(item)
+    if not suites:
+        return report
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (
+        f"CI is set: the marked suite {'/'.join(suites)} must run, but it was skipped: {reason}"
+    )
+    return report
