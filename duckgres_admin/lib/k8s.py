@@ -66,7 +66,7 @@ def _wrap(exc: Exception, verb: str, resource: str) -> KubeError:
     if status == 403:
         return KubeError(f"Kubernetes forbids {verb} on {resource} (403 Forbidden){suffix}", 403)
     if status == 404:
-        return KubeError(f"{resource} not found (404)", 404)
+        return KubeError(f"{resource} not found (404){suffix}", 404)
     if status == 409:
         return KubeError(f"Kubernetes {verb} {resource}: already exists (409){suffix}", 409)
     return KubeError(

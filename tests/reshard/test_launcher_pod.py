@@ -1,0 +1,436 @@
+"""The pod launcher against the real kube-apiserver (spec reshard §4.13; safeguards 26, 40, 50, 58).
+
+There is no scheduler or kubelet: pods stay Pending unless a test patches their status or binds
+them to a (nonexistent) node, which is what makes a default-grace delete leave them terminating.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from duckgres_admin.lib import k8s
+from duckgres_admin.models import ReshardOperation
+from reshard.launchers.base import LauncherError, StillTerminating
+from reshard.launchers.pod import PodLauncher, resolve_control_plane_image
+
+pytestmark = pytest.mark.kube
+
+OWN_POD = "duckgres-admin-worker-7d9f-abcde"
+OWN_IMAGE = "registry.example/duckgres-admin:1.2.3"
+
+
+def ref(secret: str, key: str) -> dict[str, Any]:
+    return {"valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def control_plane_env() -> list[dict[str, Any]]:
+    return [
+        {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
+        {"name": "DJANGO_SECRET_KEY", **ref("duckgres-admin", "django-secret-key")},
+        {"name": "DUCKGRES_CONFIG_STORE", **ref("duckgres-admin", "config-store-dsn")},
+        {"name": "DUCKGRES_INTERNAL_SECRET", **ref("duckgres-admin", "internal-secret")},
+        {"name": "DUCKGRES_RUNNER_SECRET", **ref("duckgres-admin", "runner-secret")},
+        {"name": "DUCKGRES_DATAPLANE_SECRET", **ref("duckgres-admin", "dataplane-secret")},
+        {"name": "DUCKGRES_BROKER_URL", "value": "redis://redis:6379/0"},
+        {"name": "AWS_ACCESS_KEY_ID", **ref("duckgres-aws", "access-key-id")},
+        {"name": "AWS_SECRET_ACCESS_KEY", **ref("duckgres-aws", "secret-access-key")},
+        {"name": "DUCKGRES_AWS_REGION", "value": "us-east-1"},
+        {"name": "DUCKGRES_RESHARD_POD_MEMORY", "value": "16Gi"},
+        {"name": "TRINO_SOMETHING", "value": "x"},
+        {
+            "name": "DUCKGRES_LOG_LEVEL",
+            "valueFrom": {"configMapKeyRef": {"name": "duckgres-admin", "key": "log-level"}},
+        },
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+
+
+def control_plane_pod(env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": OWN_POD, "labels": {"app": "duckgres-admin"}},
+        "spec": {
+            "serviceAccountName": "duckgres-admin",
+            "nodeSelector": {"duckgres.posthog.com/pool": "control"},
+            "tolerations": [
+                {
+                    "key": "dedicated",
+                    "operator": "Equal",
+                    "value": "control",
+                    "effect": "NoSchedule",
+                },
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 30,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 30,
+                },
+                {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists"},
+            ],
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": OWN_IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "env": control_plane_env() if env is None else env,
+                },
+                {"name": "sidecar", "image": "registry.example/sidecar:1"},
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def kube(kube_api, settings) -> Iterator[Any]:
+    """The product's Kubernetes seam pointed at the test apiserver, with a control-plane pod."""
+    for key, value in kube_api.settings_overrides().items():
+        setattr(settings, key, value)
+    settings.POD_NAME = OWN_POD
+    settings.DUCKGRES_RESHARD_POD_CPU = "2"
+    settings.DUCKGRES_RESHARD_POD_MEMORY = "8Gi"
+    k8s.api_client.cache_clear()
+    kube_api.core.create_namespaced_pod(kube_api.namespace, control_plane_pod())
+    try:
+        yield kube_api
+    finally:
+        k8s.api_client.cache_clear()
+
+
+def new_op(**fields: Any) -> ReshardOperation:
+    """An unsaved op: the pod launcher reads only id, runner_image and password_url."""
+    return ReshardOperation(id=secrets.randbelow(10**9) + 1, launcher="pod", **fields)
+
+
+def read(kube, name: str) -> dict[str, Any]:
+    pod = kube.core.read_namespaced_pod(name=name, namespace=kube.namespace)
+    return kube.api_client.sanitize_for_serialization(pod)
+
+
+def runner_pods(kube) -> list[str]:
+    pods = kube.core.list_namespaced_pod(kube.namespace, label_selector="app=duckgres-reshard")
+    return sorted(p.metadata.name for p in pods.items)
+
+
+def set_status(kube, name: str, phase: str, reason: str = "", code: int | None = None) -> None:
+    status: dict[str, Any] = {"phase": phase}
+    if code is not None:
+        terminated: dict[str, Any] = {"exitCode": code}
+        if reason:
+            terminated["reason"] = reason
+        status["containerStatuses"] = [
+            {
+                "name": "reshard-runner",
+                "image": OWN_IMAGE,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ]
+    kube.core.patch_namespaced_pod_status(name, kube.namespace, {"status": status})
+
+
+def bind_to_node(kube, name: str) -> None:
+    """Schedule the pod (by hand): deleting a bound pod honours its grace period."""
+    kube.core.create_namespaced_pod_binding(
+        name=name,
+        namespace=kube.namespace,
+        body={
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"},
+        },
+        _preload_content=False,
+    )
+
+
+@pytest.mark.safeguard("reshard-26")
+@pytest.mark.safeguard("reshard-50")
+def test_the_runner_pod_is_created_field_by_field(kube):
+    op = new_op()
+    before = datetime.now(UTC) - timedelta(seconds=2)
+    status = PodLauncher().create(op, replace=False)
+
+    pod = read(kube, f"duckgres-reshard-op-{op.id}")
+    meta, spec = pod["metadata"], pod["spec"]
+    assert status.phase == "Pending"
+    assert status.uid == meta["uid"]
+    assert status.spawned_at is not None
+    assert before <= status.spawned_at <= datetime.now(UTC) + timedelta(seconds=2)
+    assert meta["namespace"] == kube.namespace
+    assert meta["labels"] == {"app": "duckgres-reshard", "duckgres-op-id": str(op.id)}
+    assert meta["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert meta["annotations"][
+        "duckgres.posthog.com/runner-spawned-at"
+    ] == status.spawned_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert "ownerReferences" not in meta
+    assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 600
+    assert spec["serviceAccountName"] == "duckgres-admin"
+    assert spec["nodeSelector"]["duckgres.posthog.com/pool"] == "control"
+    assert spec["nodeSelector"]["kubernetes.io/arch"] in ("amd64", "arm64")
+    # The control plane's node.kubernetes.io/* tolerations are not copied; the apiserver's
+    # DefaultTolerationSeconds admission then adds its own not-ready/unreachable ones (300 s).
+    tolerations = {t["key"]: t for t in spec["tolerations"]}
+    assert tolerations["dedicated"] == {
+        "key": "dedicated",
+        "operator": "Equal",
+        "value": "control",
+        "effect": "NoSchedule",
+    }
+    assert "node.kubernetes.io/disk-pressure" not in tolerations
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        assert tolerations.get(key, {}).get("tolerationSeconds", 300) == 300
+    [container] = spec["containers"]
+    assert container["name"] == "reshard-runner"
+    assert container["command"] == ["python", "manage.py", "reshard_runner"]
+    assert container["image"] == OWN_IMAGE
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False}
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
+    env = {e["name"]: e for e in container["env"]}
+    assert list(env) == [
+        "DJANGO_SETTINGS_MODULE",
+        "DJANGO_SECRET_KEY",
+        "DUCKGRES_CONFIG_STORE",
+        "DUCKGRES_RUNNER_SECRET",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "DUCKGRES_AWS_REGION",
+        "DUCKGRES_LOG_LEVEL",
+        "DUCKGRES_RESHARD_OP_ID",
+        "POD_NAME",
+        "POD_UID",
+        "NODE_NAME",
+        "POD_NAMESPACE",
+    ]
+    # Secret-bearing names stay references; nothing carries a value of theirs.
+    assert env["DUCKGRES_RUNNER_SECRET"] == {
+        "name": "DUCKGRES_RUNNER_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": "duckgres-admin", "key": "runner-secret"}},
+    }
+    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"]["key"] == "config-store-dsn"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-aws"
+    assert env["DUCKGRES_LOG_LEVEL"]["valueFrom"] == {
+        "configMapKeyRef": {"name": "duckgres-admin", "key": "log-level"}
+    }
+    assert env["DUCKGRES_RESHARD_OP_ID"] == {"name": "DUCKGRES_RESHARD_OP_ID", "value": str(op.id)}
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    for absent in (
+        "DUCKGRES_INTERNAL_SECRET",
+        "DUCKGRES_DATAPLANE_SECRET",
+        "DUCKGRES_BROKER_URL",
+        "DUCKGRES_RESHARD_POD_MEMORY",
+        "TRINO_SOMETHING",
+        "DUCKGRES_RESHARD_PASSWORD_URL",
+    ):
+        assert absent not in env
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_the_per_op_image_and_password_url_are_used(kube):
+    op = new_op(
+        runner_image="registry.example/duckgres-admin:pinned",
+        password_url="http://10.1.2.3:8080/api/v1/reshards/1/password",
+    )
+    PodLauncher().create(op, replace=False)
+    container = read(kube, f"duckgres-reshard-op-{op.id}")["spec"]["containers"][0]
+    assert container["image"] == "registry.example/duckgres-admin:pinned"
+    assert container["env"][-1] == {
+        "name": "DUCKGRES_RESHARD_PASSWORD_URL",
+        "value": "http://10.1.2.3:8080/api/v1/reshards/1/password",
+    }
+
+
+def test_resolve_control_plane_image_reads_its_own_pod(kube, settings):
+    assert resolve_control_plane_image() == OWN_IMAGE
+    settings.POD_NAME = "no-such-pod"
+    with pytest.raises(LauncherError, match=r"^cannot read own control-plane pod no-such-pod: "):
+        resolve_control_plane_image()
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_a_missing_own_pod_refuses_the_launch(kube, settings):
+    settings.POD_NAME = "no-such-pod"
+    op = new_op()
+    with pytest.raises(
+        LauncherError, match=r"^cannot read own control-plane pod no-such-pod: .*not found"
+    ):
+        PodLauncher().create(op, replace=False)
+    assert runner_pods(kube) == []
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_a_literal_secret_on_the_control_plane_refuses_the_launch(kube, settings):
+    env = [
+        *control_plane_env(),
+        {"name": "DUCKGRES_RUNNER_SECRET", "value": "literal-runner-secret-0123456789abcdef"},
+    ]
+    env = [e for e in env if not (e["name"] == "DUCKGRES_RUNNER_SECRET" and "valueFrom" in e)]
+    literal = control_plane_pod(env)
+    literal["metadata"]["name"] = "control-plane-literal"
+    kube.core.create_namespaced_pod(kube.namespace, literal)
+    settings.POD_NAME = "control-plane-literal"
+    with pytest.raises(LauncherError) as err:
+        PodLauncher().create(new_op(), replace=False)
+    assert str(err.value) == (
+        "DUCKGRES_RUNNER_SECRET must be a secretKeyRef on the control-plane container to be "
+        "passed to runner pods"
+    )
+    assert "literal-runner-secret" not in str(err.value)
+    assert runner_pods(kube) == []
+
+
+@pytest.mark.safeguard("reshard-26")
+def test_an_invalid_pod_size_is_an_error_not_a_crash(kube, settings):
+    settings.DUCKGRES_RESHARD_POD_MEMORY = "8 gigs"
+    with pytest.raises(
+        LauncherError, match=r"^invalid reshard pod CPU/memory: DUCKGRES_RESHARD_POD_MEMORY="
+    ):
+        PodLauncher().create(new_op(), replace=False)
+    assert runner_pods(kube) == []
+
+
+def test_list_selects_runner_pods_by_label(kube):
+    launcher = PodLauncher()
+    a, b = new_op(), new_op()
+    launcher.create(a, replace=False)
+    launcher.create(b, replace=False)
+    kube.core.create_namespaced_pod(
+        kube.namespace,
+        {
+            "metadata": {
+                "name": "stray",
+                "labels": {"app": "duckgres-reshard", "duckgres-op-id": "not-a-number"},
+            },
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    kube.core.create_namespaced_pod(
+        kube.namespace,
+        {
+            "metadata": {
+                "name": "unrelated",
+                "labels": {"app": "something-else", "duckgres-op-id": "1"},
+            },
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    objects = {o.name: o for o in launcher.list()}
+    assert set(objects) == {f"duckgres-reshard-op-{a.id}", f"duckgres-reshard-op-{b.id}", "stray"}
+    assert objects[f"duckgres-reshard-op-{a.id}"].op_id_label == str(a.id)
+    assert objects["stray"].op_id_label == "not-a-number"
+    assert objects[f"duckgres-reshard-op-{b.id}"].status.phase == "Pending"
+
+
+def test_get_phase_reports_absent_exit_reason_and_spawn_time(kube):
+    launcher = PodLauncher()
+    op = new_op()
+    assert launcher.get_phase(op.id).phase == "absent"
+    created = launcher.create(op, replace=False)
+    name = f"duckgres-reshard-op-{op.id}"
+    set_status(kube, name, "Failed", reason="OOMKilled", code=137)
+    status = launcher.get_phase(op.id)
+    assert (status.phase, status.exited, status.terminating) == ("Failed", True, False)
+    assert status.reason == "OOMKilled (exit code 137)"
+    assert status.spawned_at == created.spawned_at
+    assert status.uid == created.uid
+    set_status(kube, name, "Succeeded", code=0)
+    assert launcher.get_phase(op.id).phase == "Succeeded"
+
+
+@pytest.mark.safeguard("reshard-40")
+def test_a_duplicate_create_never_kills_a_live_runner(kube):
+    launcher = PodLauncher()
+    op = new_op()
+    first = launcher.create(op, replace=False)
+    for replace in (False, True):
+        with pytest.raises(StillTerminating, match="previous runner pod still terminating") as err:
+            launcher.create(op, replace=replace)
+        assert err.value.existing is not None
+        assert err.value.existing.exited is False
+    assert read(kube, f"duckgres-reshard-op-{op.id}")["metadata"]["uid"] == first.uid
+    assert runner_pods(kube) == [f"duckgres-reshard-op-{op.id}"]
+
+
+def test_replace_deletes_an_exited_runner_and_creates_a_new_one(kube):
+    launcher = PodLauncher()
+    op = new_op()
+    first = launcher.create(op, replace=False)
+    set_status(kube, f"duckgres-reshard-op-{op.id}", "Failed", reason="Error", code=1)
+    with pytest.raises(StillTerminating) as err:  # without replace an exited runner stays
+        launcher.create(op, replace=False)
+    assert err.value.existing is not None
+    assert err.value.existing.exited
+    second = launcher.create(op, replace=True)
+    assert second.uid
+    assert second.uid != first.uid
+    assert read(kube, f"duckgres-reshard-op-{op.id}")["metadata"]["uid"] == second.uid
+
+
+def test_delete_uses_the_pods_own_grace_unless_told(kube):
+    launcher = PodLauncher()
+    op, other = new_op(), new_op()
+    for o in (op, other):
+        launcher.create(o, replace=False)
+        bind_to_node(kube, f"duckgres-reshard-op-{o.id}")
+    launcher.delete(op.id)
+    pod = read(kube, f"duckgres-reshard-op-{op.id}")
+    assert pod["metadata"]["deletionGracePeriodSeconds"] == 600
+    status = launcher.get_phase(op.id)
+    assert status.terminating
+    assert not status.exited
+    launcher.delete(other.id, grace_seconds=30)
+    assert (
+        read(kube, f"duckgres-reshard-op-{other.id}")["metadata"]["deletionGracePeriodSeconds"]
+        == 30
+    )
+    launcher.delete(new_op().id)  # absent: nothing to do, no error
+
+
+@pytest.mark.safeguard("reshard-58")
+def test_a_terminating_runner_blocks_replacement_until_it_is_gone(kube):
+    launcher = PodLauncher()
+    op = new_op()
+    name = f"duckgres-reshard-op-{op.id}"
+    first = launcher.create(op, replace=False)
+    kube.core.patch_namespaced_pod(
+        name, kube.namespace, {"metadata": {"finalizers": ["duckgres.test/hold"]}}
+    )
+    launcher.delete(op.id)
+    set_status(kube, name, "Failed", reason="Error", code=143)
+    status = launcher.get_phase(op.id)
+    assert status.terminating
+    assert status.exited
+    for replace in (True, False):
+        with pytest.raises(StillTerminating, match="previous runner pod still terminating"):
+            launcher.create(op, replace=replace)
+    assert read(kube, name)["metadata"]["uid"] == first.uid
+    kube.core.patch_namespaced_pod(name, kube.namespace, {"metadata": {"finalizers": None}})
+    assert launcher.get_phase(op.id).phase == "absent"
+    second = launcher.create(op, replace=True)
+    assert second.uid != first.uid
+
+
+def test_read_log_errors_name_the_pod(kube):
+    launcher = PodLauncher()
+    op = new_op()
+    with pytest.raises(
+        LauncherError, match=rf"reading the log of runner pod duckgres-reshard-op-{op.id} failed"
+    ):
+        launcher.read_log(op.id)
