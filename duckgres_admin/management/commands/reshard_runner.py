@@ -1,0 +1,68 @@
+"""``python manage.py reshard_runner``: run one reshard operation (spec reshard §4.2).
+
+Thin: read ``DUCKGRES_RESHARD_OP_ID``, install signal handlers that only set flags, hand over to
+``reshard.runner.execute``, then — as the very last act of a local runner (``POD_UID`` starting
+with ``local-``) — write ``<DUCKGRES_RESHARD_LOCAL_STATE_DIR>/op-<id>.exit`` holding the exit
+code (the local launcher's contract, §4.13).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from duckgres_admin.logs import configure_logging
+from reshard.runner.context import RunContext
+from reshard.runner.execute import EXIT_INFRA, run_process, runner_identity
+from reshard.scrub import process_scrubber
+
+
+def write_exit_file(op_id: int, code: int) -> None:
+    """The local launcher's exit file, written atomically (tmp + rename)."""
+    if not os.environ.get("POD_UID", "").startswith("local-"):
+        return
+    state_dir = Path(settings.DUCKGRES_RESHARD_LOCAL_STATE_DIR)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    final = state_dir / f"op-{op_id}.exit"
+    tmp = state_dir / f".op-{op_id}.exit.{os.getpid()}"
+    tmp.write_text(f"{code}\n", encoding="utf-8")
+    tmp.replace(final)
+
+
+class Command(BaseCommand):
+    help = "Run one reshard operation (DUCKGRES_RESHARD_OP_ID); started by a launcher."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging()
+        log = structlog.get_logger("duckgres.reshard.runner")
+        raw = os.environ.get("DUCKGRES_RESHARD_OP_ID", "")
+        try:
+            op_id = int(raw)
+            if op_id <= 0:
+                raise ValueError
+        except ValueError:
+            log.error("DUCKGRES_RESHARD_OP_ID must be a positive integer", value=raw[:40])
+            sys.exit(EXIT_INFRA)
+        ctx = RunContext(op_id=op_id, runner_id=runner_identity(), scrubber=process_scrubber())
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            ctx.request_stop(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        code = EXIT_INFRA
+        try:
+            code = run_process(op_id, ctx)
+        finally:
+            try:
+                write_exit_file(op_id, code)
+            finally:
+                sys.exit(code)

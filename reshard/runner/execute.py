@@ -1,0 +1,300 @@
+"""The runner's top level: process flow (spec reshard §4.2), ``execute`` and ``run`` (§4.3).
+
+Exit codes of :func:`run_process`: 0 whenever the op is terminal at exit (succeeded, failed
+after rollback, cancelled, already terminal); 1 for infrastructure problems (op unreadable,
+not claimable, fenced away, terminal write failed, roll-forward not possible).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from duckgres_admin.models import ReshardOperation
+from reshard import steps as sequences
+from reshard.runner import waits
+from reshard.runner.context import Progress, RunContext
+from reshard.runner.errors import (
+    Cancelled,
+    Fenced,
+    Interrupted,
+    RollForwardUnavailable,
+    StepError,
+    StepUnavailable,
+)
+from reshard.runner.fencing import Fencer, claim
+from reshard.runner.heartbeat import Heartbeat, log_fenced_once
+from reshard.runner.oplog import OpLogWriter
+from reshard.runner.password import PasswordPullError, PullRequest, pull_password
+from reshard.runner.report import describe_source, describe_target, write_report
+from reshard.runner.rollback import rollback
+from reshard.runner.steps import StepEnv, lookup
+
+EXIT_OK = 0
+EXIT_INFRA = 1
+
+_plog: Any = structlog.get_logger("duckgres.reshard.runner")
+
+
+def runner_identity() -> str:
+    """``POD_NAME`` → hostname → ``reshard-runner`` (spec §4.2 step 2)."""
+    return os.environ.get("POD_NAME") or socket.gethostname() or "reshard-runner"
+
+
+def reconstruct(op: ReshardOperation) -> Progress:
+    """Progress flags from the durable row (spec §4.8); over-marking is safe."""
+    target = op.target_kind
+    return Progress(
+        blocked=op.blocked_at is not None or op.step != "",
+        source_access_verified=op.source_access_verified_at is not None,
+        fence_requested=op.source_kind == "cnpg"
+        and (
+            op.source_fence_requested_at is not None
+            or sequences.at_or_past(op.step, "fencing_source", target)
+        ),
+        compaction_paused=op.compaction_prior is not None,
+        flipped=sequences.at_or_past(op.step, "cutover", target),
+        copied=op.tables_copied > 0,
+    )
+
+
+def commit_point_passed(op: ReshardOperation) -> bool:
+    return op.source_drop_committed_at is not None or op.external_verified_at is not None
+
+
+def before_cancel_cutoff(op: ReshardOperation) -> bool:
+    """§4.5: →cnpg until the cutover wait succeeded; →external until ``orphaning_source``."""
+    if op.target_kind == "external":
+        return not sequences.at_or_past(op.step, "orphaning_source", "external")
+    return not (
+        sequences.at_or_past(op.step, "copying", "cnpg") or op.target_login_ready_at is not None
+    )
+
+
+# --- process -------------------------------------------------------------------------------------
+def run_process(op_id: int, ctx: RunContext) -> int:
+    """§4.2 steps 2-5. Always flushes the op log and writes the marker; wipes passwords."""
+    oplog = OpLogWriter(op_id, ctx.scrubber)
+    oplog.bind(runner_id=ctx.runner_id)
+    op: ReshardOperation | None = None
+    marker_epoch = 0
+    try:
+        try:
+            op = ReshardOperation.objects.get(id=op_id)
+        except ReshardOperation.DoesNotExist:
+            _plog.error("reshard operation not found", op_id=op_id)
+            return EXIT_INFRA
+        except DatabaseError as exc:
+            _plog.error("cannot read the reshard operation", op_id=op_id, error=str(exc))
+            return EXIT_INFRA
+        oplog.bind(org_id=op.org_id)
+        marker_epoch = op.runner_epoch
+        if op.is_terminal:
+            oplog.info(f"runner started for an operation already {op.state}; nothing to do")
+            return EXIT_OK
+        try:
+            epoch = claim(op_id, ctx.runner_id)
+        except DatabaseError as exc:
+            oplog.error(f"claiming the operation failed: {exc}")
+            return EXIT_INFRA
+        if epoch is None:
+            current = ReshardOperation.objects.filter(id=op_id).first()
+            owner = current.runner_id if current else op.runner_id
+            oplog.error(
+                f"operation not claimable (owned by {owner or 'nobody'} with a fresh heartbeat?"
+                f" state {current.state if current else 'gone'}); this runner exits"
+            )
+            return EXIT_INFRA
+        ctx.epoch = marker_epoch = epoch
+        ctx.note_write()
+        oplog.bind(epoch=epoch)
+        op.refresh_from_db()
+        env = StepEnv(ctx=ctx, op=op, fence=Fencer(ctx), log=oplog)
+        _maybe_pull_password(env)
+        execute(env)
+        return _exit_code(op_id, oplog)
+    finally:
+        if op is not None:
+            oplog.persist_marker(
+                os.environ.get("POD_NAME", ""), os.environ.get("POD_UID", ""), marker_epoch
+            )
+        oplog.close()
+        ctx.wipe_passwords()
+
+
+def _maybe_pull_password(env: StepEnv) -> None:
+    url = os.environ.get("DUCKGRES_RESHARD_PASSWORD_URL", "")
+    if not url:
+        return
+    request = PullRequest(
+        url=url,
+        runner_secret=settings.DUCKGRES_RUNNER_SECRET,
+        epoch=env.ctx.epoch,
+        runner_id=env.ctx.runner_id,
+    )
+    try:
+        value = pull_password(request, env.ctx.stop)
+    except PasswordPullError as exc:
+        env.log.warn(
+            f"could not pull the external target password: {exc}; continuing (the operation "
+            "will fail at copying if it needs it)"
+        )
+        return
+    env.ctx.set_target_password(value)
+    env.log.info("pulled the ephemeral external target password")
+
+
+def _exit_code(op_id: int, oplog: OpLogWriter) -> int:
+    try:
+        state = ReshardOperation.objects.filter(id=op_id).values_list("state", flat=True).first()
+    except DatabaseError as exc:
+        oplog.error(f"cannot re-read the operation at exit: {exc}")
+        return EXIT_INFRA
+    if state in ("succeeded", "failed", "cancelled"):
+        return EXIT_OK
+    oplog.error(
+        f"runner exits with the operation still {state}: it did not reach a terminal state "
+        "(fenced away by a takeover?)"
+    )
+    return EXIT_INFRA
+
+
+# --- execute and run ------------------------------------------------------------------------------
+def execute(env: StepEnv) -> None:
+    ctx, op = env.ctx, env.op
+    ctx.progress = reconstruct(op)
+    env.log.info(
+        f"operation claimed by {ctx.runner_id} (epoch {ctx.epoch}): "
+        f"{describe_source(op)} → {describe_target(op)}"
+    )
+    try:
+        connection.ensure_connection()
+        if connection.connection is not None:
+            ctx.register_connection(connection.connection)
+    except DatabaseError:
+        pass
+    heartbeat = Heartbeat(ctx, env.log, env.fence.heartbeat)
+    heartbeat.start()
+    try:
+        _execute(env)
+    finally:
+        heartbeat.stop()
+
+
+def _execute(env: StepEnv) -> None:
+    ctx, log = env.ctx, env.log
+    unavailable = False
+    try:
+        run(env)
+        return
+    except RollForwardUnavailable as exc:
+        log.error(f"refusing rollback; {exc}")
+        return
+    except Fenced:
+        log_fenced_once(ctx, log)
+        return
+    except Cancelled:
+        if ctx.fenced:
+            log_fenced_once(ctx, log)
+            return
+        state, error = "cancelled", "cancelled by operator"
+        log.warn(f"cancel requested — rolling back from step {ctx.current_step or '(none)'}")
+    except Interrupted:
+        if ctx.fenced:
+            log_fenced_once(ctx, log)
+            return
+        step = ctx.current_step or "(before the first step)"
+        state, error = (
+            "failed",
+            f"runner received {ctx.signal_name or 'SIGTERM'} during step {step}",
+        )
+        log.error(f"step {step} failed: {error} — rolling back")
+    except Exception as exc:  # noqa: BLE001 - any step failure rolls back (spec §4.3)
+        if ctx.fenced:
+            log_fenced_once(ctx, log)
+            return
+        state = "failed"
+        error = str(exc) if isinstance(exc, StepError) else f"{type(exc).__name__}: {exc}"
+        log.error(f"step {ctx.current_step or '(none)'} failed: {error} — rolling back")
+        unavailable = isinstance(exc, StepUnavailable)
+    _roll_back_and_finish(env, state, error, unavailable=unavailable)
+
+
+def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: bool) -> None:
+    ctx, log = env.ctx, env.log
+    try:
+        outcome = rollback(env)
+    except Fenced:
+        log_fenced_once(ctx, log)
+        return
+    except Exception as exc:  # noqa: BLE001 - a store error leaves the op to a takeover
+        log.error(
+            f"rollback failed: {type(exc).__name__}: {exc}; the operation stays running and "
+            "a takeover runner will roll it back"
+        )
+        return
+    if ctx.fenced:
+        log_fenced_once(ctx, log)
+        return
+    if unavailable and outcome.recovered:
+        error = f"{error}; the operation was rolled back"
+    try:
+        write_report(env, state)
+    except DatabaseError as exc:
+        log.warn(f"could not write the end-of-op report: {exc}")
+    try:
+        env.fence.terminal(state, error, recovery_required=outcome.left_blocked)
+    except Fenced:
+        log_fenced_once(ctx, log)
+        return
+    except DatabaseError as exc:
+        log.error(f"terminal write failed: {exc}; the operation stays running")
+        return
+    log.info(f"operation {state}: {error}")
+
+
+def _boundary(env: StepEnv) -> None:
+    """Checks made before stamping each step (and at the start of ``run``)."""
+    ctx, op = env.ctx, env.op
+    if ctx.fenced:
+        raise Fenced()
+    if ctx.stop.is_set():
+        raise Interrupted()
+    if waits.cancel_requested(op.id):
+        if before_cancel_cutoff(op):
+            raise Cancelled()
+        if not ctx.late_cancel_logged:
+            env.log.warn(
+                "cancel requested after the point of no return; the operation will complete"
+            )
+            ctx.late_cancel_logged = True
+
+
+def run(env: StepEnv) -> None:
+    ctx, op = env.ctx, env.op
+    _boundary(env)
+    if op.step:
+        ctx.current_step = op.step
+        if commit_point_passed(op):
+            raise RollForwardUnavailable(
+                f"takeover at step {op.step} after the commit point: the operation must roll "
+                "forward, which this build of Duckgres Admin cannot do; leaving it running for a "
+                "build that can (or reshard_recover after a force-fail)"
+            )
+        raise StepError(
+            f"takeover at step {op.step} cannot be resumed safely; rolling back from durable "
+            "progress"
+        )
+    for step in sequences.sequence(op.source_kind, op.target_kind):
+        _boundary(env)
+        env.fence.stamp_step(step)
+        fn = lookup(step)
+        if fn is None:
+            raise StepUnavailable(step)
+        fn(env)
+    raise StepError("the step sequence ended without finalizing")

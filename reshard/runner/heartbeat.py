@@ -1,0 +1,108 @@
+"""The heartbeat thread: proves ownership and enforces the self-fence (spec reshard §4.1).
+
+A daemon thread with its own config-store connection (Django connections are per thread; it
+closes its own at exit). Every ``DUCKGRES_RESHARD_HEARTBEAT_SECONDS`` it sends the fenced
+heartbeat write:
+- ``Fenced`` → the run context's ``fenced`` and ``stop`` are set and in-flight work is
+  interrupted (registered psycopg connections get ``cancel()``, child processes are killed);
+- any other error (store outage, broken connection) is a warning: ownership is kept and the
+  next tick retries; the broken connection is dropped so the next tick reconnects.
+
+Between beats (at most every ``DUCKGRES_RESHARD_POLL_SECONDS``) it checks the age of the last
+successful fenced write; past ``stale - 60`` seconds it self-fences exactly as for ``Fenced``.
+Every tick also retries buffered op-log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, connection
+
+from reshard.runner.context import RunContext
+from reshard.runner.errors import Fenced
+from reshard.runner.oplog import OpLogWriter
+
+FENCED_MESSAGE = "operation fenced: another runner took over; this runner abandons it"
+
+
+def log_fenced_once(ctx: RunContext, oplog: OpLogWriter, message: str = FENCED_MESSAGE) -> None:
+    """Set the fencing flags and log the one ERROR line, once per runner."""
+    if ctx.mark_fenced():
+        oplog.error(message)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        ctx: RunContext,
+        oplog: OpLogWriter,
+        beat: Callable[[], None],
+        *,
+        interval: float | None = None,
+        stale_seconds: float | None = None,
+        poll_seconds: float | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.oplog = oplog
+        self.beat = beat
+        self.interval = float(interval or settings.DUCKGRES_RESHARD_HEARTBEAT_SECONDS)
+        self.stale = float(stale_seconds or settings.DUCKGRES_RESHARD_STALE_SECONDS)
+        poll = float(poll_seconds or settings.DUCKGRES_RESHARD_POLL_SECONDS)
+        self.slice = max(0.05, min(poll, self.interval))
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="reshard-heartbeat", daemon=True)
+
+    @property
+    def self_fence_after(self) -> float:
+        return self.stale - 60
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            next_beat = time.monotonic() + self.interval
+            while not self._done.is_set() and not self.ctx.fenced:
+                if time.monotonic() >= next_beat:
+                    self.tick()
+                    next_beat = time.monotonic() + self.interval
+                    self.oplog.flush()
+                if self.ctx.fenced:
+                    break
+                self.check_self_fence()
+                self._done.wait(min(self.slice, max(0.0, next_beat - time.monotonic())))
+        finally:
+            connection.close()
+
+    def tick(self) -> None:
+        """One heartbeat: ``Fenced`` fences, any other error is a warning (retry next tick)."""
+        try:
+            self.beat()
+        except Fenced:
+            log_fenced_once(self.ctx, self.oplog)
+        except (DatabaseError, InterfaceError, OSError) as exc:
+            self.oplog.warn(
+                f"heartbeat write failed (will retry in {self.interval:g} s; ownership kept): {exc}"
+            )
+            with contextlib.suppress(DatabaseError, InterfaceError):
+                connection.close()
+
+    def check_self_fence(self) -> None:
+        age = self.ctx.seconds_since_write()
+        if age > self.self_fence_after and not self.ctx.fenced:
+            log_fenced_once(
+                self.ctx,
+                self.oplog,
+                f"runner self-fenced: no successful heartbeat for {int(age)} s (stale window "
+                f"{int(self.stale)} s); abandoning the operation to a takeover",
+            )

@@ -1,0 +1,61 @@
+"""Bounded, cancel-aware waiting (spec reshard §4.1, §4.4; design §6 "every wait loop…").
+
+Every wait announces its deadline, sleeps in slices of at most ``DUCKGRES_RESHARD_POLL_SECONDS``,
+returns early on ``stop`` (raising :class:`Interrupted`), reads the cancel flag with a fresh
+query when cancel-aware (a failed read counts as "not cancelled") and logs what it observes
+about every 15 s.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from duckgres_admin.models import ReshardOperation
+from reshard.runner.context import RunContext
+from reshard.runner.errors import Cancelled, Interrupted
+from reshard.runner.oplog import OpLogWriter
+
+OBSERVATION_INTERVAL = 15.0
+
+
+def cancel_requested(op_id: int) -> bool:
+    """Fresh read of the cancel flag; a failed read counts as "not cancelled"."""
+    try:
+        flag = (
+            ReshardOperation.objects.filter(id=op_id)
+            .values_list("cancel_requested", flat=True)
+            .first()
+        )
+    except DatabaseError:
+        return False
+    return bool(flag)
+
+
+def hold(
+    ctx: RunContext,
+    oplog: OpLogWriter,
+    seconds: float,
+    *,
+    purpose: str,
+    cancel_aware: bool = True,
+) -> None:
+    """Let ``seconds`` elapse (a propagation wait): its end is success, not a timeout."""
+    deadline = time.monotonic() + seconds
+    slice_seconds = float(settings.DUCKGRES_RESHARD_POLL_SECONDS)
+    oplog.info(f"waiting {seconds:g} s {purpose} (deadline in {seconds:g} s)")
+    next_observation = time.monotonic() + OBSERVATION_INTERVAL
+    while True:
+        if ctx.stop.is_set():
+            raise Interrupted()
+        if cancel_aware and cancel_requested(ctx.op_id):
+            raise Cancelled()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if time.monotonic() >= next_observation:
+            oplog.info(f"still waiting {purpose}: {remaining:.0f} s left, no cancel requested")
+            next_observation = time.monotonic() + OBSERVATION_INTERVAL
+        ctx.stop.wait(min(slice_seconds, remaining))

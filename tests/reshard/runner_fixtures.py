@@ -1,0 +1,160 @@
+"""Fixtures and helpers for the runner tests (``tests/reshard/test_runner*.py``).
+
+Runners run as real subprocesses (``sys.executable manage.py reshard_runner``) against the
+pytest-django TEST database (``process_env`` from ``tests.fixtures.processes``), so every test
+using them needs ``transactional_db``. The metadata stores are the CI clusters 5433/5434
+(``store_clusters``/``tenant_catalog`` from ``tests.fixtures.stores``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from duckgres_admin.models import (
+    MetadataStore,
+    ReshardLogEntry,
+    ReshardOperation,
+    ReshardStepTiming,
+    Warehouse,
+)
+from tests.fixtures.processes import ROOT, process_env
+from tests.fixtures.rows import new_op, new_store, new_warehouse
+from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory
+
+
+@dataclass
+class RunnerProcess:
+    op_id: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    state_dir: Path
+    pod_uid: str
+
+    def wait(self, timeout: float = 90) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(
+                f"runner for op {self.op_id} did not exit within {timeout}s:\n{self.output()}"
+            ) from None
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def exit_file(self) -> Path:
+        return self.state_dir / f"op-{self.op_id}.exit"
+
+
+def start_runner(op_id: int, state_dir: Path, **extra_env: str) -> RunnerProcess:
+    """Start ``manage.py reshard_runner`` for ``op_id`` like the local launcher would."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pod_uid = f"local-{secrets.token_hex(4)}-{int(time.time())}"
+    env = process_env(
+        DUCKGRES_RESHARD_OP_ID=str(op_id),
+        POD_NAME=f"duckgres-reshard-op-{op_id}",
+        POD_UID=pod_uid,
+        DUCKGRES_RESHARD_LOCAL_STATE_DIR=str(state_dir),
+        **extra_env,
+    )
+    log_path = state_dir / f"runner-{op_id}-{secrets.token_hex(3)}.log"
+    with open(log_path, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "reshard_runner"],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    return RunnerProcess(op_id, proc, log_path, state_dir, pod_uid)
+
+
+def run_runner(op_id: int, state_dir: Path, timeout: float = 90, **extra_env: str) -> RunnerProcess:
+    runner = start_runner(op_id, state_dir, **extra_env)
+    runner.wait(timeout)
+    return runner
+
+
+def op_log(op_id: int) -> list[str]:
+    return list(
+        ReshardLogEntry.objects.filter(operation_id=op_id)
+        .order_by("id")
+        .values_list("message", flat=True)
+    )
+
+
+def step_rows(op_id: int) -> list[tuple[str, str, int]]:
+    return list(
+        ReshardStepTiming.objects.filter(operation_id=op_id)
+        .order_by("id")
+        .values_list("step", "outcome", "runner_epoch")
+    )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def reload(op: ReshardOperation) -> ReshardOperation:
+    return ReshardOperation.objects.get(id=op.id)
+
+
+def warehouse_of(op: ReshardOperation) -> Warehouse:
+    return Warehouse.objects.get(org_id=op.org_id)
+
+
+@dataclass
+class CnpgWorld:
+    """A ready warehouse bound to a tenant catalog on the source cluster, a target store on
+    the target cluster and a pending cnpg→cnpg operation."""
+
+    source_store: MetadataStore
+    target_store: MetadataStore
+    catalog: TenantCatalog
+    warehouse: Warehouse
+    op: ReshardOperation
+
+
+@pytest.fixture
+def cnpg_world(
+    transactional_db: None,
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+) -> CnpgWorld:
+    catalog = tenant_catalog(store_clusters.source)
+    source = new_store(store_clusters.source)
+    target = new_store(store_clusters.target)
+    warehouse = new_warehouse(
+        store=source,
+        catalog=catalog,
+        compaction_enabled=True,
+        status_message="",
+    )
+    op = new_op(warehouse, to_store=target)
+    return CnpgWorld(source, target, catalog, warehouse, op)
+
+
+@pytest.fixture
+def runner_state_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "runners"
+    path.mkdir()
+    return path
+
+
+def env_without(*names: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in names}
