@@ -1,5 +1,38 @@
 """API routes under /api/v1/ (spec reshard §5)."""
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from duckgres_admin.api import views
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("reshards", views.ReshardListView.as_view(), name="reshard-list"),
+    path("reshards/targets", views.ReshardTargetsView.as_view(), name="reshard-targets"),
+    path("reshards/<int:op_id>", views.ReshardDetailView.as_view(), name="reshard-detail"),
+    path("reshards/<int:op_id>/log", views.ReshardLogView.as_view(), name="reshard-log"),
+    path("reshards/<int:op_id>/cancel", views.ReshardCancelView.as_view(), name="reshard-cancel"),
+    path(
+        "reshards/<int:op_id>/password",
+        views.ReshardPasswordView.as_view(),
+        name="reshard-password",
+    ),
+    path("warehouses", views.WarehouseListView.as_view(), name="warehouse-list"),
+    path("warehouses/<str:org>", views.WarehouseDetailView.as_view(), name="warehouse-detail"),
+    path("warehouses/<str:org>/reshards", views.ReshardStartView.as_view(), name="reshard-start"),
+    path("warehouses/<str:org>/leases", views.LeaseCreateView.as_view(), name="lease-create"),
+    path(
+        "warehouses/<str:org>/leases/<int:lease_id>",
+        views.LeaseDetailView.as_view(),
+        name="lease-detail",
+    ),
+    path(
+        "warehouses/<str:org>/leases/<int:lease_id>/renew",
+        views.LeaseRenewView.as_view(),
+        name="lease-renew",
+    ),
+    path("metadata-stores", views.MetadataStoreListView.as_view(), name="metadata-store-list"),
+    path(
+        "metadata-stores/<str:name>",
+        views.MetadataStoreDetailView.as_view(),
+        name="metadata-store-detail",
+    ),
+]

@@ -1,0 +1,106 @@
+"""The base view: identity per route, admin for mutations, scrubbed error bodies, audit.
+
+Views stay thin: parse, authorise (here), call one service, shape JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import DatabaseError
+from django.http import HttpRequest
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from duckgres_admin.api.auth import (
+    MUTATING_METHODS,
+    Identity,
+    Kind,
+    Scope,
+    authenticate,
+    enforce_csrf,
+    require_admin,
+)
+from duckgres_admin.models import AuditRecord
+from reshard.services import ServiceError, api_scrubber
+
+
+def error_response(exc: ServiceError) -> Response:
+    body: dict[str, Any] = {"error": api_scrubber().scrub(exc.message)}
+    if exc.code:
+        body["code"] = exc.code
+    return Response(body, status=exc.status, headers=exc.headers or None)
+
+
+class ApiView(APIView):
+    scope: ClassVar[Scope] = Scope.OPERATOR
+    audit_action: ClassVar[str] = ""
+    authentication_classes: ClassVar[list[Any]] = []  # type: ignore[misc]
+    permission_classes: ClassVar[list[Any]] = []  # type: ignore[misc]
+
+    identity: Identity | None = None
+    audit_org: str = ""
+    audit_detail: str = ""
+    skip_audit: bool = False
+
+    def perform_authentication(self, request: Request) -> None:
+        # DRF's own authentication would overwrite the session user with None; identities
+        # are resolved in ``initial`` from the Django request instead.
+        return None
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        django_request: HttpRequest = request._request
+        self.audit_org = str(kwargs.get("org", ""))
+        self.identity = authenticate(django_request, self.scope)
+        method = (request.method or "").upper()
+        if self.identity.kind is Kind.STAFF and method in MUTATING_METHODS:
+            enforce_csrf(django_request)
+        if self.scope is Scope.OPERATOR:
+            require_admin(self.identity, method)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, ServiceError):
+            self.audit_detail = self.audit_detail or exc.message
+            return error_response(exc)
+        if isinstance(exc, exceptions.ParseError):
+            return error_response(ServiceError(400, "invalid body: body: malformed JSON"))
+        if isinstance(exc, exceptions.UnsupportedMediaType):
+            return error_response(
+                ServiceError(415, "invalid body: body: use Content-Type application/json")
+            )
+        if isinstance(exc, exceptions.MethodNotAllowed):
+            return error_response(ServiceError(405, "method not allowed"))
+        if isinstance(exc, DatabaseError):
+            return error_response(ServiceError(500, f"config store error: {exc}"))
+        return super().handle_exception(exc)
+
+    def finalize_response(
+        self, request: Request, response: Any, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        assert isinstance(response, Response)
+        method = (request.method or "").upper()
+        if method in MUTATING_METHODS and self.audit_action and not self.skip_audit:
+            self._audit(request._request, method, response.status_code)
+        return response
+
+    def _audit(self, request: HttpRequest, method: str, status: int) -> None:
+        ident = self.identity
+        AuditRecord.objects.create(
+            actor=ident.actor if ident else "",
+            role=ident.role if ident else "",
+            source=ident.source if ident else "",
+            method=method,
+            path=request.path[:2000],
+            org_id=self.audit_org,
+            status=status,
+            client_ip=str(request.META.get("REMOTE_ADDR", "")),
+            action=self.audit_action,
+            detail=api_scrubber().scrub(self.audit_detail)[:4000],
+        )
+
+    def request_body(self, request: Request) -> Any:
+        return request.data

@@ -1,0 +1,49 @@
+"""JSON shapes of the API (spec reshard §5): op JSON is the §2.5 columns, RFC 3339 times."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+
+from duckgres_admin.models import MetadataStore, ReshardLogEntry, ReshardOperation, Warehouse
+
+
+def rfc3339(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def _columns(instance: models.Model) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in instance._meta.concrete_fields:
+        value = getattr(instance, f.attname)
+        out[f.column] = rfc3339(value) if isinstance(value, datetime) else value
+    return out
+
+
+def op_json(op: ReshardOperation) -> dict[str, Any]:
+    """Every §2.5 column; there is no password column, so none can appear."""
+    return _columns(op)
+
+
+def log_entry_json(entry: ReshardLogEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "operation_id": entry.operation_id,
+        "ts": rfc3339(entry.ts),
+        "level": entry.level,
+        "source": entry.source,
+        "message": entry.message,
+    }
+
+
+def warehouse_json(warehouse: Warehouse) -> dict[str, Any]:
+    data = _columns(warehouse)
+    data.pop("id", None)
+    data["writable"] = warehouse.writable
+    return data
+
+
+def store_json(store: MetadataStore) -> dict[str, Any]:
+    return _columns(store)

@@ -1,0 +1,442 @@
+"""API views (spec reshard §5). Thin: parse, call one service, shape the answer."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from duckgres_admin.api import validation as v
+from duckgres_admin.api.auth import Scope, describe_caller
+from duckgres_admin.api.base import ApiView
+from duckgres_admin.api.serializers import log_entry_json, op_json, store_json, warehouse_json
+from duckgres_admin.models import (
+    LIBPQ_SSLMODES,
+    STORE_NAME_PATTERN,
+    LeasePurpose,
+    MetadataStore,
+    ReshardLogEntry,
+    ReshardOperation,
+    StoreKind,
+    Warehouse,
+    WarehouseState,
+)
+from reshard import leases, services
+from reshard.services import ServiceError, StartRequest, TargetRequest
+
+OBJ = OpenApiTypes.OBJECT
+ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
+
+
+def _parse_start(data: Any) -> StartRequest:
+    body = v.as_object(data)
+    v.reject_unknown(
+        body, ("target", "drain_timeout_seconds", "cutover_timeout_seconds", "dry_run")
+    )
+    if "target" not in body:
+        raise v.body_error("target", "required")
+    target = v.as_object(body["target"], "target")
+    keys = (
+        "type",
+        "cnpg_shard",
+        "endpoint",
+        "user",
+        "database",
+        "sslmode",
+        "password_secret_ref",
+        "password",
+    )
+    v.reject_unknown(target, keys, "target")
+    parsed = {k: v.string(target, k, "target", max_length=1024) for k in keys}
+    if not parsed["type"]:
+        raise v.body_error("target.type", "required")
+    drain = v.integer(body, "drain_timeout_seconds", default=1800, maximum=86400)
+    cutover = v.integer(body, "cutover_timeout_seconds", default=0, maximum=86400)
+    dry_run = v.boolean(body, "dry_run", default=False)
+    return StartRequest(
+        target=TargetRequest(**parsed),
+        drain_timeout_seconds=drain if drain is not None and drain > 0 else 1800,
+        cutover_timeout_seconds=max(cutover or 0, 0),
+        dry_run=bool(dry_run),
+    )
+
+
+class ReshardStartView(ApiView):
+    audit_action = "reshard.create"
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(
+        operation_id="reshard_start",
+        request=OBJ,
+        responses={202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **ERRORS},
+        description="Start a reshard (spec §5.1). Internal secret or staff admin.",
+    )
+    def post(self, request: Request, org: str) -> Response:
+        from reshard import stash
+
+        try:
+            start = _parse_start(request.data)
+        except ServiceError:
+            stash.prune()
+            raise
+        if start.dry_run:
+            self.skip_audit = True
+            raise ServiceError(501, "dry run is not available yet")
+        assert self.identity is not None
+        outcome = services.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
+        self.audit_detail = f"reshard {outcome.description}"
+        return Response(op_json(outcome.op), status=202)
+
+
+class ReshardListView(ApiView):
+    @extend_schema(
+        operation_id="reshard_list",
+        parameters=[
+            OpenApiParameter("org", str, required=False),
+            OpenApiParameter("state", str, required=False),
+            OpenApiParameter("limit", int, required=False),
+        ],
+        responses={200: OBJ, 401: OBJ, 403: OBJ},
+    )
+    def get(self, request: Request) -> Response:
+        limit = v.query_int(request.query_params.get("limit"), 100, minimum=1, maximum=500)
+        qs = ReshardOperation.objects.order_by("-id")
+        if org := request.query_params.get("org"):
+            qs = qs.filter(org_id=org)
+        if state := request.query_params.get("state"):
+            qs = qs.filter(state=state)
+        return Response({"operations": [op_json(op) for op in qs[:limit]]})
+
+
+class ReshardTargetsView(ApiView):
+    @extend_schema(operation_id="reshard_targets", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    def get(self, request: Request) -> Response:
+        return Response(services.reshard_targets())
+
+
+def _op_or_404(op_id: int) -> ReshardOperation:
+    op = ReshardOperation.objects.filter(pk=op_id).first()
+    if op is None:
+        raise ServiceError(404, "no such reshard operation")
+    return op
+
+
+class ReshardDetailView(ApiView):
+    @extend_schema(operation_id="reshard_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ})
+    def get(self, request: Request, op_id: int) -> Response:
+        return Response(op_json(_op_or_404(op_id)))
+
+
+class ReshardLogView(ApiView):
+    @extend_schema(
+        operation_id="reshard_log",
+        parameters=[
+            OpenApiParameter("after", int, required=False),
+            OpenApiParameter("limit", int, required=False),
+        ],
+        responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ},
+    )
+    def get(self, request: Request, op_id: int) -> Response:
+        _op_or_404(op_id)
+        after = v.query_int(request.query_params.get("after"), 0, minimum=0, maximum=2**63 - 1)
+        limit = v.query_int(request.query_params.get("limit"), 500, minimum=1, maximum=2000)
+        entries = list(
+            ReshardLogEntry.objects.filter(operation_id=op_id, id__gt=after).order_by("id")[:limit]
+        )
+        return Response(
+            {
+                "entries": [log_entry_json(e) for e in entries],
+                "next_after": entries[-1].id if entries else after,
+            }
+        )
+
+
+class ReshardCancelView(ApiView):
+    audit_action = "reshard.cancel"
+
+    @extend_schema(
+        operation_id="reshard_cancel", request=None, responses={200: OBJ, 202: OBJ, **ERRORS}
+    )
+    def post(self, request: Request, op_id: int) -> Response:
+        assert self.identity is not None
+        op = ReshardOperation.objects.filter(pk=op_id).only("org_id").first()
+        self.audit_org = op.org_id if op else ""
+        outcome = services.reshard_op_cancel(op_id=op_id, actor=self.identity.actor)
+        self.audit_detail = (
+            "cancelled before start" if outcome.status == 200 else "cancel requested"
+        )
+        return Response(outcome.body, status=outcome.status)
+
+
+class ReshardPasswordView(ApiView):
+    scope = Scope.RUNNER
+
+    @extend_schema(
+        operation_id="reshard_password",
+        parameters=[
+            OpenApiParameter("X-Duckgres-Op-Epoch", str, OpenApiParameter.HEADER, required=True),
+            OpenApiParameter("X-Duckgres-Runner-Id", str, OpenApiParameter.HEADER, required=True),
+        ],
+        responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ},
+        description="Runner secret only; the op's current epoch and runner id (spec §5.3).",
+    )
+    def get(self, request: Request, op_id: int) -> Response:
+        password = services.reshard_password_fetch(
+            op_id=op_id,
+            epoch_header=request.headers.get("X-Duckgres-Op-Epoch", ""),
+            runner_id_header=request.headers.get("X-Duckgres-Runner-Id", ""),
+        )
+        return Response({"password": password}, headers={"Cache-Control": "no-store"})
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, ServiceError) and exc.status == 403:
+            services.reshard_password_refused(
+                op_id=int(self.kwargs["op_id"]),
+                caller=describe_caller(self.request._request),
+                status=403,
+            )
+        response = super().handle_exception(exc)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+# --- connection leases (§5.4) ---------------------------------------------------------------
+
+
+def _lease_response(outcome: leases.LeaseOutcome) -> Response:
+    return Response(outcome.body, status=outcome.status, headers=outcome.headers or None)
+
+
+class LeaseCreateView(ApiView):
+    scope = Scope.DATAPLANE
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(
+        operation_id="lease_request",
+        request=OBJ,
+        responses={201: OBJ, 202: OBJ, 410: OBJ, 429: OBJ, 503: OBJ, **ERRORS},
+    )
+    def post(self, request: Request, org: str) -> Response:
+        body = v.as_object(request.data)
+        v.reject_unknown(body, ("holder", "purpose", "ttl_seconds", "wait_seconds"))
+        req = leases.LeaseRequest(
+            holder=v.string(body, "holder", required=True, max_length=200),
+            purpose=v.string(body, "purpose", required=True, choices=LeasePurpose.values),
+            ttl_seconds=v.integer(body, "ttl_seconds", default=60, minimum=15, maximum=600) or 60,
+            wait_seconds=v.integer(body, "wait_seconds", default=0, minimum=0, maximum=60) or 0,
+        )
+        return _lease_response(leases.lease_request(org_id=org, request=req))
+
+
+class LeaseDetailView(ApiView):
+    scope = Scope.DATAPLANE
+
+    @extend_schema(
+        operation_id="lease_get",
+        responses={200: OBJ, 201: OBJ, 202: OBJ, 410: OBJ, 503: OBJ, **ERRORS},
+    )
+    def get(self, request: Request, org: str, lease_id: int) -> Response:
+        return _lease_response(leases.lease_get(org_id=org, lease_id=lease_id))
+
+    @extend_schema(operation_id="lease_release", responses={204: None, **ERRORS})
+    def delete(self, request: Request, org: str, lease_id: int) -> Response:
+        leases.lease_release(org_id=org, lease_id=lease_id)
+        return Response(status=204)
+
+
+class LeaseRenewView(ApiView):
+    scope = Scope.DATAPLANE
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(
+        operation_id="lease_renew", request=OBJ, responses={200: OBJ, 410: OBJ, **ERRORS}
+    )
+    def post(self, request: Request, org: str, lease_id: int) -> Response:
+        body = v.as_object(request.data or {})
+        v.reject_unknown(body, ("ttl_seconds",))
+        ttl = v.integer(body, "ttl_seconds", default=60, minimum=15, maximum=600) or 60
+        return _lease_response(leases.lease_renew(org_id=org, lease_id=lease_id, ttl_seconds=ttl))
+
+
+# --- warehouses and metadata stores (§5.5) -------------------------------------------------------
+
+_WAREHOUSE_STRINGS = (
+    "database_name",
+    "metadata_store_host",
+    "metadata_store_sslmode",
+    "metadata_store_database",
+    "metadata_store_user",
+    "metadata_store_password_ref",
+    "data_bucket",
+    "data_region",
+    "data_role_arn",
+)
+_WAREHOUSE_KEYS = (
+    "org_id",
+    "state",
+    "metadata_store_kind",
+    "metadata_store_name",
+    "metadata_store_port",
+    "compaction_enabled",
+    "max_connection_leases",
+    *_WAREHOUSE_STRINGS,
+)
+
+
+def _parse_warehouse(data: Any, *, partial: bool) -> dict[str, Any]:
+    body = v.as_object(data)
+    v.reject_unknown(body, _WAREHOUSE_KEYS)
+    out: dict[str, Any] = {}
+    if partial and "org_id" in body:
+        raise v.body_error("org_id", "immutable")
+    if not partial:
+        out["org_id"] = v.string(body, "org_id", required=True, max_length=200, strip=True)
+    for key in _WAREHOUSE_STRINGS:
+        if key in body:
+            out[key] = v.string(body, key, max_length=1024)
+    if "state" in body:
+        state = v.string(body, "state", required=True)
+        if state == WarehouseState.RESHARDING:
+            raise ServiceError(400, "state resharding is set only by a reshard")
+        out["state"] = v.string(
+            body,
+            "state",
+            choices=[s for s in WarehouseState.values if s != WarehouseState.RESHARDING],
+        )
+    if "metadata_store_kind" in body:
+        out["metadata_store_kind"] = v.string(
+            body, "metadata_store_kind", choices=("", "cnpg", "external")
+        )
+    if "metadata_store_name" in body:
+        name = v.string(body, "metadata_store_name", max_length=63)
+        out["metadata_store"] = name or None
+    if "metadata_store_port" in body:
+        out["metadata_store_port"] = v.integer(
+            body, "metadata_store_port", minimum=1, maximum=65535, nullable=True
+        )
+    if "compaction_enabled" in body:
+        out["compaction_enabled"] = v.boolean(body, "compaction_enabled", nullable=True)
+    if "max_connection_leases" in body:
+        out["max_connection_leases"] = v.integer(
+            body, "max_connection_leases", minimum=0, nullable=True
+        )
+    return out
+
+
+class WarehouseListView(ApiView):
+    audit_action = "warehouse.create"
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(operation_id="warehouse_list", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    def get(self, request: Request) -> Response:
+        return Response(
+            {"warehouses": [warehouse_json(w) for w in Warehouse.objects.order_by("org_id")]}
+        )
+
+    @extend_schema(operation_id="warehouse_create", request=OBJ, responses={201: OBJ, **ERRORS})
+    def post(self, request: Request) -> Response:
+        values = _parse_warehouse(request.data, partial=False)
+        self.audit_org = str(values["org_id"])
+        warehouse = services.warehouse_create(values=values)
+        self.audit_detail = f"warehouse {warehouse.org_id} created"
+        return Response(warehouse_json(warehouse), status=201)
+
+
+class WarehouseDetailView(ApiView):
+    audit_action = "warehouse.update"
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(operation_id="warehouse_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ})
+    def get(self, request: Request, org: str) -> Response:
+        warehouse = Warehouse.objects.filter(org_id=org).first()
+        if warehouse is None:
+            raise ServiceError(404, "org has no managed warehouse")
+        return Response(warehouse_json(warehouse))
+
+    @extend_schema(operation_id="warehouse_update", request=OBJ, responses={200: OBJ, **ERRORS})
+    def patch(self, request: Request, org: str) -> Response:
+        changes = _parse_warehouse(request.data, partial=True)
+        warehouse = services.warehouse_update(org_id=org, changes=changes)
+        self.audit_detail = "updated " + ", ".join(sorted(changes)) if changes else "no change"
+        return Response(warehouse_json(warehouse))
+
+
+def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
+    body = v.as_object(data)
+    v.reject_unknown(body, services.STORE_FIELDS)
+    out: dict[str, Any] = {}
+    if partial:
+        for key in ("name", "kind"):
+            if key in body:
+                raise v.body_error(key, "immutable")
+    else:
+        name = v.string(body, "name", required=True, max_length=63)
+        import re
+
+        if not re.fullmatch(STORE_NAME_PATTERN, name):
+            raise v.body_error("name", f"must match {STORE_NAME_PATTERN}")
+        out["name"] = name
+        out["kind"] = v.string(body, "kind", required=True, choices=StoreKind.values)
+        out["host"] = v.string(body, "host", required=True, max_length=1024)
+    if partial and "host" in body:
+        out["host"] = v.string(body, "host", required=True, max_length=1024)
+    if "port" in body:
+        out["port"] = v.integer(body, "port", minimum=1, maximum=65535)
+    if "sslmode" in body:
+        out["sslmode"] = v.string(body, "sslmode", choices=LIBPQ_SSLMODES)
+    if "pooler_host" in body:
+        out["pooler_host"] = v.string(body, "pooler_host", max_length=1024)
+    if "pooler_port" in body:
+        out["pooler_port"] = v.integer(body, "pooler_port", minimum=1, maximum=65535, nullable=True)
+    if "pooler_sslmode" in body:
+        out["pooler_sslmode"] = v.string(body, "pooler_sslmode", choices=("", *LIBPQ_SSLMODES))
+    for key in ("provisioner_user", "provisioner_password_ref"):
+        if key in body:
+            out[key] = v.string(body, key, max_length=1024)
+    return out
+
+
+class MetadataStoreListView(ApiView):
+    audit_action = "metadata_store.create"
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(operation_id="metadata_store_list", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    def get(self, request: Request) -> Response:
+        stores = MetadataStore.objects.order_by("name")
+        return Response({"metadata_stores": [store_json(s) for s in stores]})
+
+    @extend_schema(
+        operation_id="metadata_store_create", request=OBJ, responses={201: OBJ, **ERRORS}
+    )
+    def post(self, request: Request) -> Response:
+        values = _parse_store(request.data, partial=False)
+        store = services.metadata_store_create(values=values)
+        self.audit_detail = f"metadata store {store.name} ({store.kind}) created"
+        return Response(store_json(store), status=201)
+
+
+class MetadataStoreDetailView(ApiView):
+    audit_action = "metadata_store.update"
+    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+
+    @extend_schema(
+        operation_id="metadata_store_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ}
+    )
+    def get(self, request: Request, name: str) -> Response:
+        store = MetadataStore.objects.filter(name=name).first()
+        if store is None:
+            raise ServiceError(404, "no such metadata store")
+        return Response(store_json(store))
+
+    @extend_schema(
+        operation_id="metadata_store_update", request=OBJ, responses={200: OBJ, **ERRORS}
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        changes = _parse_store(request.data, partial=True)
+        store = services.metadata_store_update(name=name, changes=changes)
+        self.audit_detail = f"metadata store {name} updated: " + ", ".join(sorted(changes))
+        return Response(store_json(store))

@@ -1,0 +1,975 @@
+"""Reshard services called by the API: start (spec reshard §5.1), cancel (§5.2), and the
+warehouse and metadata-store writes that must respect a running reshard (§5.5).
+
+Start validates in the spec's order, first failure wins, and every rejection before the insert
+creates nothing (no op row, no stash entry, no Celery message). After the insert, failures mark
+the op ``failed`` by a CAS on ``pending``. The runner launch is enqueued on commit with the op
+id as its only argument; the password never leaves this process except through the stash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from duckgres_admin.lib import pgadmin, secretrefs
+from duckgres_admin.lib.pgadmin import Endpoint
+from duckgres_admin.models import (
+    EXTERNAL_SSLMODES,
+    STORE_NAME_PATTERN,
+    TERMINAL_STATES,
+    MetadataStore,
+    OpState,
+    ReshardOperation,
+    StoreKind,
+    Warehouse,
+    WarehouseState,
+)
+from reshard import identity, oplog, stash
+from reshard.locks import lock_org
+from reshard.scrub import Scrubber, process_scrubber
+
+_log = logging.getLogger("duckgres.reshard.services")
+
+PROBE_TIMEOUT_SECONDS = 8
+MAX_TIMEOUT_SECONDS = 86400
+DEFAULT_DRAIN_SECONDS = 1800
+LAUNCH_TASK = "reshard.launch_runner"
+LAUNCH_QUEUE = "duckgres.default"
+
+
+class ServiceError(Exception):
+    """A refusal with its HTTP status, message and optional machine-readable code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+
+    def scrubbed(self, scrubber: Scrubber) -> ServiceError:
+        return ServiceError(
+            self.status, scrubber.scrub(self.message), code=self.code, headers=self.headers
+        )
+
+
+def api_scrubber(*extra: str) -> Scrubber:
+    """Shared secrets, every password stashed in this process, plus ``extra`` values."""
+    return process_scrubber(*stash.known_values(), *extra)
+
+
+# --- start (§5.1) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetRequest:
+    type: str
+    cnpg_shard: str = ""
+    endpoint: str = ""
+    user: str = ""
+    database: str = ""
+    sslmode: str = ""
+    password_secret_ref: str = ""
+    password: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    target: TargetRequest
+    drain_timeout_seconds: int = DEFAULT_DRAIN_SECONDS
+    cutover_timeout_seconds: int = 0
+    dry_run: bool = False
+
+
+@dataclass
+class _Plan:
+    """Everything resolved by validation; becomes the op row."""
+
+    fields: dict[str, Any]
+    description: str
+    password: str = field(default="", repr=False)
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_endpoint(raw: str) -> tuple[str, int]:
+    """``host[:port]`` (IPv6 as ``[addr]:port``); port defaults to 5432."""
+    text = raw.strip()
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?", text) or re.fullmatch(
+        r"([A-Za-z0-9._-]+)(?::(\d{1,5}))?", text
+    )
+    if not m:
+        raise ValueError("target.endpoint must be host[:port]")
+    port = int(m.group(2)) if m.group(2) else 5432
+    if not 1 <= port <= 65535:
+        raise ValueError("target.endpoint port must be 1..65535")
+    return m.group(1), port
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _resolve(ref: str, what: str) -> str:
+    try:
+        return secretrefs.resolve(ref)
+    except Exception as exc:  # noqa: BLE001 - resolution errors name the reference and cause
+        raise ServiceError(400, f"cannot resolve {what} {ref}: {exc}") from None
+
+
+@contextmanager
+def _maybe_connect(
+    endpoint: Endpoint, *, dbname: str, user: str, password_ref: str
+) -> Iterator[identity.PgConnection | None]:
+    """A best-effort connection for identity reads; None when it cannot be opened."""
+    conn: identity.PgConnection | None = None
+    with suppress(Exception):
+        conn = pgadmin.connect(
+            endpoint,
+            dbname=dbname,
+            user=user,
+            password=secretrefs.resolve(password_ref),
+            application_name="duckgres-admin-submit",
+            connect_timeout=PROBE_TIMEOUT_SECONDS,
+        )
+    try:
+        yield conn
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _source_identity(
+    warehouse: Warehouse, store: MetadataStore | None
+) -> identity.ServerIdentity | None:
+    if store is not None:
+        endpoint = Endpoint(store.host, store.port, store.sslmode)
+        ctx = _maybe_connect(
+            endpoint,
+            dbname="postgres",
+            user=store.provisioner_user,
+            password_ref=store.provisioner_password_ref,
+        )
+    else:
+        endpoint = Endpoint(
+            warehouse.metadata_store_host,
+            warehouse.metadata_store_port or 5432,
+            warehouse.metadata_store_sslmode or "require",
+        )
+        ctx = _maybe_connect(
+            endpoint,
+            dbname=warehouse.metadata_store_database,
+            user=warehouse.metadata_store_user,
+            password_ref=warehouse.metadata_store_password_ref,
+        )
+    with ctx as conn:
+        return identity.read_server_identity(conn, endpoint) if conn is not None else None
+
+
+def _source_configured(warehouse: Warehouse, store: MetadataStore | None) -> tuple[str, int]:
+    if store is not None:
+        return store.host, store.port
+    return warehouse.metadata_store_host, warehouse.metadata_store_port or 5432
+
+
+def _check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore | None, str]:
+    """Step 3: the source fields of the op, the cnpg source store, and a short label."""
+    kind = warehouse.metadata_store_kind
+    incomplete = "the org's metadata-store identity is incomplete"
+    if kind == "":
+        raise ServiceError(
+            400, f"{incomplete} (metadata_store_kind is empty); complete the binding first"
+        )
+    if kind not in (StoreKind.CNPG, StoreKind.EXTERNAL):
+        raise ServiceError(409, f"unsupported source metadata-store kind {kind}")
+    store: MetadataStore | None = None
+    fields: dict[str, Any] = {"source_kind": kind}
+    if kind == StoreKind.CNPG:
+        name = str(warehouse.metadata_store_id or "")
+        if not name:
+            raise ServiceError(
+                400,
+                f"{incomplete}: the binding names no cnpg store (empty from_shard cannot "
+                "roll back)",
+            )
+        store = MetadataStore.objects.filter(name=name).first()
+        if store is None:
+            raise ServiceError(400, f"{incomplete}: cnpg store {name} is not registered")
+        if store.kind != StoreKind.CNPG:
+            raise ServiceError(
+                400,
+                f"metadata-store identity drift: the binding says cnpg store {name} but {name} "
+                f"is registered as {store.kind}; refusing to reshard until reconciled",
+            )
+        fields["from_shard"] = name
+        label = name
+    else:
+        if not warehouse.metadata_store_host or not warehouse.metadata_store_password_ref:
+            raise ServiceError(
+                400,
+                f"{incomplete}: the external binding is missing its endpoint or password "
+                "secret reference",
+            )
+        port = warehouse.metadata_store_port or 5432
+        fields.update(
+            source_endpoint=warehouse.metadata_store_host,
+            source_port=port,
+            source_sslmode=warehouse.metadata_store_sslmode or "require",
+        )
+        label = _hostport(warehouse.metadata_store_host, port)
+    if not (
+        warehouse.metadata_store_database
+        and warehouse.metadata_store_user
+        and warehouse.metadata_store_password_ref
+    ):
+        raise ServiceError(
+            400,
+            f"{incomplete}: the binding's database, user or password secret reference is empty",
+        )
+    fields.update(
+        source_database=warehouse.metadata_store_database,
+        source_user=warehouse.metadata_store_user,
+        source_password_secret_ref=warehouse.metadata_store_password_ref,
+    )
+    return fields, store, label
+
+
+def _check_cnpg_target(
+    warehouse: Warehouse,
+    source_store: MetadataStore | None,
+    target: TargetRequest,
+    scrubber: Scrubber,
+) -> _Plan:
+    shard = target.cnpg_shard.strip()
+    if not re.fullmatch(STORE_NAME_PATTERN, shard):
+        raise ServiceError(
+            400, f"target.cnpg_shard must match {STORE_NAME_PATTERN} (e.g. shard-002)"
+        )
+    if target.endpoint or target.sslmode or target.password:
+        raise ServiceError(
+            400,
+            "target.endpoint, target.sslmode and target.password apply only to external targets",
+        )
+    store = MetadataStore.objects.filter(name=shard).first()
+    if store is None:
+        raise ServiceError(400, f"target store {shard} is not registered")
+    if store.kind != StoreKind.CNPG:
+        raise ServiceError(400, f"target store {shard} is not a cnpg store (kind {store.kind})")
+    if source_store is not None:
+        if shard == source_store.name:
+            raise ServiceError(400, f"target shard equals the org's current shard ({shard})")
+        if target.user or target.database or target.password_secret_ref:
+            raise ServiceError(
+                400,
+                "the tenant identity is kept for cnpg→cnpg: target.user, target.database and "
+                "target.password_secret_ref must not be set",
+            )
+        user = warehouse.metadata_store_user
+        database = warehouse.metadata_store_database
+        ref = warehouse.metadata_store_password_ref
+    else:
+        if not target.password_secret_ref:
+            raise ServiceError(400, "target.password_secret_ref is required for external→cnpg")
+        ref = target.password_secret_ref
+        scrubber.add(_resolve(ref, "target.password_secret_ref"))
+        user = target.user or warehouse.database_name
+        database = target.database or warehouse.database_name
+        if not user or not database:
+            raise ServiceError(
+                400,
+                "target.user and target.database default to the warehouse database_name, "
+                "which is empty; set them",
+            )
+
+    endpoint = Endpoint(store.host, store.port, store.sslmode)
+    unavailable = f"destination shard {shard} is not accepting PostgreSQL connections"
+    try:
+        provisioner_password = secretrefs.resolve(store.provisioner_password_ref)
+    except Exception as exc:  # noqa: BLE001 - reported as unavailable, naming the reference
+        raise ServiceError(
+            503,
+            f"{unavailable}: cannot resolve the provisioner password "
+            f"{store.provisioner_password_ref}: {exc}",
+            code="destination_shard_unavailable",
+        ) from None
+    scrubber.add(provisioner_password)
+    plan = _Plan(
+        fields={
+            "target_kind": StoreKind.CNPG,
+            "to_shard": shard,
+            "target_user": user,
+            "target_database": database,
+            "target_password_secret_ref": ref,
+        },
+        description=f"cnpg {shard}",
+    )
+    try:
+        conn = pgadmin.connect(
+            endpoint,
+            dbname="postgres",
+            user=store.provisioner_user,
+            password=provisioner_password,
+            application_name="duckgres-admin-submit",
+            connect_timeout=PROBE_TIMEOUT_SECONDS,
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure is "not accepting connections"
+        raise ServiceError(
+            503, f"{unavailable}: {exc}", code="destination_shard_unavailable"
+        ) from None
+    with conn:
+        try:
+            conn.execute("SELECT 1")
+        except Exception as exc:  # noqa: BLE001
+            raise ServiceError(
+                503, f"{unavailable}: {exc}", code="destination_shard_unavailable"
+            ) from None
+        target_ident = identity.read_server_identity(conn, endpoint)
+        _same_database_check(
+            plan, warehouse, source_store, target_ident, database, (store.host, store.port)
+        )
+        other = identity.other_warehouse_message(
+            org_id=warehouse.org_id,
+            target_database=database,
+            target_store=shard,
+            target_endpoints=identity.store_endpoints(store),
+            target_label=shard,
+        )
+        if other:
+            raise ServiceError(400, other)
+        owner = identity.database_owner_message(
+            conn, database=database, tenant_role=user, store_name=shard
+        )
+        if owner:
+            raise ServiceError(400, owner)
+    return plan
+
+
+def _same_database_check(
+    plan: _Plan,
+    warehouse: Warehouse,
+    source_store: MetadataStore | None,
+    target_ident: identity.ServerIdentity | None,
+    target_database: str,
+    target_configured: tuple[str, int],
+) -> None:
+    verdict = identity.compare_databases(
+        _source_identity(warehouse, source_store),
+        warehouse.metadata_store_database,
+        target_ident,
+        target_database,
+        source_configured=_source_configured(warehouse, source_store),
+        target_configured=target_configured,
+    )
+    if verdict.warning:
+        plan.warnings.append(verdict.warning)
+    if verdict.same:
+        raise ServiceError(400, identity.SAME_DATABASE_MESSAGE)
+
+
+def _check_external_target(
+    warehouse: Warehouse,
+    source_store: MetadataStore | None,
+    target: TargetRequest,
+    scrubber: Scrubber,
+) -> _Plan:
+    if source_store is None:
+        raise ServiceError(400, "external → external is not supported")
+    if target.cnpg_shard:
+        raise ServiceError(400, "target.cnpg_shard applies only to cnpg targets")
+    if not (target.endpoint and target.user and target.database and target.password_secret_ref):
+        raise ServiceError(
+            400, "external target requires endpoint, user, database and password_secret_ref"
+        )
+    try:
+        host, port = parse_endpoint(target.endpoint)
+    except ValueError as exc:
+        raise ServiceError(400, str(exc)) from None
+    sslmode = target.sslmode or "require"
+    if sslmode not in EXTERNAL_SSLMODES:
+        raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
+    if not target.password:
+        raise ServiceError(400, "target.password is required for external targets")
+    ref = target.password_secret_ref
+    try:
+        secretrefs.parse(ref)
+    except secretrefs.SecretRefError as exc:
+        raise ServiceError(400, f"target.password_secret_ref {exc}") from None
+    stored = _resolve(ref, "target.password_secret_ref")
+    scrubber.add(stored)
+    if not _constant_time_equal(stored, target.password):
+        raise ServiceError(400, f"the password stored in {ref} does not match target.password")
+    endpoint = Endpoint(host, port, sslmode)
+    where = f"{_hostport(host, port)}/{target.database}"
+    try:
+        conn = pgadmin.connect(
+            endpoint,
+            dbname=target.database,
+            user=target.user,
+            password=target.password,
+            application_name="duckgres-admin-submit",
+            connect_timeout=PROBE_TIMEOUT_SECONDS,
+        )
+        conn.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - reported without the password (scrubbed)
+        raise ServiceError(
+            400,
+            f"cannot connect to the external target {where} as {target.user} with the provided "
+            f"password: {exc}",
+        ) from None
+    plan = _Plan(
+        fields={
+            "target_kind": StoreKind.EXTERNAL,
+            "target_endpoint": host,
+            "target_port": port,
+            "target_sslmode": sslmode,
+            "target_user": target.user,
+            "target_database": target.database,
+            "target_password_secret_ref": ref,
+        },
+        description=f"external {_hostport(host, port)}",
+        password=target.password,
+    )
+    with conn:
+        target_ident = identity.read_server_identity(conn, endpoint)
+        _same_database_check(
+            plan, warehouse, source_store, target_ident, target.database, (host, port)
+        )
+    other = identity.other_warehouse_message(
+        org_id=warehouse.org_id,
+        target_database=target.database,
+        target_store=None,
+        target_endpoints={(host, port)},
+        target_label=_hostport(host, port),
+    )
+    if other:
+        raise ServiceError(400, other)
+    return plan
+
+
+def _constant_time_equal(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _Plan:
+    """Steps 2-6 of §5.1 (no dry run here); raises ``ServiceError`` (unscrubbed)."""
+    warehouse = Warehouse.objects.filter(org_id=org_id).first()
+    if warehouse is None:
+        raise ServiceError(404, "org has no managed warehouse")
+    if warehouse.state != WarehouseState.READY:
+        raise ServiceError(
+            409, f"warehouse must be in ready state to reshard (currently {warehouse.state})"
+        )
+    # Trino gate (§5.1 step 2) arrives with duckgres_managed_warehouse_trino (Trino part 1).
+    source_fields, source_store, source_label = _check_source(warehouse)
+    with suppress(Exception):
+        if source_store is not None:
+            scrubber.add(secretrefs.resolve(source_store.provisioner_password_ref))
+        scrubber.add(secretrefs.resolve(warehouse.metadata_store_password_ref))
+    target = request.target
+    if target.type == StoreKind.CNPG:
+        plan = _check_cnpg_target(warehouse, source_store, target, scrubber)
+    elif target.type == StoreKind.EXTERNAL:
+        plan = _check_external_target(warehouse, source_store, target, scrubber)
+    else:
+        raise ServiceError(400, "target.type must be cnpg or external")
+    plan.fields.update(source_fields)
+    plan.fields.update(
+        org_id=org_id,
+        drain_timeout_seconds=request.drain_timeout_seconds,
+        cutover_timeout_seconds=request.cutover_timeout_seconds,
+    )
+    plan.description = (
+        f"org {org_id}: {source_fields['source_kind']} {source_label} → {plan.description}"
+    )
+    return plan
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    op: ReshardOperation
+    description: str
+
+
+def _fail_pending(op_id: int, message: str, scrubber: Scrubber) -> None:
+    text = scrubber.scrub(message)
+    ReshardOperation.objects.filter(pk=op_id, state=OpState.PENDING).update(
+        state=OpState.FAILED, error=text, finished_at=Now()
+    )
+    oplog.append(op_id, text, level="error", scrubber=scrubber)
+
+
+def _send_launch(op_id: int) -> None:
+    from celery import current_app
+
+    current_app.send_task(LAUNCH_TASK, args=[op_id], queue=LAUNCH_QUEUE)
+
+
+def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> StartOutcome:
+    """§5.1 steps 2-12 (the body was parsed by the caller). Raises ``ServiceError``."""
+    stash.prune()
+    scrubber = api_scrubber(request.target.password)
+    try:
+        plan = validate_start(org_id, request, scrubber)
+    except ServiceError as exc:
+        raise exc.scrubbed(scrubber) from None
+    launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
+
+    # 7. Insert pending.
+    try:
+        with transaction.atomic():
+            op = ReshardOperation.objects.create(
+                state=OpState.PENDING, launcher=launcher, created_by=actor, **plan.fields
+            )
+    except IntegrityError as exc:
+        if "reshard_one_active_op_per_org" in str(exc):
+            raise ServiceError(409, "org already has an active reshard operation") from None
+        raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
+    for warning in plan.warnings:
+        oplog.append(op.id, f"target identity check: {warning}", level="warn", scrubber=scrubber)
+
+    # 8. External target: password URL, then the stash.
+    if plan.fields["target_kind"] == StoreKind.EXTERNAL:
+        try:
+            url = stash.password_url(op.id, launcher)
+        except stash.NoAddressError as exc:
+            _fail_pending(op.id, str(exc), scrubber)
+            raise ServiceError(500, str(exc)) from None
+        if (
+            ReshardOperation.objects.filter(pk=op.id, state=OpState.PENDING).update(
+                password_url=url
+            )
+            != 1
+        ):
+            message = "could not record the password URL: the operation is no longer pending"
+            _fail_pending(op.id, message, scrubber)
+            raise ServiceError(500, message)
+        stash.put(op.id, plan.password)
+
+    # 9. Pod launcher: pin the control-plane image.
+    if launcher == "pod":
+        try:
+            pod: Any = importlib.import_module("reshard.launchers.pod")
+            image = str(pod.resolve_control_plane_image() or "")
+            if not image:
+                raise RuntimeError("the control-plane image is empty")
+            if (
+                ReshardOperation.objects.filter(pk=op.id, state=OpState.PENDING).update(
+                    runner_image=image
+                )
+                != 1
+            ):
+                raise RuntimeError("the operation is no longer pending")
+        except Exception as exc:  # noqa: BLE001 - any failure fails the op
+            stash.delete(op.id)
+            message = f"could not record the runner image: {exc}"
+            _fail_pending(op.id, message, scrubber)
+            raise ServiceError(500, scrubber.scrub(message)) from None
+
+    # 10. Enqueue on commit; the op id is the only argument.
+    enqueue_errors: list[BaseException] = []
+
+    def enqueue() -> None:
+        try:
+            _send_launch(op.id)
+        except Exception as exc:  # noqa: BLE001 - mapped to 502 below
+            enqueue_errors.append(exc)
+
+    with transaction.atomic():
+        transaction.on_commit(enqueue)
+    if enqueue_errors:
+        stash.delete(op.id)
+        message = f"could not enqueue the runner launch: {enqueue_errors[0]}"
+        _fail_pending(op.id, message, scrubber)
+        raise ServiceError(502, scrubber.scrub(message))
+
+    # 11. Log.
+    oplog.append(
+        op.id,
+        f"operation created by {actor}: {plan.description}; runner launch queued for "
+        f"{op.runner_name}",
+        scrubber=scrubber,
+    )
+    op.refresh_from_db()
+    return StartOutcome(op=op, description=scrubber.scrub(plan.description))
+
+
+# --- cancel (§5.2) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    status: int
+    body: dict[str, Any]
+
+
+def reshard_op_cancel(*, op_id: int, actor: str) -> CancelOutcome:
+    op = ReshardOperation.objects.filter(pk=op_id).first()
+    if op is None:
+        raise ServiceError(404, "no such reshard operation")
+    if op.state in TERMINAL_STATES:
+        raise ServiceError(409, f"operation already {op.state}")
+    if op.state == OpState.PENDING and ReshardOperation.objects.filter(
+        pk=op_id, state=OpState.PENDING
+    ).update(state=OpState.CANCELLED, error="cancelled before start", finished_at=Now()):
+        stash.delete(op_id)
+        oplog.append(op_id, f"cancelled by {actor} before the runner claimed it", level="warn")
+        return CancelOutcome(200, {"state": OpState.CANCELLED.value})
+    if not ReshardOperation.objects.filter(pk=op_id, state__in=["pending", "running"]).update(
+        cancel_requested=True
+    ):
+        state = ReshardOperation.objects.filter(pk=op_id).values_list("state", flat=True).first()
+        raise ServiceError(409, f"operation already {state}")
+    oplog.append(op_id, f"cancel requested by {actor}")
+    return CancelOutcome(202, {"cancel_requested": True})
+
+
+# --- password handoff (§5.3) -----------------------------------------------------------------
+
+PASSWORD_NOT_AVAILABLE = "password not available"
+
+
+def reshard_password_fetch(*, op_id: int, epoch_header: str, runner_id_header: str) -> str:
+    """The stashed password for the op's current runner, else ``ServiceError(404)``.
+
+    Every access to an existing op is logged on the op (outcome and caller, never the value).
+    """
+    stash.prune()
+    op = (
+        ReshardOperation.objects.filter(pk=op_id)
+        .only("id", "state", "runner_epoch", "runner_id")
+        .first()
+    )
+    if op is None:
+        raise ServiceError(404, PASSWORD_NOT_AVAILABLE)
+    caller = f"runner {runner_id_header[:200]!r} epoch {epoch_header[:40]!r}"
+    reason = ""
+    if op.state != OpState.RUNNING:
+        if op.state in TERMINAL_STATES:
+            stash.delete(op_id)
+        reason = f"operation is {op.state}"
+    elif epoch_header.strip() != str(op.runner_epoch) or runner_id_header != op.runner_id:
+        reason = "not the current runner epoch and id"
+    password = None if reason else stash.get(op_id)
+    if password is None:
+        reason = reason or "this control-plane process holds no password for the operation"
+        oplog.append(
+            op_id,
+            f"password request by {caller} refused (404 {PASSWORD_NOT_AVAILABLE}): {reason}",
+            level="warn",
+            scrubber=api_scrubber(),
+        )
+        raise ServiceError(404, PASSWORD_NOT_AVAILABLE)
+    oplog.append(
+        op_id,
+        f"runner fetched the ephemeral external target password ({caller})",
+        scrubber=api_scrubber(),
+    )
+    return password
+
+
+def reshard_password_refused(*, op_id: int, caller: str, status: int) -> None:
+    """Log a refused password access (403) on an existing op."""
+    if ReshardOperation.objects.filter(pk=op_id).exists():
+        oplog.append(
+            op_id,
+            f"password request by {caller} refused ({status} runner secret required)",
+            level="warn",
+            scrubber=api_scrubber(),
+        )
+
+
+# --- warehouses and metadata stores (§5.5) -----------------------------------------------------
+
+GUARDED_WAREHOUSE_FIELDS = frozenset(
+    {
+        "state",
+        "compaction_enabled",
+        "metadata_store_kind",
+        "metadata_store",
+        "metadata_store_host",
+        "metadata_store_port",
+        "metadata_store_sslmode",
+        "metadata_store_database",
+        "metadata_store_user",
+        "metadata_store_password_ref",
+    }
+)
+WAREHOUSE_RESHARDING = ServiceError(
+    409,
+    "a metadata-store reshard owns this warehouse until it finishes",
+    code="warehouse_resharding",
+)
+
+
+def validate_warehouse(values: dict[str, Any]) -> None:
+    """The §2.3 CHECKs and binding rules on a complete set of column values."""
+    kind = values.get("metadata_store_kind", "")
+    store_name = values.get("metadata_store")
+    if values.get("state") == WarehouseState.RESHARDING:
+        raise ServiceError(400, "state resharding is set only by a reshard")
+    if kind == StoreKind.CNPG:
+        for key in (
+            "metadata_store_database",
+            "metadata_store_user",
+            "metadata_store_password_ref",
+        ):
+            if not values.get(key):
+                raise ServiceError(400, f"invalid body: {key}: required for cnpg bindings")
+        if not store_name:
+            raise ServiceError(400, "invalid body: metadata_store_name: required for cnpg bindings")
+        store = MetadataStore.objects.filter(name=store_name).first()
+        if store is None or store.kind != StoreKind.CNPG:
+            raise ServiceError(
+                400, "invalid body: metadata_store_name: must name a registered cnpg store"
+            )
+        for key in ("metadata_store_host", "metadata_store_sslmode"):
+            if values.get(key):
+                raise ServiceError(400, f"invalid body: {key}: must be empty for cnpg bindings")
+        if values.get("metadata_store_port") is not None:
+            raise ServiceError(
+                400, "invalid body: metadata_store_port: must be empty for cnpg bindings"
+            )
+    elif kind == StoreKind.EXTERNAL:
+        for key in (
+            "metadata_store_host",
+            "metadata_store_database",
+            "metadata_store_user",
+            "metadata_store_password_ref",
+        ):
+            if not values.get(key):
+                raise ServiceError(400, f"invalid body: {key}: required for external bindings")
+        if values.get("metadata_store_port") is None:
+            raise ServiceError(
+                400, "invalid body: metadata_store_port: required for external bindings"
+            )
+        if store_name:
+            raise ServiceError(
+                400, "invalid body: metadata_store_name: must be empty for external bindings"
+            )
+        if values.get("metadata_store_sslmode", "") not in ("", *EXTERNAL_SSLMODES):
+            raise ServiceError(
+                400,
+                "invalid body: metadata_store_sslmode: must be one of "
+                + ", ".join(EXTERNAL_SSLMODES),
+            )
+    elif kind == "" and store_name:
+        raise ServiceError(
+            400, "invalid body: metadata_store_name: requires metadata_store_kind cnpg"
+        )
+    ref = values.get("metadata_store_password_ref")
+    if ref:
+        try:
+            secretrefs.parse(ref)
+        except secretrefs.SecretRefError as exc:
+            raise ServiceError(400, f"invalid body: metadata_store_password_ref: {exc}") from None
+
+
+def _warehouse_values(warehouse: Warehouse) -> dict[str, Any]:
+    values = {f: getattr(warehouse, f) for f in WAREHOUSE_WRITABLE_FIELDS if f != "metadata_store"}
+    values["metadata_store"] = warehouse.metadata_store_id
+    return values
+
+
+WAREHOUSE_WRITABLE_FIELDS = (
+    "database_name",
+    "state",
+    "metadata_store_kind",
+    "metadata_store",
+    "metadata_store_host",
+    "metadata_store_port",
+    "metadata_store_sslmode",
+    "metadata_store_database",
+    "metadata_store_user",
+    "metadata_store_password_ref",
+    "compaction_enabled",
+    "data_bucket",
+    "data_region",
+    "data_role_arn",
+    "max_connection_leases",
+)
+
+
+def warehouse_create(*, values: dict[str, Any]) -> Warehouse:
+    org_id = str(values["org_id"])
+    full = {f: values[f] for f in WAREHOUSE_WRITABLE_FIELDS if f in values}
+    full.setdefault("state", WarehouseState.PENDING)
+    validate_warehouse(full)
+    store = full.pop("metadata_store", None)
+    try:
+        with transaction.atomic():
+            return Warehouse.objects.create(org_id=org_id, metadata_store_id=store, **full)
+    except IntegrityError as exc:
+        if Warehouse.objects.filter(org_id=org_id).exists():
+            raise ServiceError(409, f"org {org_id} already has a managed warehouse") from None
+        raise ServiceError(400, f"invalid warehouse: {_constraint_name(exc)}") from None
+
+
+def _constraint_name(exc: IntegrityError) -> str:
+    cause: Any = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    return str(getattr(diag, "constraint_name", "") or "constraint violated")
+
+
+def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> Warehouse:
+    """PATCH under the per-org lock; guarded columns change only while not ``resharding``."""
+    if changes.get("state") == WarehouseState.RESHARDING:
+        raise ServiceError(400, "state resharding is set only by a reshard")
+    with transaction.atomic():
+        lock_org(org_id)
+        warehouse = Warehouse.objects.filter(org_id=org_id).first()
+        if warehouse is None:
+            raise ServiceError(404, "org has no managed warehouse")
+        current = _warehouse_values(warehouse)
+        changed = {k: v for k, v in changes.items() if current.get(k) != v}
+        guarded = bool(GUARDED_WAREHOUSE_FIELDS & changed.keys())
+        if guarded and warehouse.state == WarehouseState.RESHARDING:
+            raise WAREHOUSE_RESHARDING
+        merged = {**current, **changes}
+        validate_warehouse(merged)
+        if not changed:
+            return warehouse
+        update = dict(changed)
+        if "metadata_store" in update:
+            update["metadata_store_id"] = update.pop("metadata_store")
+        qs = Warehouse.objects.filter(org_id=org_id)
+        if guarded:
+            qs = qs.exclude(state=WarehouseState.RESHARDING)
+        try:
+            with transaction.atomic():
+                rows = qs.update(updated_at=Now(), **update)
+        except IntegrityError as exc:
+            raise ServiceError(400, f"invalid warehouse: {_constraint_name(exc)}") from None
+        if rows != 1:
+            raise WAREHOUSE_RESHARDING
+    warehouse.refresh_from_db()
+    return warehouse
+
+
+STORE_FIELDS = (
+    "name",
+    "kind",
+    "host",
+    "port",
+    "sslmode",
+    "pooler_host",
+    "pooler_port",
+    "pooler_sslmode",
+    "provisioner_user",
+    "provisioner_password_ref",
+)
+
+
+def validate_store(values: dict[str, Any]) -> None:
+    if values.get("kind") == StoreKind.CNPG:
+        for key in ("provisioner_user", "provisioner_password_ref"):
+            if not values.get(key):
+                raise ServiceError(400, f"invalid body: {key}: required for cnpg stores")
+    if values.get("pooler_port") is not None and not values.get("pooler_host"):
+        raise ServiceError(400, "invalid body: pooler_port: requires pooler_host")
+    ref = values.get("provisioner_password_ref")
+    if ref:
+        try:
+            secretrefs.parse(ref)
+        except secretrefs.SecretRefError as exc:
+            raise ServiceError(400, f"invalid body: provisioner_password_ref: {exc}") from None
+
+
+def metadata_store_create(*, values: dict[str, Any]) -> MetadataStore:
+    full = {k: v for k, v in values.items() if k in STORE_FIELDS}
+    validate_store(full)
+    name = str(full["name"])
+    try:
+        with transaction.atomic():
+            return MetadataStore.objects.create(**full)
+    except IntegrityError as exc:
+        if MetadataStore.objects.filter(name=name).exists():
+            raise ServiceError(409, f"metadata store {name} already exists") from None
+        raise ServiceError(400, f"invalid metadata store: {_constraint_name(exc)}") from None
+
+
+def metadata_store_update(*, name: str, changes: dict[str, Any]) -> MetadataStore:
+    store = MetadataStore.objects.filter(name=name).first()
+    if store is None:
+        raise ServiceError(404, "no such metadata store")
+    merged = {f: getattr(store, f) for f in STORE_FIELDS}
+    merged.update(changes)
+    validate_store(merged)
+    if changes:
+        try:
+            with transaction.atomic():
+                MetadataStore.objects.filter(name=name).update(updated_at=Now(), **changes)
+        except IntegrityError as exc:
+            raise ServiceError(400, f"invalid metadata store: {_constraint_name(exc)}") from None
+        store.refresh_from_db()
+    return store
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+LIVE_WAREHOUSE_EXCLUDED = (WarehouseState.DELETING, WarehouseState.DELETED)
+
+
+def reshard_targets() -> dict[str, list[dict[str, Any]]]:
+    """§5.2 ``GET /reshards/targets``: every cnpg store (empty ones too) and external bindings."""
+    live = Warehouse.objects.exclude(state__in=LIVE_WAREHOUSE_EXCLUDED)
+    counts: dict[str, int] = {}
+    for name in live.filter(metadata_store_kind=StoreKind.CNPG).values_list(
+        "metadata_store_id", flat=True
+    ):
+        if name:
+            counts[str(name)] = counts.get(str(name), 0) + 1
+    shards = [
+        {"name": s.name, "tenants": counts.get(s.name, 0)}
+        for s in MetadataStore.objects.filter(kind=StoreKind.CNPG).order_by("name")
+    ]
+    seen: set[tuple[Any, ...]] = set()
+    externals: list[dict[str, Any]] = []
+
+    def add(entry: dict[str, Any]) -> None:
+        key = tuple(entry.values())
+        if key not in seen:
+            seen.add(key)
+            externals.append(entry)
+
+    for w in live.filter(metadata_store_kind=StoreKind.EXTERNAL).order_by("org_id"):
+        add(
+            {
+                "host": w.metadata_store_host,
+                "port": w.metadata_store_port,
+                "sslmode": w.metadata_store_sslmode,
+                "user": w.metadata_store_user,
+                "database": w.metadata_store_database,
+                "password_secret_ref": w.metadata_store_password_ref,
+            }
+        )
+    for s in MetadataStore.objects.filter(kind=StoreKind.EXTERNAL).order_by("name"):
+        add(
+            {
+                "host": s.host,
+                "port": s.port,
+                "sslmode": s.sslmode,
+                "user": s.provisioner_user,
+                "database": "",
+                "password_secret_ref": s.provisioner_password_ref,
+            }
+        )
+    externals.sort(key=lambda e: (str(e["host"]), int(e["port"] or 0)))
+    return {"shards": shards, "external_stores": externals}
