@@ -10,6 +10,7 @@ PostgreSQL rows, the lease rows, the database clock.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import threading
 from collections.abc import Iterator
@@ -137,10 +138,10 @@ class FakeLauncher:
         with self.lock:
             self.runners.pop(op_id, None)
 
-    def creates(self, op_id: int | None = None) -> list[tuple[Any, ...]]:
+    def creates(self, op_id: int | None = None) -> builtins.list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == "create" and (op_id is None or c[1] == op_id)]
 
-    def deletes(self, op_id: int | None = None) -> list[tuple[Any, ...]]:
+    def deletes(self, op_id: int | None = None) -> builtins.list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == "delete" and (op_id is None or c[1] == op_id)]
 
 

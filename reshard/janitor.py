@@ -1,0 +1,558 @@
+"""The janitor: the leader-only reshard reconciler (spec reshard §4.15, invariants 12, 13, 15).
+
+Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
+
+1. Renew or take the ``janitor`` lease (``reshard.leadership``); not leader → return. List the
+   active ops (an error skips the tick).
+2. For each op that **needs a runner** (``NEEDS_RUNNER_SQL``: ``pending`` past the pending grace,
+   or ``running`` with a null heartbeat or one older than the stale window; always judged by the
+   database clock), read its runner's phase. A live runner spawned within the spawn grace is
+   left alone; a *terminating* one gets a (rate-limited) warning and ``delete`` again, without
+   consuming an attempt.
+3. Stale and not exited (wedged): capture its log, delete it with its normal grace (the epoch
+   fences the old runner), no increment.
+4. Absent or exited: ``respawn_attempts + 1`` by CAS (guarded by the same predicate); ≤ 3 →
+   relaunch with ``create(op, replace=True)``. "Previous runner pod still terminating" gives
+   the increment back by CAS.
+5. Count 4 → force-fail by CAS with operator instructions (``recovery_required`` when the op
+   may have changed anything).
+6. Gauges; histograms of terminal ops, each observed once after a CAS on
+   ``metrics_observed_at``.
+7. Reap runner objects of terminal ops (after capturing their log unless the runner's own
+   marker is in the op log) and exited orphans.
+
+The lease is renewed before acting and before every intervention (relaunch, force-fail,
+delete); past the renew deadline the tick stops where it is. Nothing is ever reset by a success:
+``respawn_attempts`` only rises (except the give-back of step 4).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.db.models import BooleanField, DateTimeField
+from django.db.models.expressions import RawSQL
+
+from duckgres_admin.models import ReshardLogEntry, ReshardOperation
+from duckgres_admin.models.reshard import ACTIVE_STATES
+from reshard import metrics, oplog
+from reshard.launchers import get_launcher
+from reshard.launchers.base import Launcher, RunnerStatus, StillTerminating
+from reshard.leadership import LeaderLease
+from reshard.leadership import lease as process_lease
+from reshard.scrub import process_scrubber
+
+_log = logging.getLogger("duckgres.reshard.janitor")
+
+MAX_RESPAWNS = 3
+CAPTURE_LIMIT_BYTES = 5 * 1024 * 1024
+CAPTURE_HEADER = "==== runner pod log (captured before deletion) ===="
+STILL_TERMINATING = "previous runner pod still terminating"
+TERMINATING_WARN_INTERVAL = 60.0
+DEFAULT_GRACE_SECONDS = 600
+
+# The one definition of "needs a runner" (§4.15 step 2). Used for the listing, the respawn
+# increment and the force-fail, so every CAS re-checks exactly what the decision was based on.
+# Parameters: pending grace seconds, stale window seconds.
+NEEDS_RUNNER_SQL = (
+    "((state = 'pending' AND created_at < now() - make_interval(secs => %s))"
+    " OR (state = 'running' AND (heartbeat_at IS NULL"
+    " OR heartbeat_at < now() - make_interval(secs => %s))))"
+)
+
+
+def needs_runner_params() -> list[int]:
+    return [
+        int(settings.DUCKGRES_RESHARD_PENDING_GRACE_SECONDS),
+        int(settings.DUCKGRES_RESHARD_STALE_SECONDS),
+    ]
+
+
+def runner_name(op_id: int) -> str:
+    return f"duckgres-reshard-op-{op_id}"
+
+
+def force_fail_message(op_id: int, *, blocked: bool, step: str = "<step>") -> str:
+    name = runner_name(op_id)
+    head = (
+        f"reshard runner could not be kept alive: the runner pod {name} died or failed to start "
+        f"{MAX_RESPAWNS} times; "
+    )
+    if not blocked:
+        return head + "the warehouse was never blocked; fix the cause and start a new operation."
+    return head + (
+        "automatic recovery has stopped and this operation is marked failed. The warehouse may "
+        f"still be blocked (state resharding) with its catalog mid-move (last step: {step}). "
+        "Fix the cause (pod events, the log above), then run "
+        f"`python manage.py reshard_recover {op_id}` to roll it back or forward from its "
+        "durable progress. Do not edit the warehouse row by hand."
+    )
+
+
+_STEP_PLACEHOLDER = "\x01step\x01"
+
+_INCREMENT_SQL = f"""
+UPDATE duckgres_reshard_operations SET respawn_attempts = respawn_attempts + 1
+ WHERE id = %s AND state IN ('pending', 'running') AND {NEEDS_RUNNER_SQL}
+RETURNING respawn_attempts
+"""
+
+_GIVE_BACK_SQL = """
+UPDATE duckgres_reshard_operations SET respawn_attempts = respawn_attempts - 1
+ WHERE id = %s AND respawn_attempts = %s
+"""
+
+_FORCE_FAIL_SQL = f"""
+UPDATE duckgres_reshard_operations
+   SET state = 'failed', finished_at = now(), runner_epoch = runner_epoch + 1,
+       runner_id = 'janitor',
+       recovery_required = (step <> '' OR blocked_at IS NOT NULL),
+       error = CASE WHEN (step <> '' OR blocked_at IS NOT NULL)
+                    THEN replace(%s, %s, COALESCE(NULLIF(step, ''), 'none'))
+                    ELSE %s END
+ WHERE id = %s AND state IN ('pending', 'running') AND {NEEDS_RUNNER_SQL}
+RETURNING recovery_required, error, runner_epoch
+"""
+
+# Close the step-timing row the dead runner left open, so the report and the step histogram
+# see the step the op failed in.
+_CLOSE_STEPS_SQL = """
+UPDATE duckgres_reshard_operation_steps SET ended_at = now(), outcome = 'failed'
+ WHERE operation_id = %s AND outcome = ''
+"""
+
+
+class _StopTick(Exception):
+    """Leadership can no longer be proven (lost, or past the renew deadline)."""
+
+
+@dataclass
+class TickReport:
+    """What one tick did (for tests, logs and the task result)."""
+
+    leader: bool = False
+    stopped: bool = False
+    actions: list[str] = field(default_factory=list)
+
+    def add(self, action: str) -> None:
+        self.actions.append(action)
+
+
+# "previous runner pod still terminating" at most once per runner per minute (process-local).
+_warned_at: dict[tuple[int, str], float] = {}
+_warned_lock = threading.Lock()
+
+
+def _should_warn(op_id: int, uid: str, clock: Callable[[], float] = time.monotonic) -> bool:
+    key = (op_id, uid)
+    now = clock()
+    with _warned_lock:
+        last = _warned_at.get(key)
+        if last is not None and now - last < TERMINATING_WARN_INTERVAL:
+            return False
+        _warned_at[key] = now
+        if len(_warned_at) > 10_000:
+            _warned_at.clear()
+            _warned_at[key] = now
+        return True
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def marker_present(op_id: int, uid: str) -> bool:
+    """The runner's own exit marker for this runner uid is in the op log (its log is durable)."""
+    if not uid:
+        return False
+    return ReshardLogEntry.objects.filter(
+        operation_id=op_id,
+        message__startswith="runner log persisted: pod ",
+        message__contains=f" uid {uid} epoch ",
+    ).exists()
+
+
+def _capture_tag(op_id: int, uid: str) -> str:
+    return f"captured from runner pod {runner_name(op_id)} uid {uid or 'unknown'}:"
+
+
+def already_captured(op_id: int, uid: str) -> bool:
+    if not uid:
+        return False
+    return ReshardLogEntry.objects.filter(
+        operation_id=op_id, source="pod-log", message__startswith=_capture_tag(op_id, uid)
+    ).exists()
+
+
+class Janitor:
+    """One reconcile tick's worth of behaviour around a process-wide lease object."""
+
+    def __init__(
+        self,
+        lease: LeaderLease | None = None,
+        *,
+        launcher_for: Callable[[str], Launcher] = get_launcher,
+    ) -> None:
+        self.lease = lease or process_lease("janitor")
+        self._launcher_for = launcher_for
+        self._launchers: dict[str, Launcher] = {}
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _launcher(self, kind: str) -> Launcher:
+        launcher = self._launchers.get(kind)
+        if launcher is None:
+            launcher = self._launcher_for(kind)
+            self._launchers[kind] = launcher
+        return launcher
+
+    def _may_act(self) -> None:
+        """Renew before an intervention; raise to stop the tick when leadership is unproven."""
+        if not self.lease.ensure():
+            raise _StopTick
+
+    def _check_deadline(self) -> None:
+        if not self.lease.acting_allowed():
+            raise _StopTick
+
+    def _warn_terminating(self, op_id: int, status: RunnerStatus) -> None:
+        if _should_warn(op_id, status.uid or runner_name(op_id)):
+            oplog.append(
+                op_id,
+                f"{STILL_TERMINATING}: waiting for {runner_name(op_id)} to go away",
+                level="warn",
+                source="janitor",
+            )
+
+    # --- the tick -------------------------------------------------------------------------------
+    def reconcile(self) -> TickReport:
+        report = TickReport()
+        leader = self.lease.acquire()
+        metrics.set_leadership(leader, self.lease.epoch)
+        if not leader:
+            return report
+        report.leader = True
+        try:
+            self._tick(report)
+        except _StopTick:
+            report.stopped = True
+            metrics.set_leadership(False, None)
+            _log.warning(
+                "janitor: leadership could not be proven (lease %s, epoch %s); "
+                "stopping this tick without further interventions",
+                self.lease.name,
+                self.lease.epoch,
+            )
+        return report
+
+    def _tick(self, report: TickReport) -> None:
+        try:
+            ops = list(
+                ReshardOperation.objects.filter(state__in=ACTIVE_STATES)
+                .annotate(
+                    needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
+                        NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
+                    ),
+                    db_now=RawSQL("now()", [], output_field=DateTimeField()),
+                )
+                .order_by("id")
+            )
+        except DatabaseError as exc:
+            _log.warning("janitor: listing active operations failed, skipping this tick: %s", exc)
+            return
+
+        stale = 0
+        for op in ops:
+            if not op.needs_runner:  # fresh heartbeat: never touched, whatever its pod shows
+                continue
+            stale += 1
+            self._check_deadline()
+            try:
+                self._reconcile_op(op, op.db_now, report)
+            except _StopTick:
+                raise
+            except Exception:  # noqa: BLE001 - one op's failure never stops the tick
+                _log.exception("janitor: reconciling op %s failed; next op", op.id)
+
+        self._check_deadline()
+        try:
+            recovery = ReshardOperation.objects.filter(
+                state="failed", recovery_required=True
+            ).count()
+        except DatabaseError as exc:
+            _log.warning("janitor: counting recovery-required operations failed: %s", exc)
+        else:
+            metrics.set_gauges(active=len(ops), stale=stale, recovery_required=recovery)
+        try:
+            metrics.observe_terminal_operations()
+        except DatabaseError as exc:
+            _log.warning("janitor: observing terminal-operation metrics failed: %s", exc)
+
+        self._check_deadline()
+        self._reap(report)
+
+    # --- steps 2-5 --------------------------------------------------------------------------------
+    def _reconcile_op(self, op: ReshardOperation, db_now: datetime, report: TickReport) -> None:
+        name = runner_name(op.id)
+        launcher = self._launcher(op.launcher)
+        try:
+            status = launcher.get_phase(op.id)
+        except Exception as exc:  # noqa: BLE001 - any launcher failure: warn, next op
+            _log.warning("janitor: reading the phase of %s failed: %s", name, exc)
+            return
+
+        present = status.phase != "absent"
+        if present and not status.exited and not status.terminating:
+            spawned = status.spawned_at
+            grace = int(settings.DUCKGRES_RESHARD_SPAWN_GRACE_SECONDS)
+            if spawned is not None and (db_now - _aware(spawned)).total_seconds() <= grace:
+                return  # a fresh replacement gets time to schedule and claim
+        if status.terminating:
+            self._may_act()
+            self._warn_terminating(op.id, status)
+            try:
+                launcher.delete(op.id)
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("janitor: repeating delete of %s failed: %s", name, exc)
+            report.add(f"terminating {op.id}")
+            return
+        if present and not status.exited:
+            self._delete_wedged(op, launcher, status, report)
+            return
+        self._respawn(op, launcher, status, report)
+
+    def _delete_wedged(
+        self, op: ReshardOperation, launcher: Launcher, status: RunnerStatus, report: TickReport
+    ) -> None:
+        name = runner_name(op.id)
+        self._may_act()
+        # Re-check on the row just before deleting: a runner that heartbeated since the
+        # listing is alive after all.
+        still_stale = (
+            ReshardOperation.objects.filter(id=op.id, state__in=ACTIVE_STATES)
+            .annotate(
+                needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
+                    NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
+                )
+            )
+            .filter(needs_runner=True)
+            .exists()
+        )
+        if not still_stale:
+            return
+        self._capture_log(op.id, launcher, status)
+        grace = int(getattr(launcher, "default_grace_seconds", DEFAULT_GRACE_SECONDS))
+        oplog.append(
+            op.id,
+            f"deleting wedged runner {name} (grace {grace} s)",
+            level="warn",
+            source="janitor",
+        )
+        try:
+            launcher.delete(op.id)  # normal grace, never 0: the epoch fences the old runner
+        except Exception as exc:  # noqa: BLE001
+            _log.warning("janitor: deleting wedged runner %s failed: %s", name, exc)
+        report.add(f"delete-wedged {op.id}")
+
+    def _respawn(
+        self, op: ReshardOperation, launcher: Launcher, status: RunnerStatus, report: TickReport
+    ) -> None:
+        name = runner_name(op.id)
+        self._may_act()
+        with connection.cursor() as cursor:
+            cursor.execute(_INCREMENT_SQL, [op.id, *needs_runner_params()])
+            row = cursor.fetchone()
+        if row is None:
+            return  # the op changed under us (claimed, finished, cancelled): nothing to do
+        attempt = int(row[0])
+        if attempt > MAX_RESPAWNS:
+            self._force_fail(op, report)
+            return
+        if status.phase == "absent":
+            what = "no pod"
+        else:
+            what = f"pod phase {status.phase}, reason {status.reason or 'unknown'}"
+        oplog.append(
+            op.id,
+            f"runner pod missing or dead ({what}) — respawning {name} "
+            f"(attempt {attempt}/{MAX_RESPAWNS})",
+            level="warn",
+            source="janitor",
+        )
+        if status.exited:
+            self._capture_log(op.id, launcher, status)
+        try:
+            launcher.create(op, replace=True)
+        except StillTerminating:
+            with connection.cursor() as cursor:
+                cursor.execute(_GIVE_BACK_SQL, [op.id, attempt])
+                returned = cursor.rowcount == 1
+            _log.info(
+                "janitor: %s still terminating; attempt %d %s",
+                name,
+                attempt,
+                "given back" if returned else "not given back (row changed)",
+            )
+            self._warn_terminating(op.id, status)
+            report.add(f"still-terminating {op.id}")
+            return
+        except Exception as exc:  # noqa: BLE001 - any launcher failure is an outcome
+            oplog.append(
+                op.id, f"respawning runner pod failed: {exc}", level="error", source="janitor"
+            )
+            metrics.count_respawn("failed")
+            report.add(f"respawn-failed {op.id} attempt {attempt}")
+            return
+        metrics.count_respawn("spawned")
+        report.add(f"respawn {op.id} attempt {attempt}")
+
+    def _force_fail(self, op: ReshardOperation, report: TickReport) -> None:
+        self._may_act()
+        blocked_msg = force_fail_message(op.id, blocked=True, step=_STEP_PLACEHOLDER)
+        never_msg = force_fail_message(op.id, blocked=False)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                _FORCE_FAIL_SQL,
+                [blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id, *needs_runner_params()],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                cursor.execute(_CLOSE_STEPS_SQL, [op.id])
+        if row is None:
+            return
+        _recovery, error, epoch = row
+        oplog.append(op.id, error, level="error", source="janitor", epoch=int(epoch))
+        report.add(f"force-fail {op.id}")
+
+    # --- log capture (invariant 13) -----------------------------------------------------------
+    def _capture_log(self, op_id: int, launcher: Launcher, status: RunnerStatus) -> None:
+        """Copy the runner's log into the op log unless it is already durable there."""
+        if marker_present(op_id, status.uid) or already_captured(op_id, status.uid):
+            return
+        try:
+            text = launcher.read_log(op_id, CAPTURE_LIMIT_BYTES)
+        except Exception as exc:  # noqa: BLE001 - a capture failure never blocks the reap
+            oplog.append(
+                op_id,
+                f"capturing the log of runner {runner_name(op_id)} failed: {exc}",
+                level="warn",
+                source="janitor",
+            )
+            return
+        lines = text.replace("\x00", "").splitlines()
+        scrubber = process_scrubber()
+        oplog.append(op_id, CAPTURE_HEADER, source="pod-log")
+        oplog.append(
+            op_id,
+            f"{_capture_tag(op_id, status.uid)} {len(lines)} lines "
+            f"(last {CAPTURE_LIMIT_BYTES // (1024 * 1024)} MiB at most)",
+            source="pod-log",
+        )
+        ReshardLogEntry.objects.bulk_create(
+            [
+                ReshardLogEntry(
+                    operation_id=op_id, level="info", message=scrubber.scrub(line), source="pod-log"
+                )
+                for line in lines
+            ],
+            batch_size=1000,
+        )
+
+    # --- step 7: reap -------------------------------------------------------------------------
+    def _reap(self, report: TickReport) -> None:
+        launcher = self._launcher(settings.DUCKGRES_RESHARD_LAUNCHER)
+        try:
+            objects = launcher.list()
+        except Exception as exc:  # noqa: BLE001
+            _log.warning("janitor: listing runner objects failed: %s", exc)
+            return
+        parsed: list[tuple[int, RunnerStatus]] = []
+        for obj in objects:
+            try:
+                parsed.append((int(obj.op_id_label), obj.status))
+            except ValueError:
+                continue  # not ours to judge
+        if not parsed:
+            return
+        try:
+            rows = {
+                op.id: (op, bool(op.reap_due))
+                for op in ReshardOperation.objects.filter(
+                    id__in=[op_id for op_id, _ in parsed]
+                ).annotate(
+                    reap_due=RawSQL(
+                        "(finished_at IS NOT NULL AND "
+                        "finished_at < now() - make_interval(secs => %s))",
+                        [int(settings.DUCKGRES_RESHARD_REAP_AFTER_SECONDS)],
+                        output_field=BooleanField(),
+                    )
+                )
+            }
+        except DatabaseError as exc:
+            _log.warning("janitor: reading ops for the reap failed; keeping runners: %s", exc)
+            return
+        for op_id, status in parsed:
+            try:
+                found = rows.get(op_id)
+                op, due = found if found is not None else (None, False)
+                self._reap_one(launcher, op_id, status, op, due, report)
+            except _StopTick:
+                raise
+            except Exception:  # noqa: BLE001 - one runner's failure never stops the reap
+                _log.exception("janitor: reaping runner of op %s failed; next", op_id)
+
+    def _reap_one(
+        self,
+        launcher: Launcher,
+        op_id: int,
+        status: RunnerStatus,
+        op: ReshardOperation | None,
+        reap_due: bool,
+        report: TickReport,
+    ) -> None:
+        name = runner_name(op_id)
+        if op is None:
+            if not status.exited:
+                return  # running with no row: keep (never kill what we cannot judge)
+            self._may_act()
+            self._delete(launcher, op_id, f"reaping orphan runner {name} (no operation row)")
+            report.add(f"reap-orphan {op_id}")
+            return
+        if op.state in ACTIVE_STATES:
+            return
+        if status.terminating:
+            self._may_act()
+            self._warn_terminating(op_id, status)
+            self._delete(launcher, op_id, None)
+            return
+        if not (status.exited or reap_due):
+            return  # running and only just terminal: its own exit path persists its log
+        self._may_act()
+        self._capture_log(op_id, launcher, status)
+        oplog.append(
+            op_id,
+            f"reaping runner {name} (phase {status.phase}) of the {op.state} operation",
+            source="janitor",
+        )
+        self._delete(launcher, op_id, None)
+        report.add(f"reap {op_id}")
+
+    @staticmethod
+    def _delete(launcher: Launcher, op_id: int, message: str | None) -> None:
+        if message:
+            _log.info("janitor: %s", message)
+        try:
+            launcher.delete(op_id)
+        except Exception as exc:  # noqa: BLE001 - delete errors are warnings
+            _log.warning("janitor: deleting %s failed: %s", runner_name(op_id), exc)
+
+
+def reconcile() -> TickReport:
+    """One janitor tick with this process's lease (the Celery task calls this)."""
+    return Janitor().reconcile()

@@ -1,0 +1,145 @@
+"""Reshard metrics (spec reshard §7), exported by the control worker only.
+
+Only the janitor leader updates them. Gauges are set on every leader tick; non-leaders keep
+stale or zero values, so dashboards take the max of a gauge across replicas. Counters and
+histograms are incremented/observed by exactly one process per event: a respawn by the leader
+that performed it, and a terminal op's histograms only by the process that won the CAS on
+``metrics_observed_at``. Sum them across replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models.functions import Now
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+from duckgres_admin.models import ReshardOperation, ReshardStepTiming
+from duckgres_admin.models.reshard import TERMINAL_STATES
+
+_log = logging.getLogger("duckgres.reshard.metrics")
+
+STEP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+WINDOW_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+STEP_OUTCOMES = ("ok", "failed", "cancelled", "superseded")
+
+ACTIVE_OPERATIONS = Gauge(
+    "duckgres_reshard_active_operations", "Reshard operations pending or running."
+)
+STALE_OPERATIONS = Gauge(
+    "duckgres_reshard_stale_operations", "Active reshard operations that currently need a runner."
+)
+RECOVERY_REQUIRED_OPERATIONS = Gauge(
+    "duckgres_reshard_recovery_required_operations",
+    "Failed reshard operations with recovery_required (awaiting reshard_recover).",
+)
+RUNNER_RESPAWNS = Counter(
+    "duckgres_reshard_runner_respawns_total",
+    "Runner relaunches by the janitor, by outcome (spawned, failed).",
+    ["outcome"],
+)
+STEP_DURATION = Histogram(
+    "duckgres_reshard_step_duration_seconds",
+    "Duration of each reshard step of terminal operations.",
+    ["step", "direction", "outcome"],
+    buckets=STEP_BUCKETS,
+)
+MAINTENANCE_WINDOW = Histogram(
+    "duckgres_reshard_maintenance_window_seconds",
+    "Client-visible downtime (unblocked_at - blocked_at) of terminal operations.",
+    ["direction", "outcome"],
+    buckets=WINDOW_BUCKETS,
+)
+JANITOR_IS_LEADER = Gauge(
+    "duckgres_janitor_is_leader", "1 while this process holds the janitor lease."
+)
+JANITOR_LEASE_EPOCH = Gauge(
+    "duckgres_janitor_lease_epoch", "Epoch of the janitor lease this process last held."
+)
+
+# Terminal ops observed per tick at most: the first tick after a deploy must not stall.
+OBSERVE_BATCH = 200
+
+
+def set_leadership(is_leader: bool, epoch: int | None) -> None:
+    JANITOR_IS_LEADER.set(1 if is_leader else 0)
+    if is_leader and epoch is not None:
+        JANITOR_LEASE_EPOCH.set(epoch)
+
+
+def set_gauges(*, active: int, stale: int, recovery_required: int) -> None:
+    ACTIVE_OPERATIONS.set(active)
+    STALE_OPERATIONS.set(stale)
+    RECOVERY_REQUIRED_OPERATIONS.set(recovery_required)
+
+
+def count_respawn(outcome: str) -> None:
+    RUNNER_RESPAWNS.labels(outcome=outcome).inc()
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+def observe_operation(op: ReshardOperation, steps: Iterable[ReshardStepTiming]) -> int:
+    """Observe the histograms of one terminal op (call only after winning the CAS)."""
+    observed = 0
+    for timing in steps:
+        duration = _seconds(timing.started_at, timing.ended_at)
+        if duration is None or timing.outcome not in STEP_OUTCOMES:
+            continue
+        STEP_DURATION.labels(
+            step=timing.step, direction=op.direction, outcome=timing.outcome
+        ).observe(duration)
+        observed += 1
+    window = _seconds(op.blocked_at, op.unblocked_at)
+    if window is not None:
+        MAINTENANCE_WINDOW.labels(direction=op.direction, outcome=op.state).observe(window)
+        observed += 1
+    return observed
+
+
+def observe_terminal_operations(limit: int = OBSERVE_BATCH) -> int:
+    """Observe histograms for terminal ops not yet observed; returns how many ops were won.
+
+    Each op is claimed first by ``UPDATE … SET metrics_observed_at = now() WHERE id = :id AND
+    metrics_observed_at IS NULL``; only the process whose update matched observes it, so two
+    leaders in a row (or a leader that lost its lease mid-tick) never double-count.
+    """
+    candidates = list(
+        ReshardOperation.objects.filter(state__in=TERMINAL_STATES, metrics_observed_at__isnull=True)
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    )
+    won = 0
+    for op_id in candidates:
+        claimed = ReshardOperation.objects.filter(
+            id=op_id, state__in=TERMINAL_STATES, metrics_observed_at__isnull=True
+        ).update(metrics_observed_at=Now())
+        if claimed != 1:
+            continue
+        op = ReshardOperation.objects.get(id=op_id)
+        steps = ReshardStepTiming.objects.filter(operation_id=op_id).order_by("id")
+        observe_operation(op, steps)
+        won += 1
+    return won
+
+
+_server_started = False
+
+
+def start_exporter(port: int | None = None) -> bool:
+    """Start the Prometheus HTTP exporter once per process; port 0 disables it."""
+    global _server_started
+    port = settings.DUCKGRES_CONTROL_METRICS_PORT if port is None else port
+    if port == 0 or _server_started:
+        return False
+    start_http_server(port, registry=REGISTRY)
+    _server_started = True
+    _log.info("control worker metrics exporter listening on :%d", port)
+    return True
