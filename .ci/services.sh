@@ -40,7 +40,7 @@ PGV=$(ls /usr/lib/postgresql | sort -n | tail -1)
 exists() { pg_lsclusters -h | awk -v v="$PGV" -v n="$1" '$1==v && $2==n {f=1} END {exit !f}'; }
 start_cluster() {  # name port
   if ! pg_isready -q -h 127.0.0.1 -p "$2"; then
-    pg_ctlcluster --skip-systemctl-redirect "$PGV" "$1" start
+    setsid pg_ctlcluster --skip-systemctl-redirect "$PGV" "$1" start </dev/null
     for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p "$2" && break; sleep 0.2; done
   fi
 }
@@ -119,7 +119,7 @@ done
 
 # --- Redis ------------------------------------------------------------------------------------
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+  setsid redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
     --dir "$STATE" --logfile "$STATE/redis.log" --pidfile "$STATE/redis.pid"
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.1; done
   log "redis started on 6379"

@@ -1,0 +1,310 @@
+"""End to end: the API (in ``live_server``, so the password stash lives in this process), a
+real Celery worker subprocess, the local launcher and a real runner child process, against
+the real config store (the pytest-django test database) and the two metadata-store clusters.
+
+While the step machine is being built, the runner fails at its first unbuilt step with a
+"not implemented in this build" message and rolls back; these tests pin that the whole chain
+up to there is real and consistent: op ``failed``, warehouse ``ready``, binding unchanged,
+op log complete, step timings recorded, and no secret anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+
+from duckgres_admin.models import ReshardOperation, ReshardStepTiming, Warehouse
+from reshard.steps import CNPG_TO_CNPG, CNPG_TO_EXTERNAL
+from tests.fixtures.api_client import ApiClient
+from tests.fixtures.secrets_scan import scan, unique_password
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+NOT_IMPLEMENTED = re.compile(r"not (yet )?implemented|not available in this build", re.IGNORECASE)
+
+
+@pytest.fixture
+def api(live_server, settings) -> ApiClient:
+    """The API under test; the runner pulls passwords from this very process."""
+    port = int(live_server.url.rsplit(":", 1)[1])
+    settings.DUCKGRES_ADVERTISE_ADDRESS = "127.0.0.1"
+    settings.DUCKGRES_ADVERTISE_PORT = port
+    settings.DUCKGRES_ADVERTISE_SCHEME = "http"
+    return ApiClient.internal(live_server.url, django_settings.DUCKGRES_INTERNAL_SECRET)
+
+
+def _binding(org: str) -> dict[str, Any]:
+    wh = Warehouse.objects.get(org_id=org)
+    return {
+        "kind": wh.metadata_store_kind,
+        "store": wh.metadata_store_id,
+        "host": wh.metadata_store_host,
+        "port": wh.metadata_store_port,
+        "database": wh.metadata_store_database,
+        "user": wh.metadata_store_user,
+        "ref": wh.metadata_store_password_ref,
+        "state": wh.state,
+        "compaction": wh.compaction_enabled,
+    }
+
+
+def _messages(entries: list[dict[str, Any]]) -> str:
+    return "\n".join(f"[{e['source']}/{e['level']}] {e['message']}" for e in entries)
+
+
+def _assert_failed_and_rolled_back(
+    api: ApiClient,
+    op: dict[str, Any],
+    org: str,
+    binding_before: dict[str, Any],
+    sequence: tuple[str, ...],
+    worker: Any,
+) -> list[dict[str, Any]]:
+    op_id = int(op["id"])
+    entries = api.log_entries(op_id)
+    text = _messages(entries)
+    context = (
+        f"op: {json.dumps(op, default=str)[:1500]}\n--- op log ---\n{text}\n"
+        f"--- runner logs ---\n{worker.runner_logs()}\n--- worker log (tail) ---\n"
+        f"{worker.log_text()[-3000:]}"
+    )
+    # The first unbuilt step fails with an honest message, after `blocking` completed.
+    assert op["state"] == "failed", context
+    assert op["step"] in sequence[1:], context
+    assert NOT_IMPLEMENTED.search(op["error"]), context
+    for key in ("blocked_at", "unblocked_at", "started_at", "finished_at"):
+        assert op[key], (key, context)
+    assert op["runner_epoch"] == 1, context
+    assert op["runner_id"] == f"duckgres-reshard-op-{op_id}", context
+
+    # Warehouse back to ready on the unchanged binding (compaction never paused: untouched).
+    after = _binding(org)
+    assert after["state"] == "ready", context
+    assert {k: v for k, v in after.items() if k != "state"} == {
+        k: v for k, v in binding_before.items() if k != "state"
+    }, context
+    wh = api.get(f"warehouses/{org}")
+    assert wh.status == 200
+    assert wh.body["state"] == "ready"
+    assert wh.body["writable"] is True
+
+    # Step timings: every step up to the failed one, in order; the failed one closed `failed`.
+    timings = list(ReshardStepTiming.objects.filter(operation_id=op_id).order_by("id"))
+    steps = [t.step for t in timings]
+    assert steps == list(sequence[: sequence.index(op["step"]) + 1]), (steps, context)
+    assert steps[0] == "blocking", context
+    assert timings[0].outcome == "ok", context
+    assert timings[-1].outcome == "failed", context
+    assert all(t.ended_at is not None and t.ended_at >= t.started_at for t in timings), context
+    assert all(t.runner_epoch == 1 for t in timings), context
+
+    # The op log tells the whole story, in order: created, claimed, failure, report, marker.
+    def index_of(pattern: str) -> int:
+        for i, entry in enumerate(entries):
+            if re.search(pattern, entry["message"]):
+                return i
+        raise AssertionError(f"no op-log line matches {pattern!r}\n{context}")
+
+    created = index_of(r"operation created by internal-secret")
+    claimed = index_of(r"operation claimed by duckgres-reshard-op-\d+ \(epoch 1\)")
+    failed = index_of(rf"step {op['step']} failed: .*rolling back")
+    report = index_of(r"==== reshard report \(failed\) ====")
+    persisted = index_of(r"runner log persisted")
+    assert created < claimed < failed < report < persisted, context
+    assert entries[created]["source"] == "api"
+    assert entries[claimed]["source"] == "runner"
+    assert entries[failed]["level"] == "error"
+    report_text = "\n".join(e["message"] for e in entries[report:persisted])
+    assert "maintenance mode (connections blocked):" in report_text, context
+    assert "total runtime:" in report_text, context
+    assert "blocking" in report_text, context
+    ids = [e["id"] for e in entries]
+    assert ids == sorted(ids)
+    assert len(ids) == len(set(ids))
+
+    # The runner process exited 0 (the op is terminal) and left its process log.
+    exit_file = Path(worker.state_dir) / f"op-{op_id}.exit"
+    assert exit_file.exists(), context
+    assert exit_file.read_text().strip() == "0", context
+    assert f"op-{op_id}.log" in worker.runner_logs(), context
+    return entries
+
+
+def test_cnpg_to_cnpg_runs_through_worker_and_runner_and_rolls_back(
+    request, transactional_db, store_clusters, tenant_catalog, make_store, make_warehouse, api
+):
+    catalog = tenant_catalog(store_clusters.source, rows=5)
+    rows_before = catalog.row_counts()
+    source = make_store(store_clusters.source)
+    target = make_store(store_clusters.target)
+    warehouse = make_warehouse(store=source, catalog=catalog, compaction_enabled=True)
+    binding_before = _binding(warehouse.org_id)
+    worker = request.getfixturevalue("celery_worker_proc")  # after the env: secrets exist
+
+    resp = api.start_reshard(
+        warehouse.org_id, {"target": {"type": "cnpg", "cnpg_shard": target.name}}
+    )
+    assert resp.status == 202, resp.raw[:1000]
+    assert resp.body["state"] == "pending"
+    assert resp.body["launcher"] == "local"
+    assert resp.body["from_shard"] == source.name
+    assert resp.body["to_shard"] == target.name
+    op_id = int(resp.body["id"])
+
+    op = api.wait_terminal(op_id, timeout=120)
+    _assert_failed_and_rolled_back(api, op, warehouse.org_id, binding_before, CNPG_TO_CNPG, worker)
+    # Nothing moved: the source catalog is intact and its tenant can still log in.
+    assert catalog.row_counts() == rows_before
+    with catalog.tenant_conn() as conn:
+        assert conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone() == (5,)
+    with store_clusters.target.superuser_conn() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname = %s", (catalog.database,)
+        ).fetchone() == (0,)
+    assert ReshardOperation.objects.filter(org_id=warehouse.org_id).count() == 1
+
+
+def _pg_log_path(cluster_name: str) -> Path:
+    return Path(f"/var/log/postgresql/postgresql-15-{cluster_name}.log")
+
+
+def test_external_target_password_is_never_at_rest(
+    request,
+    transactional_db,
+    store_clusters,
+    tenant_catalog,
+    make_store,
+    make_warehouse,
+    api,
+    caplog,
+):
+    """Safeguard 39 (the part that exists in this build): a unique 40-character password of an
+    external target travels API -> in-process stash -> runner pull, and no form of it lands in
+    the config store, the op log, process logs, Celery messages or the server logs."""
+    from celery.signals import before_task_publish
+
+    password = unique_password()
+    catalog = tenant_catalog(store_clusters.source, rows=3)
+    external = tenant_catalog(store_clusters.target, password=password, with_tables=False)
+    source = make_store(store_clusters.source)
+    warehouse = make_warehouse(store=source, catalog=catalog)
+    binding_before = _binding(warehouse.org_id)
+
+    # Statement logging for this test's tenant roles only (role-level settings, superuser).
+    logs = {c.name: _pg_log_path(c.name) for c in store_clusters}
+    offsets = {name: (p.stat().st_size if p.exists() else 0) for name, p in logs.items()}
+    for cat in (catalog, external):
+        with cat.cluster.superuser_conn() as conn:
+            conn.execute(f"ALTER ROLE \"{cat.role}\" SET log_statement = 'all'")
+
+    published: list[tuple[str, str]] = []
+
+    def record(sender: Any = None, body: Any = None, headers: Any = None, **kw: Any) -> None:
+        published.append(
+            (
+                f"celery message {sender}",
+                json.dumps(
+                    {"body": body, "headers": headers, "props": kw.get("properties")},
+                    default=repr,
+                ),
+            )
+        )
+
+    before_task_publish.connect(record, weak=False)
+    caplog.set_level("DEBUG")
+    try:
+        worker = request.getfixturevalue("celery_worker_proc")
+        resp = api.start_reshard(
+            warehouse.org_id,
+            {
+                "target": {
+                    "type": "external",
+                    "endpoint": f"{external.cluster.host}:{external.cluster.port}",
+                    "user": external.role,
+                    "database": external.database,
+                    "sslmode": "require",
+                    "password_secret_ref": external.password_ref,
+                    "password": password,
+                }
+            },
+        )
+        assert resp.status == 202, resp.raw[:1000]
+        op_id = int(resp.body["id"])
+        assert resp.body["password_url"].endswith(f"/api/v1/reshards/{op_id}/password")
+        assert resp.body["target_port"] == external.cluster.port
+        op = api.wait_terminal(op_id, timeout=120)
+    finally:
+        before_task_publish.disconnect(record)
+
+    entries = _assert_failed_and_rolled_back(
+        api, op, warehouse.org_id, binding_before, CNPG_TO_EXTERNAL, worker
+    )
+    # The secret really travelled: the runner pulled it from this process's stash.
+    assert any(
+        "runner fetched the ephemeral external target password" in e["message"] for e in entries
+    ), _messages(entries)
+    assert published, "no Celery message was published during the run"
+
+    # Scan every sink.
+    db = django_settings.DATABASES["default"]
+    dump = subprocess.run(
+        ["pg_dump", "-h", "127.0.0.1", "-p", str(db.get("PORT") or 5432), "-U", "postgres",
+         "--no-owner", "-d", str(db["NAME"])],
+        capture_output=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert b"duckgres_reshard_operation_log" in dump
+    sources: list[tuple[str, bytes | str]] = [("pg_dump of the config store", dump)]
+    sources.append(("op log (API)", json.dumps(entries)))
+    sources += [(f"runner process log {n}", t) for n, t in worker.runner_logs().items()]
+    sources.append(("celery worker log", worker.log_text()))
+    sources += published
+    sources.append(("API process log records", caplog.text))
+    sources.append(("op JSON", json.dumps(op)))
+    server_logs: dict[str, bytes] = {}
+    for name, path in logs.items():
+        if path.exists():
+            with path.open("rb") as fh:
+                fh.seek(offsets[name])
+                server_logs[name] = fh.read()
+            sources.append((f"PostgreSQL server log {name}", server_logs[name]))
+    # The statement log really covered the API's credentialed probe of the external target.
+    assert external.role.encode() in server_logs.get(external.cluster.name, b""), (
+        "statement logging did not capture the external target's sessions"
+    )
+    broker = _redis_dump(str(django_settings.CELERY_BROKER_URL))
+    sources.append(("redis broker db", broker))
+    hits = scan(password, sources)
+    assert hits == [], f"the password leaked into: {hits}"
+    # Sanity: the scan is not vacuous (the secret is findable where it must be).
+    assert scan(password, [("env", json.dumps({"x": password}))])
+
+
+def _redis_dump(url: str) -> bytes:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        chunks: list[Any] = []
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == b"string":
+                chunks.append(client.get(key) or b"")
+            elif kind == b"list":
+                chunks.extend(client.lrange(key, 0, -1))
+            elif kind == b"hash":
+                for k, v in client.hgetall(key).items():
+                    chunks += [k, v]
+            elif kind == b"set":
+                chunks.extend(client.smembers(key))
+            elif kind == b"zset":
+                chunks.extend(client.zrange(key, 0, -1))
+            chunks.append(key)
+        return b"\n".join(chunks)
+    finally:
+        client.close()
