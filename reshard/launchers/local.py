@@ -58,20 +58,8 @@ def state_dir() -> Path:
 
 
 def exit_file(op_id: int, directory: Path | None = None) -> Path:
+    """Where the runner records its exit code as its last act (``manage.py reshard_runner``)."""
     return (directory or state_dir()) / f"op-{op_id}.exit"
-
-
-def write_exit_code(op_id: int, code: int) -> None:
-    """The runner's last act under the local launcher: record its exit code atomically.
-
-    A no-op unless ``DUCKGRES_RESHARD_LAUNCHER=local`` (runner pods have no state directory).
-    """
-    if settings.DUCKGRES_RESHARD_LAUNCHER != "local":
-        return
-    path = exit_file(op_id)
-    tmp = path.with_suffix(f".exit.{os.getpid()}.tmp")
-    tmp.write_text(f"{code}\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def process_start_time(pid: int) -> tuple[str, str] | None:
@@ -192,8 +180,8 @@ class LocalLauncher:
     def _alive(record: dict[str, Any]) -> bool:
         """The recorded process still runs: same pid *and* same start time, not a zombie."""
         pid = record.get("pid")
-        if not isinstance(pid, int) or pid <= 0:
-            return False
+        if not isinstance(pid, int) or pid <= 1 or pid in (os.getpid(), os.getpgrp()):
+            return False  # never our init, ourselves or our own group, whatever a file says
         info = process_start_time(pid)
         return info is not None and info[0] == str(record.get("start_time")) and info[1] != "Z"
 

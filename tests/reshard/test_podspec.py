@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from reshard.launchers.base import LauncherError
 from reshard.launchers.envcontract import ALLOWLIST
@@ -290,3 +294,39 @@ def test_spawned_at_round_trips():
     assert parse_spawned_at("2026-11-30T09:30:05Z") == NOW.replace(microsecond=0)
     assert parse_spawned_at("") is None
     assert parse_spawned_at("garbage") is None
+
+
+@pytest.mark.safeguard("reshard-56")
+def test_pod_mode_refuses_a_runner_secret_supplied_as_a_file(tmp_path):
+    """With the pod launcher a ``_FILE`` secret cannot reach runner pods: startup is refused."""
+    secret = "file-runner-secret-0123456789abcdefghijklm"
+    path = tmp_path / "runner-secret"
+    path.write_text(secret + "\n")
+    env = dict(os.environ)
+    env.pop("DUCKGRES_RUNNER_SECRET", None)
+    env.update(DUCKGRES_RESHARD_LAUNCHER="pod", DUCKGRES_RUNNER_SECRET_FILE=str(path))
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert (
+        "DUCKGRES_RUNNER_SECRET is supplied as DUCKGRES_RUNNER_SECRET_FILE, which cannot be "
+        "passed to runner pods: supply it as a secretKeyRef env var"
+    ) in result.stderr
+    assert secret not in result.stdout + result.stderr
+
+    env["DUCKGRES_RESHARD_LAUNCHER"] = "local"  # the same file is fine with the local launcher
+    ok = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
