@@ -191,6 +191,47 @@ def already_captured(op_id: int, uid: str) -> bool:
     ).exists()
 
 
+def capture_log(op_id: int, launcher: Launcher, status: RunnerStatus) -> bool:
+    """Copy a runner's log into the op log unless it is already durable there (invariant 13).
+
+    Skipped when the op log holds the runner's own exit marker for this runner uid, or an
+    earlier capture of the same uid. The captured block starts with ``CAPTURE_HEADER`` and is
+    written with source ``pod-log``; a read failure becomes a warn line and returns False (the
+    caller goes on: a capture failure never blocks a reap).
+    """
+    if marker_present(op_id, status.uid) or already_captured(op_id, status.uid):
+        return True
+    try:
+        text = launcher.read_log(op_id, CAPTURE_LIMIT_BYTES)
+    except Exception as exc:  # noqa: BLE001 - a capture failure never blocks the reap
+        oplog.append(
+            op_id,
+            f"capturing the log of runner {runner_name(op_id)} failed: {exc}",
+            level="warn",
+            source="janitor",
+        )
+        return False
+    lines = text.replace("\x00", "").splitlines()
+    scrubber = process_scrubber()
+    oplog.append(op_id, CAPTURE_HEADER, source="pod-log")
+    oplog.append(
+        op_id,
+        f"{_capture_tag(op_id, status.uid)} {len(lines)} lines "
+        f"(last {CAPTURE_LIMIT_BYTES // (1024 * 1024)} MiB at most)",
+        source="pod-log",
+    )
+    ReshardLogEntry.objects.bulk_create(
+        [
+            ReshardLogEntry(
+                operation_id=op_id, level="info", message=scrubber.scrub(line), source="pod-log"
+            )
+            for line in lines
+        ],
+        batch_size=1000,
+    )
+    return True
+
+
 class Janitor:
     """One reconcile tick's worth of behaviour around a process-wide lease object."""
 
@@ -346,7 +387,7 @@ class Janitor:
         )
         if not still_stale:
             return
-        self._capture_log(op.id, launcher, status)
+        capture_log(op.id, launcher, status)
         grace = int(getattr(launcher, "default_grace_seconds", DEFAULT_GRACE_SECONDS))
         oplog.append(
             op.id,
@@ -386,7 +427,7 @@ class Janitor:
             source="janitor",
         )
         if status.exited:
-            self._capture_log(op.id, launcher, status)
+            capture_log(op.id, launcher, status)
         try:
             launcher.create(op, replace=True)
         except StillTerminating:
@@ -429,40 +470,6 @@ class Janitor:
         _recovery, error, epoch = row
         oplog.append(op.id, error, level="error", source="janitor", epoch=int(epoch))
         report.add(f"force-fail {op.id}")
-
-    # --- log capture (invariant 13) -----------------------------------------------------------
-    def _capture_log(self, op_id: int, launcher: Launcher, status: RunnerStatus) -> None:
-        """Copy the runner's log into the op log unless it is already durable there."""
-        if marker_present(op_id, status.uid) or already_captured(op_id, status.uid):
-            return
-        try:
-            text = launcher.read_log(op_id, CAPTURE_LIMIT_BYTES)
-        except Exception as exc:  # noqa: BLE001 - a capture failure never blocks the reap
-            oplog.append(
-                op_id,
-                f"capturing the log of runner {runner_name(op_id)} failed: {exc}",
-                level="warn",
-                source="janitor",
-            )
-            return
-        lines = text.replace("\x00", "").splitlines()
-        scrubber = process_scrubber()
-        oplog.append(op_id, CAPTURE_HEADER, source="pod-log")
-        oplog.append(
-            op_id,
-            f"{_capture_tag(op_id, status.uid)} {len(lines)} lines "
-            f"(last {CAPTURE_LIMIT_BYTES // (1024 * 1024)} MiB at most)",
-            source="pod-log",
-        )
-        ReshardLogEntry.objects.bulk_create(
-            [
-                ReshardLogEntry(
-                    operation_id=op_id, level="info", message=scrubber.scrub(line), source="pod-log"
-                )
-                for line in lines
-            ],
-            batch_size=1000,
-        )
 
     # --- step 7: reap -------------------------------------------------------------------------
     def _reap(self, report: TickReport) -> None:
@@ -534,7 +541,7 @@ class Janitor:
         if not (status.exited or reap_due):
             return  # running and only just terminal: its own exit path persists its log
         self._may_act()
-        self._capture_log(op_id, launcher, status)
+        capture_log(op_id, launcher, status)
         oplog.append(
             op_id,
             f"reaping runner {name} (phase {status.phase}) of the {op.state} operation",
