@@ -1,0 +1,286 @@
+"""The shipped manifests (k8s/*.yaml): structure, the runner NetworkPolicy, RBAC, and a server-side
+dry run of every document against the real kube-apiserver (marker ``kube``)."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from duckgres_admin.lib import k8s
+from reshard.launchers.podspec import build_runner_pod, runner_labels
+
+K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
+ALLOWED_API_VERSIONS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
+
+
+def load_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+DOCS = load_docs()
+
+
+def one(kind: str, name: str) -> dict[str, Any]:
+    [doc] = [d for d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def deployments() -> list[dict[str, Any]]:
+    return [d for d in DOCS if d["kind"] == "Deployment"]
+
+
+def walk_keys(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [k for k, v in node.items() for k in (k, *walk_keys(v))]
+    if isinstance(node, list):
+        return [k for item in node for k in walk_keys(item)]
+    return []
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e for e in container["env"]}
+
+
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_every_manifest_uses_only_the_supported_api_versions():
+    assert {d["kind"] for d in DOCS} == {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+    }
+    for doc in DOCS:
+        assert doc["apiVersion"] in ALLOWED_API_VERSIONS, doc["metadata"]["name"]
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "duckgres"
+    assert "endPort" not in walk_keys(DOCS)
+
+
+def test_the_runner_policy_selects_exactly_the_pods_the_launcher_creates():
+    policy = one("NetworkPolicy", "duckgres-reshard-runner-boundaries")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app": "duckgres-reshard"}}
+    assert matches(policy["podSelector"], runner_labels(7))
+    for deployment in deployments():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert not matches(policy["podSelector"], labels)
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    assert policy["ingress"] == []
+
+
+def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_advertise_port():
+    egress = one("NetworkPolicy", "duckgres-reshard-runner-boundaries")["spec"]["egress"]
+    ports = {(p["protocol"], p["port"]) for rule in egress for p in rule["ports"]}
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443), ("TCP", 8080)}
+    api_labels = one("Deployment", "duckgres-admin-api")["spec"]["template"]["metadata"]["labels"]
+    for rule in egress:
+        rule_ports = {p["port"] for p in rule["ports"]}
+        if rule_ports == {8080}:
+            [peer] = rule["to"]
+            assert set(peer) == {"podSelector"}
+            assert matches(peer["podSelector"], api_labels)
+            assert not matches(peer["podSelector"], runner_labels(7))
+        else:
+            assert "to" not in rule  # any destination, on these ports only
+
+
+def test_the_api_admits_the_advertise_port_from_runner_pods():
+    policy = one("NetworkPolicy", "duckgres-admin-api-ingress")["spec"]
+    api = one("Deployment", "duckgres-admin-api")
+    assert matches(policy["podSelector"], api["spec"]["template"]["metadata"]["labels"])
+    assert policy["policyTypes"] == ["Ingress"]
+    runner_rules = [
+        rule
+        for rule in policy["ingress"]
+        if any(
+            "podSelector" in peer and matches(peer["podSelector"], runner_labels(7))
+            for peer in rule["from"]
+        )
+    ]
+    assert [[(p["protocol"], p["port"]) for p in r["ports"]] for r in runner_rules] == [
+        [("TCP", 8080)]
+    ]
+    container = api["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+
+
+def test_rbac_is_least_privilege_for_the_pod_launcher():
+    role = one("Role", "duckgres-admin")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["create", "delete", "get", "list", "watch"],
+        },
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    ]
+    binding = one("RoleBinding", "duckgres-admin")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "duckgres-admin",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "duckgres-admin", "namespace": "duckgres"}
+    ]
+    one("ServiceAccount", "duckgres-admin")
+    for deployment in deployments():
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "duckgres-admin"
+
+
+def test_processes_and_their_identity():
+    config = one("ConfigMap", "duckgres-admin")["data"]
+    assert config["DUCKGRES_RESHARD_LAUNCHER"] == "pod"
+    for deployment in deployments():
+        env = env_of(deployment)
+        assert (
+            env["DUCKGRES_RESHARD_LAUNCHER"]["valueFrom"]["configMapKeyRef"]["key"]
+            == "DUCKGRES_RESHARD_LAUNCHER"
+        )
+        for name, path in (
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+            ("POD_IP", "status.podIP"),
+        ):
+            assert env[name]["valueFrom"] == {"fieldRef": {"fieldPath": path}}
+        assert (
+            deployment["spec"]["selector"]["matchLabels"]
+            == deployment["spec"]["template"]["metadata"]["labels"]
+        )
+
+    api = one("Deployment", "duckgres-admin-api")["spec"]["template"]["spec"]["containers"][0]
+    command = api["command"]
+    assert command[0] == "gunicorn"
+    assert command[command.index("--workers") + 1] == "1"  # the password stash is in-process
+    assert int(command[command.index("--threads") + 1]) > 1
+    assert api["readinessProbe"]
+    assert api["livenessProbe"]
+
+    control = one("Deployment", "duckgres-admin-control-worker")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "--pool=solo" in control["command"]
+    assert "--concurrency=1" in control["command"]
+    assert control["command"][control["command"].index("-Q") + 1] == "duckgres.control"
+    trino = one("Deployment", "duckgres-admin-trino-worker")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert trino["command"][trino["command"].index("-Q") + 1] == "duckgres.trino"
+    assert "--pool=solo" in trino["command"]
+    worker = one("Deployment", "duckgres-admin-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert worker["command"][worker["command"].index("-Q") + 1] == "duckgres.default"
+    beat = one("Deployment", "duckgres-admin-beat")
+    assert beat["spec"]["replicas"] == 1
+    assert (
+        "django_celery_beat.schedulers:DatabaseScheduler"
+        in beat["spec"]["template"]["spec"]["containers"][0]["command"]
+    )
+
+
+def test_the_secret_template_holds_no_values():
+    secret = one("Secret", "duckgres-admin")
+    assert "data" not in secret
+    assert set(secret["stringData"].values()) == {""}
+
+
+@pytest.mark.safeguard("reshard-50")
+@pytest.mark.parametrize("name", ["duckgres-admin-worker", "duckgres-admin-control-worker"])
+def test_the_launching_workers_yield_a_valid_runner_pod(name):
+    """The pod launcher accepts the shipped control-plane pods (no literal secrets)."""
+    template = copy.deepcopy(one("Deployment", name)["spec"]["template"])
+    own_pod = {"metadata": {"name": f"{name}-0", "namespace": "duckgres"}, "spec": template["spec"]}
+    pod = build_runner_pod(
+        op_id=9,
+        own_pod=own_pod,
+        runner_image="",
+        password_url="",
+        cpu="2",
+        memory="8Gi",
+        machine="x86_64",
+        now=datetime.now(UTC),
+    )
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["DUCKGRES_RUNNER_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "duckgres-admin",
+        "key": "runner-secret",
+    }
+    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"]["key"] == "config-store-dsn"
+    for never in (
+        "DUCKGRES_INTERNAL_SECRET",
+        "DUCKGRES_DATAPLANE_SECRET",
+        "DUCKGRES_BROKER_URL",
+        "DUCKGRES_RESHARD_POD_CPU",
+    ):
+        assert never not in env
+    assert pod["spec"]["serviceAccountName"] == "duckgres-admin"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["containers"][0]["workingDir"] == "/app"
+    assert pod["metadata"]["labels"] == runner_labels(9)
+
+
+@pytest.mark.kube
+def test_every_manifest_passes_a_server_side_dry_run(kube_api, settings):
+    for key, value in kube_api.settings_overrides().items():
+        setattr(settings, key, value)
+    k8s.api_client.cache_clear()
+    try:
+        for doc in load_docs():
+            doc = copy.deepcopy(doc)
+            if doc["kind"] == "Namespace":
+                doc["metadata"]["name"] = f"dry-{secrets.token_hex(4)}"
+            else:
+                doc["metadata"]["namespace"] = kube_api.namespace
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = kube_api.namespace
+            k8s.server_dry_run(doc, kube_api.namespace)
+        # Nothing was persisted.
+        names = [
+            cm.metadata.name
+            for cm in kube_api.core.list_namespaced_config_map(kube_api.namespace).items
+        ]
+        assert "duckgres-admin" not in names
+        # And the dry run really validates: a bad port is refused by the server.
+        bad = copy.deepcopy(one("NetworkPolicy", "duckgres-reshard-runner-boundaries"))
+        bad["metadata"]["namespace"] = kube_api.namespace
+        bad["spec"]["egress"][1]["ports"][0]["port"] = 70000
+        with pytest.raises(k8s.KubeError, match="between 1 and 65535"):
+            k8s.server_dry_run(bad, kube_api.namespace)
+    finally:
+        k8s.api_client.cache_clear()
+
+
+def test_the_manifests_pass_strict_schema_validation():
+    """Offline schema check (``kubernetes-validate --strict``), when the tool is installed."""
+    tool = shutil.which("kubernetes-validate") or str(
+        Path(sys.executable).with_name("kubernetes-validate")
+    )
+    if not Path(tool).exists():
+        pytest.skip(
+            "kubernetes-validate is not installed (pip install kubernetes-validate==1.37.0)"
+        )
+    paths = [str(p) for p in sorted(K8S_DIR.glob("*.yaml"))]
+    result = subprocess.run(
+        [tool, "--strict", "-k", "1.29", *paths], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
