@@ -81,7 +81,8 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
 
 
 def record(state_dir: Path, op_id: int) -> dict[str, Any]:
-    return json.loads((state_dir / f"op-{op_id}.json").read_text())
+    data: dict[str, Any] = json.loads((state_dir / f"op-{op_id}.json").read_text())
+    return data
 
 
 def alive(pid: int) -> bool:

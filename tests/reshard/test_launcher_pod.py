@@ -115,7 +115,8 @@ def new_op(**fields: Any) -> ReshardOperation:
 
 def read(kube, name: str) -> dict[str, Any]:
     pod = kube.core.read_namespaced_pod(name=name, namespace=kube.namespace)
-    return kube.api_client.sanitize_for_serialization(pod)
+    data: dict[str, Any] = kube.api_client.sanitize_for_serialization(pod)
+    return data
 
 
 def runner_pods(kube) -> list[str]:

@@ -118,7 +118,10 @@ def test_the_runner_pod_is_built_field_by_field():
         "requests": {"cpu": "2", "memory": "8Gi"},
         "limits": {"cpu": "2", "memory": "8Gi"},
     }
-    field = lambda path: {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}  # noqa: E731
+
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
+
     assert container["env"] == [
         {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
         {"name": "DJANGO_SECRET_KEY", "valueFrom": secret_ref("duckgres", "django")},
@@ -223,7 +226,7 @@ def test_a_config_store_literal_without_password_is_copied():
 
 
 def test_the_allowlist_is_complete_and_copied_in_container_order():
-    env = [{"name": n, "value": "v"} for n in reversed(ALLOWLIST)]
+    plain: list[dict[str, Any]] = [{"name": n, "value": "v"} for n in reversed(ALLOWLIST)]
     env = [
         {"name": e["name"], "valueFrom": secret_ref("s", "k")}
         if e["name"]
@@ -235,7 +238,7 @@ def test_the_allowlist_is_complete_and_copied_in_container_order():
             "AWS_SECRET_ACCESS_KEY",
         }
         else e
-        for e in env
+        for e in plain
     ]
     copied = copy_allowlisted_env({"env": env})
     assert [e["name"] for e in copied] == list(reversed(ALLOWLIST))
