@@ -115,8 +115,14 @@ def run_process(op_id: int, ctx: RunContext) -> int:
         oplog.bind(epoch=epoch)
         op.refresh_from_db()
         env = StepEnv(ctx=ctx, op=op, fence=Fencer(ctx), log=oplog)
-        _maybe_pull_password(env)
-        execute(env)
+        # The heartbeat proves ownership from the claim on, the password pull included.
+        heartbeat = Heartbeat(ctx, oplog, env.fence.heartbeat)
+        heartbeat.start()
+        try:
+            _maybe_pull_password(env)
+            execute(env)
+        finally:
+            heartbeat.stop()
         return _exit_code(op_id, oplog)
     finally:
         if op is not None:
@@ -166,6 +172,7 @@ def _exit_code(op_id: int, oplog: OpLogWriter) -> int:
 
 # --- execute and run ------------------------------------------------------------------------------
 def execute(env: StepEnv) -> None:
+    """§4.3 ``execute``; the caller runs the heartbeat thread around it."""
     ctx, op = env.ctx, env.op
     ctx.progress = reconstruct(op)
     env.log.info(
@@ -178,12 +185,7 @@ def execute(env: StepEnv) -> None:
             ctx.register_connection(connection.connection)
     except DatabaseError:
         pass
-    heartbeat = Heartbeat(ctx, env.log, env.fence.heartbeat)
-    heartbeat.start()
-    try:
-        _execute(env)
-    finally:
-        heartbeat.stop()
+    _execute(env)
 
 
 def _execute(env: StepEnv) -> None:

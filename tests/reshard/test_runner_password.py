@@ -1,0 +1,175 @@
+"""The runner's password pull (spec §4.2 step 4) against a real local HTTP server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from reshard.runner.password import PasswordPullError, PullRequest, pull_password
+
+SECRET = "0123456789abcdef0123456789abcdef-password!"
+
+
+@dataclass
+class Script:
+    """Responses to serve in order (the last one repeats) and what the server saw."""
+
+    responses: list[tuple[int, bytes]]
+    seen: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+
+
+@pytest.fixture
+def password_server() -> Iterator[tuple[str, Script]]:
+    script = Script(responses=[(200, b"{}")])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            script.seen.append((time.monotonic(), dict(self.headers.items())))
+            index = min(len(script.seen), len(script.responses)) - 1
+            status, body = script.responses[index]
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/v1/reshards/7/password"
+    try:
+        yield url, script
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def request(url: str) -> PullRequest:
+    return PullRequest(url=url, runner_secret="runner-secret-x" * 3, epoch=4, runner_id="pod-7")
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_200_returns_the_password_and_sends_the_identity_headers(password_server):
+    url, script = password_server
+    script.responses = [(200, json.dumps({"password": SECRET}).encode())]
+    assert pull_password(request(url), threading.Event()) == SECRET
+    assert len(script.seen) == 1
+    headers = script.seen[0][1]
+    assert headers["X-Duckgres-Runner-Secret"] == "runner-secret-x" * 3
+    assert headers["X-Duckgres-Op-Epoch"] == "4"
+    assert headers["X-Duckgres-Runner-Id"] == "pod-7"
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_404_is_final_after_exactly_one_attempt(password_server):
+    url, script = password_server
+    script.responses = [(404, b'{"error":"password not available"}')]
+    with pytest.raises(PasswordPullError, match="HTTP 404"):
+        pull_password(request(url), threading.Event())
+    assert len(script.seen) == 1
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_5xx_is_retried_three_times_two_seconds_apart(password_server):
+    url, script = password_server
+    script.responses = [(500, b"oops")]
+    with pytest.raises(PasswordPullError, match="after 3 attempts; last: attempt 3/3: HTTP 500"):
+        pull_password(request(url), threading.Event())
+    times = [t for t, _ in script.seen]
+    assert len(times) == 3
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(1.9 <= gap < 4 for gap in gaps), gaps
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_a_5xx_then_200_succeeds_on_the_second_attempt(password_server):
+    url, script = password_server
+    script.responses = [(503, b""), (200, json.dumps({"password": SECRET}).encode())]
+    assert pull_password(request(url), threading.Event()) == SECRET
+    assert len(script.seen) == 2
+
+
+@pytest.mark.safeguard("reshard-7")
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"password": ""}', "carries no password"),
+        (b"{}", "carries no password"),
+        (b"not json", "not valid JSON"),
+    ],
+)
+def test_empty_or_unparsable_answers_are_final_errors(password_server, body, message):
+    url, script = password_server
+    script.responses = [(200, body)]
+    with pytest.raises(PasswordPullError, match=message):
+        pull_password(request(url), threading.Event())
+    assert len(script.seen) == 1
+
+
+def test_transport_errors_retry_and_the_pause_aborts_on_stop():
+    stop = threading.Event()
+    url = "http://127.0.0.1:9/api/v1/reshards/7/password"  # discard port: refused
+    with pytest.raises(PasswordPullError, match="after 3 attempts"):
+        pull_password(request(url), stop, pause=0.05)
+    stop.set()
+    started = time.monotonic()
+    with pytest.raises(PasswordPullError, match="interrupted"):
+        pull_password(request(url), stop)
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_error_never_quotes_the_body(password_server):
+    url, script = password_server
+    script.responses = [(200, b'{"password": 12, "leak": "' + SECRET.encode() + b'"}')]
+    with pytest.raises(PasswordPullError) as info:
+        pull_password(request(url), threading.Event())
+    assert SECRET not in str(info.value)
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_a_runner_pulls_after_its_claim_and_never_logs_the_value(
+    password_server, cnpg_world, runner_state_dir
+):
+    from tests.reshard.runner_fixtures import op_log, reload, run_runner
+
+    url, script = password_server
+    script.responses = [(200, json.dumps({"password": SECRET}).encode())]
+    runner = run_runner(cnpg_world.op.id, runner_state_dir, DUCKGRES_RESHARD_PASSWORD_URL=url)
+    assert runner.proc.returncode == 0, runner.output()
+    assert len(script.seen) == 1
+    headers = script.seen[0][1]
+    assert headers["X-Duckgres-Op-Epoch"] == "1"  # the claimed epoch
+    assert headers["X-Duckgres-Runner-Id"] == f"duckgres-reshard-op-{cnpg_world.op.id}"
+    lines = op_log(cnpg_world.op.id)
+    assert "pulled the ephemeral external target password" in lines
+    assert not [line for line in lines if SECRET in line]
+    assert SECRET not in runner.output()
+    assert reload(cnpg_world.op).state == "failed"
+
+
+@pytest.mark.safeguard("reshard-7")
+def test_a_failed_pull_is_a_warning_not_an_infrastructure_error(
+    password_server, cnpg_world, runner_state_dir
+):
+    from tests.reshard.runner_fixtures import op_log, reload, run_runner
+
+    url, script = password_server
+    script.responses = [(404, b"{}")]
+    runner = run_runner(cnpg_world.op.id, runner_state_dir, DUCKGRES_RESHARD_PASSWORD_URL=url)
+    assert runner.proc.returncode == 0, runner.output()
+    assert len(script.seen) == 1
+    assert any(
+        line.startswith("could not pull the external target password: password not available")
+        for line in op_log(cnpg_world.op.id)
+    )
+    assert reload(cnpg_world.op).state == "failed"
