@@ -50,3 +50,42 @@ __all__ = [
     "Warehouse",
     "WarehouseState",
 ]
+
+# Trino shared pools (spec trino-pools §2).
+from duckgres_admin.models.trino import (
+    InstancePhase,
+    OperationKind,
+    PendingIntent,
+    PublicationState,
+    TrinoApiMode,
+    TrinoBackend,
+    TrinoClusterBootstrap,
+    TrinoOrgState,
+    TrinoPool,
+    TrinoPoolInstance,
+    TrinoPoolOperation,
+    TrinoPoolOperationStep,
+    TrinoPoolPublication,
+    TrinoTier,
+    WarehouseTrino,
+    clip_status_message,
+)
+
+__all__ += [
+    "InstancePhase",
+    "OperationKind",
+    "PendingIntent",
+    "PublicationState",
+    "TrinoApiMode",
+    "TrinoBackend",
+    "TrinoClusterBootstrap",
+    "TrinoOrgState",
+    "TrinoPool",
+    "TrinoPoolInstance",
+    "TrinoPoolOperation",
+    "TrinoPoolOperationStep",
+    "TrinoPoolPublication",
+    "TrinoTier",
+    "WarehouseTrino",
+    "clip_status_message",
+]
