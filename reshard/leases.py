@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F
+from django.db.models import DateTimeField, ExpressionWrapper, F, Func
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
@@ -54,6 +54,17 @@ class LeaseOutcome:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+class ClockTimestamp(Func):
+    """``clock_timestamp()``: the database clock at the statement, not at transaction start.
+
+    Grants stamp it under the per-org lock, so every ``granted_at`` orders strictly against
+    the block transaction that takes the same lock.
+    """
+
+    template = "clock_timestamp()"
+    output_field = DateTimeField()
 
 
 def _after(seconds: int) -> ExpressionWrapper[CombinedExpression]:
@@ -149,8 +160,8 @@ def _attempt_grant_locked(org_id: str, lease_id: int) -> LeaseOutcome | ServiceE
     ttl = F("expires_at") - F("requested_at")
     rows = queued.update(
         state=LeaseState.GRANTED,
-        granted_at=Now(),
-        expires_at=ExpressionWrapper(Now() + ttl, output_field=DateTimeField()),
+        granted_at=ClockTimestamp(),
+        expires_at=ExpressionWrapper(ClockTimestamp() + ttl, output_field=DateTimeField()),
     )
     if rows != 1:
         return _gone(lease_id)
