@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import Error as DbError
+from django.db import connection, transaction
 from django.db.models import BooleanField, DateTimeField
 from django.db.models.expressions import RawSQL
 
@@ -304,7 +305,7 @@ class Janitor:
                 )
                 .order_by("id")
             )
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("janitor: listing active operations failed, skipping this tick: %s", exc)
             return
 
@@ -326,13 +327,13 @@ class Janitor:
             recovery = ReshardOperation.objects.filter(
                 state="failed", recovery_required=True
             ).count()
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("janitor: counting recovery-required operations failed: %s", exc)
         else:
             metrics.set_gauges(active=len(ops), stale=stale, recovery_required=recovery)
         try:
             metrics.observe_terminal_operations()
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("janitor: observing terminal-operation metrics failed: %s", exc)
 
         self._check_deadline()
@@ -501,7 +502,7 @@ class Janitor:
                     )
                 )
             }
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("janitor: reading ops for the reap failed; keeping runners: %s", exc)
             return
         for op_id, status in parsed:

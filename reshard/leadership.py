@@ -46,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import Error as DbError
+from django.db import connection, transaction
 
 _log = logging.getLogger("duckgres.leadership")
 
@@ -168,7 +169,7 @@ class LeaderLease:
                 _TAKE_SQL,
                 {"me": self.holder, "duration": self.duration_seconds(), "name": self.name},
             )
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("lease %s: take failed: %s", self.name, exc)
             return False
         if epoch is None:
@@ -197,7 +198,7 @@ class LeaderLease:
                     "epoch": self.epoch,
                 },
             )
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning(
                 "lease %s: renew failed (%.1f s left before the renew deadline): %s",
                 self.name,
@@ -239,7 +240,7 @@ class LeaderLease:
                     "WHERE name = %s AND holder = %s AND epoch = %s",
                     [self.name, self.holder, self.epoch],
                 )
-        except DatabaseError as exc:
+        except DbError as exc:
             _log.warning("lease %s: release failed: %s", self.name, exc)
         self.epoch = None
         self._renewed_mono = None

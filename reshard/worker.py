@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import Error as DbError
 
 from reshard import metrics
 
@@ -94,5 +94,5 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     try:
         for warning in beat_drift_warnings():
             _log.warning("control worker: %s", warning)
-    except DatabaseError as exc:
+    except DbError as exc:
         _log.warning("control worker: cannot check the janitor beat entry: %s", exc)
