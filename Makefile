@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 WITH_TEST_ENV := $(PY) scripts/with_test_env.py
 PYTEST_ARGS ?=
 REQ_STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
-MIGRATE_CHECK_DB := duckgres_migrate_check
+MIGRATE_CHECK_DB := duckgres_migrate_check_$(shell echo $$PPID)
 
 .PHONY: help install services test lint demo migrate-check clean
 

@@ -8,9 +8,13 @@ broken service can never make CI green by skipping. See docs/testing.md.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Generator
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from tests.fixtures.availability import MARKED_SUITES, ci_enabled, unavailable
 
@@ -20,6 +24,38 @@ pytest_plugins = [
     "tests.fixtures.processes",
     "tests.fixtures.kube",
 ]
+
+
+_PER_PROCESS_DB = re.compile(r"^test_duckgres_admin_(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Drop per-process test databases whose pytest process is gone (killed runs)."""
+    try:
+        with psycopg.connect(
+            os.environ["DUCKGRES_CONFIG_STORE"], dbname="postgres", autocommit=True,
+            connect_timeout=3,
+        ) as conn:  # fmt: skip
+            for (name,) in conn.execute("SELECT datname FROM pg_database").fetchall():
+                match = _PER_PROCESS_DB.match(str(name))
+                if match and not _pid_alive(int(match[1])):
+                    conn.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                            sql.Identifier(str(name))
+                        )
+                    )
+    except psycopg.Error:
+        pass  # the config store is down: the tests that need it will say so
 
 
 def _suites(item: pytest.Item) -> list[str]:

@@ -28,3 +28,7 @@ TEST_ENV = {
 }
 for _key, _value in TEST_ENV.items():
     os.environ.setdefault(_key, _value)
+
+# One test database per pytest process, so that concurrent runs on one machine (developers,
+# agents) never drop each other's database. Stale ones are dropped by tests/conftest.py.
+os.environ.setdefault("DUCKGRES_TEST_DATABASE", f"test_duckgres_admin_{os.getpid()}")
