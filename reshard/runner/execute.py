@@ -7,6 +7,7 @@ not claimable, fenced away, terminal write failed, roll-forward not possible).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
@@ -90,7 +91,11 @@ def run_process(op_id: int, ctx: RunContext) -> int:
             _plog.error("reshard operation not found", op_id=op_id)
             return EXIT_INFRA
         except DatabaseError as exc:
-            _plog.error("cannot read the reshard operation", op_id=op_id, error=str(exc))
+            _plog.error(
+                "cannot read the reshard operation",
+                op_id=op_id,
+                error=ctx.scrubber.scrub(str(exc)),
+            )
             return EXIT_INFRA
         oplog.bind(org_id=op.org_id)
         marker_epoch = op.runner_epoch
@@ -117,6 +122,7 @@ def run_process(op_id: int, ctx: RunContext) -> int:
         env = StepEnv(ctx=ctx, op=op, fence=Fencer(ctx), log=oplog)
         # The heartbeat proves ownership from the claim on, the password pull included.
         heartbeat = Heartbeat(ctx, oplog, env.fence.heartbeat)
+        env.heartbeat = heartbeat
         heartbeat.start()
         try:
             _maybe_pull_password(env)
@@ -179,12 +185,10 @@ def execute(env: StepEnv) -> None:
         f"operation claimed by {ctx.runner_id} (epoch {ctx.epoch}): "
         f"{describe_source(op)} → {describe_target(op)}"
     )
-    try:
+    with contextlib.suppress(DatabaseError):
         connection.ensure_connection()
         if connection.connection is not None:
             ctx.register_connection(connection.connection)
-    except DatabaseError:
-        pass
     _execute(env)
 
 
@@ -249,6 +253,8 @@ def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: 
         write_report(env, state)
     except DatabaseError as exc:
         log.warn(f"could not write the end-of-op report: {exc}")
+    if env.heartbeat is not None:
+        env.heartbeat.stop()
     try:
         env.fence.terminal(state, error, recovery_required=outcome.left_blocked)
     except Fenced:

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from traceback import format_exc
 from types import FrameType
 from typing import Any
 
@@ -51,7 +52,9 @@ class Command(BaseCommand):
         except ValueError:
             log.error("DUCKGRES_RESHARD_OP_ID must be a positive integer", value=raw[:40])
             sys.exit(EXIT_INFRA)
-        ctx = RunContext(op_id=op_id, runner_id=runner_identity(), scrubber=process_scrubber())
+        # The config store's password is secret-bearing too (spec §6): scrub it like the rest.
+        scrubber = process_scrubber(str(settings.DATABASES["default"].get("PASSWORD") or ""))
+        ctx = RunContext(op_id=op_id, runner_id=runner_identity(), scrubber=scrubber)
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             ctx.request_stop(signal.Signals(signum).name)
@@ -61,6 +64,8 @@ class Command(BaseCommand):
         code = EXIT_INFRA
         try:
             code = run_process(op_id, ctx)
+        except Exception:  # noqa: BLE001 - logged (scrubbed), then the infra exit code
+            log.error("runner crashed", op_id=op_id, error=ctx.scrubber.scrub(format_exc()))
         finally:
             try:
                 write_exit_file(op_id, code)

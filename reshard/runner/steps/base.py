@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from duckgres_admin.models import ReshardOperation
 from reshard.runner.context import RunContext
 from reshard.runner.fencing import Fencer
 from reshard.runner.oplog import OpLogWriter
+
+
+class Stoppable(Protocol):
+    def stop(self, timeout: float = ...) -> None: ...
 
 
 @dataclass
@@ -19,6 +24,9 @@ class StepEnv:
     op: ReshardOperation
     fence: Fencer
     log: OpLogWriter
+    # The heartbeat thread; stopped (joined) right before the terminal write, so that no tick
+    # races the op leaving `running` and mistakes it for a takeover.
+    heartbeat: Stoppable | None = None
 
     @property
     def app_name(self) -> str:
