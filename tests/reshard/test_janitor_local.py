@@ -16,7 +16,14 @@ import pytest
 from reshard.janitor import CAPTURE_HEADER, Janitor
 from reshard.launchers.local import LocalLauncher
 from reshard.leadership import LeaderLease
-from tests.reshard.janitor_support import age_op, janitor_env, op_log, refresh, stale_pending
+from tests.reshard.janitor_support import (
+    age_op,
+    janitor_env,
+    new_op,
+    op_log,
+    refresh,
+    stale_pending,
+)
 
 pytestmark = pytest.mark.usefixtures("janitor_env")
 assert janitor_env
@@ -104,3 +111,22 @@ def test_a_sigkilled_local_runner_is_captured_and_respawned(local_launcher: Loca
     assert any(f"runner up as duckgres-reshard-op-{op.id} {first.uid}" in m for m in pod_log), (
         "the killed runner's log reached the op log before its files were removed"
     )
+
+
+@pytest.mark.safeguard("reshard-40")
+def test_duplicate_launch_delivery_with_the_local_launcher_keeps_one_runner(
+    local_launcher: LocalLauncher,
+) -> None:
+    from reshard.launch import launch_runner
+
+    op = new_op("pending")
+    assert launch_runner(op.id, launcher_for=lambda kind: local_launcher) == "launched"
+    first = local_launcher.get_phase(op.id)
+    pid = _pid(local_launcher, op.id)
+    assert launch_runner(op.id, launcher_for=lambda kind: local_launcher) == "already-running"
+    second = local_launcher.get_phase(op.id)
+    assert second.phase == "Running"
+    assert not second.terminating, "the live runner was not signalled"
+    assert second.uid == first.uid
+    assert _pid(local_launcher, op.id) == pid
+    assert len(local_launcher.list()) == 1
