@@ -45,7 +45,12 @@ from duckgres_admin.models import ReshardLogEntry, ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from reshard import metrics, oplog
 from reshard.launchers import get_launcher
-from reshard.launchers.base import Launcher, RunnerStatus, StillTerminating
+from reshard.launchers.base import (
+    DEFAULT_GRACE_SECONDS,
+    Launcher,
+    RunnerStatus,
+    StillTerminating,
+)
 from reshard.leadership import LeaderLease
 from reshard.leadership import lease as process_lease
 from reshard.scrub import process_scrubber
@@ -57,7 +62,6 @@ CAPTURE_LIMIT_BYTES = 5 * 1024 * 1024
 CAPTURE_HEADER = "==== runner pod log (captured before deletion) ===="
 STILL_TERMINATING = "previous runner pod still terminating"
 TERMINATING_WARN_INTERVAL = 60.0
-DEFAULT_GRACE_SECONDS = 600
 
 # The one definition of "needs a runner" (§4.15 step 2). Used for the listing, the respawn
 # increment and the force-fail, so every CAS re-checks exactly what the decision was based on.
