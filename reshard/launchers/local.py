@@ -51,6 +51,7 @@ from reshard.launchers.envcontract import (
 _log = logging.getLogger("duckgres.reshard.launcher")
 ABSENT = RunnerStatus(phase="absent")
 _KILL_SETTLE_SECONDS = 0.5  # after SIGKILL, how long delete looks for the process to vanish
+_EXITING_SETTLE_SECONDS = 2.0  # a runner that wrote its exit file is finishing its shutdown
 
 
 def state_dir() -> Path:
@@ -296,6 +297,9 @@ class LocalLauncher:
         if record is None:
             self._exit(op_id).unlink(missing_ok=True)
             return
+        if self._exit_code(op_id) is not None:
+            # The runner wrote its exit code as its last act: it is gone or about to be.
+            self._wait_gone(record, _EXITING_SETTLE_SECONDS)
         if not self._alive(record):
             self._remove_files(op_id)
             return
@@ -322,11 +326,17 @@ class LocalLauncher:
             pid,
             grace,
         )
-        deadline = time.monotonic() + _KILL_SETTLE_SECONDS
-        while self._alive(record) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not self._alive(record):
+        if self._wait_gone(record, _KILL_SETTLE_SECONDS):
             self._remove_files(op_id)
+
+    def _wait_gone(self, record: dict[str, Any], seconds: float) -> bool:
+        """Poll briefly (bounded: delete never blocks) for the process to vanish."""
+        deadline = time.monotonic() + seconds
+        while self._alive(record):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str:
         path = self._log_file(op_id)

@@ -45,6 +45,10 @@ elif mode.startswith("exit-"):
     with open(os.path.join(state, f"op-{op}.exit"), "w") as f:
         f.write(f"{code}\n")
     sys.exit(code)
+elif mode == "exit-slow":
+    with open(os.path.join(state, f"op-{op}.exit"), "w") as f:
+        f.write("0\n")
+    time.sleep(0.5)
 elif mode == "die":
     os._exit(7)
 elif mode == "chatty":
@@ -257,6 +261,18 @@ def test_phase_comes_from_the_exit_file_else_killed(state_dir, mode, phase, reas
     assert status.uid == created.uid
     assert status.spawned_at == created.spawned_at
     assert launcher.read_log(op.id).startswith("runner line 1")
+
+
+def test_delete_right_after_the_exit_file_waits_for_the_exit_instead_of_signalling(state_dir):
+    """The launch task deletes an exited runner and creates a new one at once."""
+    launcher = LocalLauncher(state_dir, command=child("exit-slow"))
+    op = unsaved_op()
+    launcher.create(op, replace=False)
+    wait_for(lambda: launcher.get_phase(op.id).exited, what="the exit file")
+    launcher.delete(op.id)
+    assert launcher.get_phase(op.id).phase == "absent"
+    launcher.command = child("exit-0")
+    launcher.create(op, replace=False)
 
 
 def test_a_reused_pid_is_never_taken_for_the_runner(state_dir):
