@@ -20,3 +20,11 @@ class DuckgresAdminConfig(AppConfig):
         log = logging.getLogger("duckgres.config")
         for warning in getattr(settings, "CONFIG_WARNINGS", []):
             log.warning(warning)
+
+        # Trino (spec trino-pools §4.1 steps 1-6): environment and registry only -- never the
+        # database or the network, so `migrate` works on an empty database. A bad configuration
+        # raises ImproperlyConfigured and the process does not start.
+        from trino_pools import config as trino_config
+        from trino_pools import metrics as trino_metrics
+
+        trino_metrics.mark_configured(trino_config.validate_process())

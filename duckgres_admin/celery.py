@@ -10,4 +10,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["reshard"])
+app.autodiscover_tasks(["reshard", "trino_pools"])

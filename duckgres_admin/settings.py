@@ -195,6 +195,11 @@ CELERY_TASK_ROUTES = {
     "reshard.launch_runner": {"queue": "duckgres.default"},
     "reshard.reconcile": {"queue": "duckgres.control"},
 }
+# --- Trino (spec trino-pools §4.3) --------------------------------------------------------------
+# The Trino variables are parsed and validated by trino_pools.config from AppConfig.ready().
+# Here only the queue of the Trino tasks: the trino worker consumes duckgres.trino alone.
+CELERY_TASK_ROUTES["trino.*"] = {"queue": "duckgres.trino"}
+# --- end Trino ------------------------------------------------------------------------------------
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

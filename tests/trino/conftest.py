@@ -1,0 +1,94 @@
+"""Fixtures of the Trino suite: a real catalog-store database and a counting dead endpoint."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+from trino_pools import config
+
+ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres?sslmode=prefer"
+
+
+@dataclass
+class CatalogStore:
+    database: str
+    schema: str
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:5432/{self.database}?sslmode=prefer"
+
+    def tables(self) -> list[str]:
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "ORDER BY table_name",
+                [self.schema],
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+
+@pytest.fixture
+def catalog_store() -> Iterator[CatalogStore]:
+    """A fresh database on the 5432 cluster with the writer's schema ``trino_catalogs``."""
+    name = f"trino_catalog_{secrets.token_hex(4)}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    store = CatalogStore(database=name, schema="trino_catalogs")
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA trino_catalogs")
+    try:
+        yield store
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class DeadEndpoint:
+    """A TCP listener that accepts and immediately closes: "unreachable", but counted."""
+
+    port: int
+    accepted: list[int] = field(default_factory=list)
+
+
+@pytest.fixture
+def dead_endpoint() -> Iterator[DeadEndpoint]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    endpoint = DeadEndpoint(port=listener.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            endpoint.accepted.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield endpoint
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        listener.close()
+
+
+@pytest.fixture
+def trino_settings_reset() -> Iterator[None]:
+    """Restore the process's Trino settings after a test installs its own."""
+    yield
+    config.install_for_tests(None)

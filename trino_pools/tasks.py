@@ -1,0 +1,84 @@
+"""Celery tasks and trino-worker start-up of the Trino pool domain (spec trino-pools §4.3, §4.14).
+
+The trino worker is its own Celery worker consuming only ``duckgres.trino`` with
+``--pool=solo --concurrency=1``. Routing: ``CELERY_TASK_ROUTES`` in settings; the beat rows
+name the queue too.
+
+- ``trino.ownership_audit`` (beat every 5 min, expires 5 min): run by the ``trino`` lease holder
+  only; a no-op where Trino is not wired.
+- ``worker_ready`` (only in a worker consuming ``duckgres.trino``): start the exporter on
+  ``DUCKGRES_TRINO_METRICS_PORT`` (0 disables it), then §4.1 step 7 -- check the catalog writer
+  (when enabled), run its bootstrap DDL if requested, and the ownership audit. A failing writer
+  check or bootstrap stops the worker (exit code 2): it must not run pools it cannot publish to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+from celery import shared_task
+from celery.signals import worker_ready
+from django.db import DatabaseError
+
+from trino_pools import audit, catalog_store, config, lease, metrics
+
+_log = logging.getLogger("duckgres.trino.worker")
+
+TRINO_QUEUE = "duckgres.trino"
+AUDIT_TASK = "trino.ownership_audit"
+
+
+@shared_task(name=AUDIT_TASK, acks_late=False, ignore_result=True)
+def ownership_audit_task() -> dict[str, object]:
+    settings = config.current()
+    if not settings.wired:
+        return {"wired": False}
+    if not lease.lease().acquire():
+        return {"wired": True, "leader": False}
+    result = audit.run_audit(settings)
+    return {"wired": True, "leader": True, "count": result.count if result else 0}
+
+
+def consumed_queues(consumer: Any) -> set[str]:
+    """Queue names a Celery worker consumes (``-Q``), from the ``worker_ready`` sender."""
+    names: set[str] = set()
+    with contextlib.suppress(AttributeError):
+        names.update(consumer.app.amqp.queues.consume_from.keys())
+    task_consumer = getattr(consumer, "task_consumer", None)
+    for queue in getattr(task_consumer, "queues", None) or []:
+        names.add(str(queue.name))
+    return names
+
+
+def worker_start(settings: config.TrinoSettings) -> None:
+    """§4.1 step 7 and the exporter; raises ``catalog_store.CatalogStoreError`` when fatal."""
+    if not settings.wired:
+        return
+    if settings.metrics_port:
+        try:
+            metrics.EXPORTER.start(settings.metrics_port)
+        except OSError as exc:
+            _log.error("trino worker: cannot start the metrics exporter: %s", exc)
+    metrics.mark_configured(settings)
+    if settings.catalog_writer_enabled:
+        catalog_store.check_writer(settings, bootstrap=settings.catalog_bootstrap)
+    try:
+        audit.run_audit(settings)
+    except DatabaseError as exc:
+        _log.warning("trino worker: the start-up ownership audit failed: %s", exc)
+
+
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    if TRINO_QUEUE not in consumed_queues(sender):
+        return
+    try:
+        worker_start(config.current())
+    except catalog_store.CatalogStoreError as exc:
+        _log.critical("trino worker cannot start: %s", exc)
+        os._exit(2)
+
+
+worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="trino_pools.trino-worker-ready")
