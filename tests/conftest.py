@@ -67,6 +67,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"duckgres: {mode} ({', '.join(MARKED_SUITES)})"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test using the real apiserver is in the kube suite even if its author forgot the mark."""
+    for item in items:
+        if "kube_api" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("kube"):
+            item.add_marker(pytest.mark.kube)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for suite in _suites(item):
         reason = unavailable(suite)
