@@ -10,7 +10,10 @@ from __future__ import annotations
 class Fenced(Exception):
     """A fenced write matched zero rows, or the runner fenced itself: stop all side effects."""
 
-    def __init__(self, message: str = "operation fenced: another runner took over") -> None:
+    def __init__(
+        self,
+        message: str = "operation fenced: another runner took over; this runner abandons it",
+    ) -> None:
         super().__init__(message)
 
 

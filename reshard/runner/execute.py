@@ -201,8 +201,8 @@ def _execute(env: StepEnv) -> None:
     except RollForwardUnavailable as exc:
         log.error(f"refusing rollback; {exc}")
         return
-    except Fenced:
-        log_fenced_once(ctx, log)
+    except Fenced as exc:
+        log_fenced_once(ctx, log, str(exc))
         return
     except Cancelled:
         if ctx.fenced:
@@ -235,8 +235,8 @@ def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: 
     ctx, log = env.ctx, env.log
     try:
         outcome = rollback(env)
-    except Fenced:
-        log_fenced_once(ctx, log)
+    except Fenced as exc:
+        log_fenced_once(ctx, log, str(exc))
         return
     except Exception as exc:  # noqa: BLE001 - a store error leaves the op to a takeover
         log.error(
@@ -257,8 +257,8 @@ def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: 
         env.heartbeat.stop()
     try:
         env.fence.terminal(state, error, recovery_required=outcome.left_blocked)
-    except Fenced:
-        log_fenced_once(ctx, log)
+    except Fenced as exc:
+        log_fenced_once(ctx, log, str(exc))
         return
     except DatabaseError as exc:
         log.error(f"terminal write failed: {exc}; the operation stays running")

@@ -107,9 +107,13 @@ class Fencer:
         ``Fenced`` (or an expired age, raised as ``Fenced``) means the statement must not be
         sent; a store error propagates and fails the step.
         """
-        limit = settings.DUCKGRES_RESHARD_STALE_SECONDS - 60
-        if self.ctx.seconds_since_write() > limit:
-            raise Fenced("runner self-fenced: ownership not proven within the stale window")
+        stale = settings.DUCKGRES_RESHARD_STALE_SECONDS
+        age = self.ctx.seconds_since_write()
+        if age > stale - 60:
+            raise Fenced(
+                f"runner self-fenced: no successful heartbeat for {int(age)} s (stale window "
+                f"{stale} s); abandoning the operation to a takeover"
+            )
         self.heartbeat()
 
     def stamp_step(self, step: str) -> None:

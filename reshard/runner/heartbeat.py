@@ -76,13 +76,15 @@ class Heartbeat:
                 if time.monotonic() >= next_beat:
                     self.tick()
                     next_beat = time.monotonic() + self.interval
-                    self.oplog.flush()
+                    with contextlib.suppress(Exception):
+                        self.oplog.flush()
                 if self.ctx.fenced:
                     break
                 self.check_self_fence()
                 self._done.wait(min(self.slice, max(0.0, next_beat - time.monotonic())))
         finally:
-            connection.close()
+            with contextlib.suppress(DatabaseError, InterfaceError):
+                connection.close()
 
     def tick(self) -> None:
         """One heartbeat: ``Fenced`` fences, any other error is a warning (retry next tick)."""
@@ -90,7 +92,7 @@ class Heartbeat:
             self.beat()
         except Fenced:
             log_fenced_once(self.ctx, self.oplog)
-        except (DatabaseError, InterfaceError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - anything but Fenced is transient (spec §4.1)
             self.oplog.warn(
                 f"heartbeat write failed (will retry in {self.interval:g} s; ownership kept): {exc}"
             )

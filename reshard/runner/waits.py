@@ -59,3 +59,12 @@ def hold(
             oplog.info(f"still waiting {purpose}: {remaining:.0f} s left, no cancel requested")
             next_observation = time.monotonic() + OBSERVATION_INTERVAL
         ctx.stop.wait(min(slice_seconds, remaining))
+
+
+def rollback_deadline(ctx: RunContext, seconds: float) -> float:
+    """A rollback wait's monotonic deadline, capped by the SIGTERM budget once a signal came
+    (spec §4.2: the rollback must end within the pod's grace)."""
+    deadline = time.monotonic() + seconds
+    if ctx.sigterm_at is not None:
+        deadline = min(deadline, ctx.sigterm_at + settings.DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS)
+    return deadline
