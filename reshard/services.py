@@ -719,11 +719,11 @@ WAREHOUSE_RESHARDING = ServiceError(
 )
 
 
-def validate_warehouse(values: dict[str, Any]) -> None:
+def validate_warehouse(values: dict[str, Any], *, check_state: bool = True) -> None:
     """The §2.3 CHECKs and binding rules on a complete set of column values."""
     kind = values.get("metadata_store_kind", "")
     store_name = values.get("metadata_store")
-    if values.get("state") == WarehouseState.RESHARDING:
+    if check_state and values.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")
     if kind == StoreKind.CNPG:
         for key in (
@@ -843,7 +843,7 @@ def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> Warehouse:
         if guarded and warehouse.state == WarehouseState.RESHARDING:
             raise WAREHOUSE_RESHARDING
         merged = {**current, **changes}
-        validate_warehouse(merged)
+        validate_warehouse(merged, check_state=False)
         if not changed:
             return warehouse
         update = dict(changed)

@@ -34,7 +34,7 @@ class Clients:
 
 def _staff(email: str, *, role: str | None, superuser: bool = False, disabled: bool = False):
     user = get_user_model().objects.create_user(
-        username=email, email=email, password="x", is_staff=True, is_superuser=superuser
+        username=email, email=email, password=None, is_staff=True, is_superuser=superuser
     )
     if role is not None:
         Operator.objects.create(email=email, role=role, disabled=disabled)
@@ -54,9 +54,7 @@ def clients(db: None) -> Clients:
     return Clients(
         internal=_secret_client("X-Duckgres-Internal-Secret", settings.DUCKGRES_INTERNAL_SECRET),
         runner=_secret_client("X-Duckgres-Runner-Secret", settings.DUCKGRES_RUNNER_SECRET),
-        dataplane=_secret_client(
-            "X-Duckgres-Dataplane-Secret", settings.DUCKGRES_DATAPLANE_SECRET
-        ),
+        dataplane=_secret_client("X-Duckgres-Dataplane-Secret", settings.DUCKGRES_DATAPLANE_SECRET),
         admin=_staff("admin@example.com", role="admin"),
         viewer=_staff("viewer@example.com", role="viewer"),
         superuser=_staff("root@example.com", role=None, superuser=True),
@@ -88,12 +86,10 @@ def published() -> Iterator[Published]:
     def receiver(sender: Any = None, body: Any = None, headers: Any = None, **kw: Any) -> None:
         record.messages.append({"task": sender, "body": body, "headers": headers or {}})
 
-    app = current_app
+    app: Any = current_app
     old_url = app.conf.broker_url
     app.conf.broker_url = "memory://"
-    app.__dict__.pop("pool", None)
     app._pool = None
-    app.amqp.__dict__.pop("producer_pool", None)
     app.amqp._producer_pool = None
     before_task_publish.connect(receiver, weak=False)
     try:

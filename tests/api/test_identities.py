@@ -104,7 +104,9 @@ def test_password_route_accepts_only_the_runner_secret(clients):
         assert response.json() == {"error": "runner secret required"}
         assert response["Cache-Control"] == "no-store"
     assert clients.anon.get(path).status_code == 401
-    lines = list(ReshardLogEntry.objects.filter(operation_id=op.id).values_list("message", flat=True))
+    lines = list(
+        ReshardLogEntry.objects.filter(operation_id=op.id).values_list("message", flat=True)
+    )
     assert len(lines) == 5
     assert all("refused (403" in line for line in lines)
     assert any("staff user root@example.com" in line for line in lines)

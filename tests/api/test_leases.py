@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -16,8 +17,10 @@ from tests.api.conftest import error
 from tests.fixtures.rows import new_store, new_warehouse
 
 
-def make_org(org: str, *, state: str = "ready", cap: int | None = None, pooler: bool = False):
-    extra = {"pooler_host": "pool.example", "pooler_port": 6432} if pooler else {}
+def make_org(
+    org: str, *, state: str = "ready", cap: int | None = None, pooler: bool = False
+) -> Warehouse:
+    extra: dict[str, Any] = {"pooler_host": "pool.example", "pooler_port": 6432} if pooler else {}
     store = new_store(name=f"{org}-store", host="direct.example", port=5432, **extra)
     return new_warehouse(
         org_id=org,
@@ -30,7 +33,12 @@ def make_org(org: str, *, state: str = "ready", cap: int | None = None, pooler: 
     )
 
 
-def post(clients, org, **body):
+def _dt(value: Any) -> Any:
+    assert value is not None
+    return value
+
+
+def post(clients: Any, org: str, **body: Any) -> Any:
     payload = {"holder": "worker-1", "purpose": "query", **body}
     return clients.dataplane.post(f"/api/v1/warehouses/{org}/leases", payload, format="json")
 
@@ -39,9 +47,8 @@ def block(org: str) -> int:
     """The runner's block step (§4.4 A): one transaction, per-org lock, CAS ready → resharding."""
     with transaction.atomic():
         lock_org(org)
-        return (
-            Warehouse.objects.filter(org_id=org, state="ready")
-            .update(state="resharding", status_message="metadata-store reshard in progress")
+        return Warehouse.objects.filter(org_id=org, state="ready").update(
+            state="resharding", status_message="metadata-store reshard in progress"
         )
 
 
@@ -69,7 +76,7 @@ def test_grant_returns_the_binding_with_the_pooler(clients):
     }
     lease = ConnectionLease.objects.get(pk=body["lease_id"])
     assert lease.state == "granted"
-    assert 119 <= (lease.expires_at - lease.granted_at).total_seconds() <= 121
+    assert 119 <= (_dt(lease.expires_at) - _dt(lease.granted_at)).total_seconds() <= 121
     # Lease traffic is the data plane's, not an operator mutation: not audited.
     assert AuditRecord.objects.count() == 0
 
@@ -157,7 +164,12 @@ def test_cap_queue_and_regrant(clients):
     path = f"/api/v1/warehouses/capped/leases/{queued['lease_id']}"
     assert clients.dataplane.get(path).status_code == 202
     # Releasing the first lease lets the queued request through on its next GET.
-    assert clients.dataplane.delete(f"/api/v1/warehouses/capped/leases/{first['lease_id']}").status_code == 204
+    assert (
+        clients.dataplane.delete(
+            f"/api/v1/warehouses/capped/leases/{first['lease_id']}"
+        ).status_code
+        == 204
+    )
     response = clients.dataplane.get(path)
     assert response.status_code == 201
     assert response.json()["binding"]["database"] == "capped_db"
@@ -185,7 +197,7 @@ def test_renew_release_and_expiry(clients):
     response = clients.dataplane.post(f"{base}/renew", {"ttl_seconds": 600}, format="json")
     assert response.status_code == 200
     lease = ConnectionLease.objects.get(pk=lease_id)
-    assert (lease.expires_at - lease.granted_at).total_seconds() >= 590
+    assert (_dt(lease.expires_at) - _dt(lease.granted_at)).total_seconds() >= 590
     # Renewal is allowed while resharding: the drain waits for release.
     assert block("renew") == 1
     assert clients.dataplane.post(f"{base}/renew", {}, format="json").status_code == 200
@@ -230,7 +242,9 @@ def test_threads_racing_grants_never_grant_after_the_block_commits(transactional
     def hammer(org: str) -> None:
         try:
             while not stop.is_set():
-                request = leases.LeaseRequest(holder=threading.current_thread().name, purpose="query")
+                request = leases.LeaseRequest(
+                    holder=threading.current_thread().name, purpose="query"
+                )
                 try:
                     status = leases.lease_request(org_id=org, request=request).status
                 except ServiceError as exc:
@@ -248,7 +262,9 @@ def test_threads_racing_grants_never_grant_after_the_block_commits(transactional
     time.sleep(0.5)
     with transaction.atomic():
         lock_org("race")
-        assert Warehouse.objects.filter(org_id="race", state="ready").update(state="resharding") == 1
+        assert (
+            Warehouse.objects.filter(org_id="race", state="ready").update(state="resharding") == 1
+        )
         with connection.cursor() as cursor:
             cursor.execute("SELECT clock_timestamp()")
             blocked_at = cursor.fetchone()[0]
@@ -257,7 +273,8 @@ def test_threads_racing_grants_never_grant_after_the_block_commits(transactional
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors
-    assert 201 in outcomes and 503 in outcomes
+    assert 201 in outcomes
+    assert 503 in outcomes
     assert set(outcomes) <= {201, 503}
     granted = ConnectionLease.objects.filter(org_id="race", state="granted")
     assert granted.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -38,16 +39,18 @@ def running_op(db):
     return op, password
 
 
-def fetch(clients, op_id, *, epoch="3", runner="runner-a", client=None):
+def fetch(
+    clients: Any, op_id: int, *, epoch: str = "3", runner: str = "runner-a", client: Any = None
+) -> Any:
     headers = {"HTTP_X_DUCKGRES_OP_EPOCH": epoch, "HTTP_X_DUCKGRES_RUNNER_ID": runner}
     return (client or clients.runner).get(f"/api/v1/reshards/{op_id}/password", **headers)
 
 
-def op_lines(op_id):
+def op_lines(op_id: int) -> list[str]:
     return list(
-        ReshardLogEntry.objects.filter(operation_id=op_id).order_by("id").values_list(
-            "message", flat=True
-        )
+        ReshardLogEntry.objects.filter(operation_id=op_id)
+        .order_by("id")
+        .values_list("message", flat=True)
     )
 
 

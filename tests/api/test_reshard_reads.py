@@ -35,7 +35,9 @@ def test_list_newest_first_with_filters_and_limits(clients, target_store):
     response = clients.viewer.get("/api/v1/reshards")
     assert response.status_code == 200
     assert [o["id"] for o in response.json()["operations"]] == [o.id for o in reversed(ops)]
-    assert [o["id"] for o in clients.viewer.get("/api/v1/reshards?org=org-1").json()["operations"]] == [ops[1].id]
+    assert [
+        o["id"] for o in clients.viewer.get("/api/v1/reshards?org=org-1").json()["operations"]
+    ] == [ops[1].id]
     pending = clients.viewer.get("/api/v1/reshards?state=pending").json()["operations"]
     assert [o["id"] for o in pending] == [ops[0].id]
     assert len(clients.viewer.get("/api/v1/reshards?limit=2").json()["operations"]) == 2
