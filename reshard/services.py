@@ -33,6 +33,7 @@ from duckgres_admin.models import (
     StoreKind,
     Warehouse,
     WarehouseState,
+    WarehouseTrino,
 )
 from reshard import identity, oplog, stash
 from reshard.locks import lock_org
@@ -477,7 +478,14 @@ def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _P
         raise ServiceError(
             409, f"warehouse must be in ready state to reshard (currently {warehouse.state})"
         )
-    # Trino gate (§5.1 step 2) arrives with duckgres_managed_warehouse_trino (Trino part 1).
+    # Re-checked under the per-org lock by the block step (§4.4 A).
+    if WarehouseTrino.objects.filter(warehouse_id=org_id, enabled=True).exists():
+        raise ServiceError(
+            409,
+            "disable Trino for this warehouse before resharding (Trino catalogs do not take "
+            "part in the drain yet)",
+            code="trino_enabled",
+        )
     source_fields, source_store, source_label = _check_source(warehouse)
     with suppress(Exception):
         if source_store is not None:

@@ -147,3 +147,19 @@ def test_mutations_need_admin_and_are_audited(clients):
     # Reads are never audited.
     clients.admin.get("/api/v1/warehouses")
     assert AuditRecord.objects.count() == 3
+
+
+def test_session_mutations_need_the_csrf_token(clients):
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(get_user_model().objects.get(email="admin@example.com"))
+    response = client.post("/api/v1/warehouses", {"org_id": "csrf"}, format="json")
+    assert response.status_code == 403
+    assert error(response) == "CSRF check failed"
+    # Secret-authenticated automation has no session and no CSRF token to carry.
+    assert (
+        clients.internal.post("/api/v1/warehouses", {"org_id": "csrf"}, format="json").status_code
+        == 201
+    )

@@ -580,3 +580,49 @@ def test_dry_run_is_not_audited_yet(clients, published, cnpg_source):
     assert response.status_code == 501
     assert AuditRecord.objects.count() == 0
     assert_nothing_created(published)
+
+
+def test_trino_enabled_is_409(clients, published):
+    from duckgres_admin.models import WarehouseTrino
+
+    warehouse = new_warehouse(org_id="trino-on")
+    WarehouseTrino.objects.create(warehouse=warehouse, enabled=True)
+    response = clients.internal.post(
+        "/api/v1/warehouses/trino-on/reshards", {"target": {"type": "cnpg"}}, format="json"
+    )
+    assert response.status_code == 409
+    assert response.json() == {
+        "code": "trino_enabled",
+        "error": "disable Trino for this warehouse before resharding (Trino catalogs do not "
+        "take part in the drain yet)",
+    }
+    assert_nothing_created(published)
+
+
+@pytest.mark.safeguard("reshard-51")
+def test_psycopg_sees_the_password_only_as_its_own_argument(
+    clients, published, cnpg_source, tenant_catalog, monkeypatch
+):
+    import psycopg
+
+    target = tenant_catalog(cnpg_source.clusters.target)
+    real_connect = psycopg.connect
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def recording_connect(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, dict(kwargs)))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "connect", recording_connect)
+    # A stale epoch-free shape: the start stops at the insert (an active op exists).
+    new_op(cnpg_source.warehouse, to_store=cnpg_source.target_store)
+    response = clients.internal.post(cnpg_source.path, external_target_body(target), format="json")
+    assert response.status_code == 409
+    assert calls
+    with_password = [kw for _, kw in calls if kw.get("password") == target.password]
+    assert with_password, "the external target probe must pass the password"
+    for args, kwargs in calls:
+        assert all(target.password not in str(a) for a in args)
+        for key, value in kwargs.items():
+            if key != "password":
+                assert target.password not in str(value), key
