@@ -9,7 +9,6 @@ id as its only argument; the password never leaves this process except through t
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from collections.abc import Iterator
@@ -574,8 +573,9 @@ def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> Start
     # 9. Pod launcher: pin the control-plane image.
     if launcher == "pod":
         try:
-            pod: Any = importlib.import_module("reshard.launchers.pod")
-            image = str(pod.resolve_control_plane_image() or "")
+            from reshard.launchers.pod import resolve_control_plane_image
+
+            image = resolve_control_plane_image()
             if not image:
                 raise RuntimeError("the control-plane image is empty")
             if (

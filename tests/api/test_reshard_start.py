@@ -626,3 +626,29 @@ def test_psycopg_sees_the_password_only_as_its_own_argument(
         for key, value in kwargs.items():
             if key != "password":
                 assert target.password not in str(value), key
+
+
+def test_pod_launcher_image_failure_fails_the_op(
+    clients, published, cnpg_source, settings, monkeypatch
+):
+    """Step 9: the image cannot be read (no own pod here) → op failed, 500, nothing enqueued."""
+    real_validate = services.validate_start
+
+    def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
+        plan = real_validate(*args, **kwargs)
+        settings.DUCKGRES_RESHARD_LAUNCHER = "pod"  # env: refs resolved above with local
+        return plan
+
+    monkeypatch.setattr(services, "validate_start", validate_then_switch)
+    settings.POD_NAME = ""
+    response = clients.internal.post(
+        cnpg_source.path,
+        {"target": {"type": "cnpg", "cnpg_shard": cnpg_source.target_store.name}},
+        format="json",
+    )
+    assert response.status_code == 500
+    assert error(response).startswith("could not record the runner image: ")
+    op = ReshardOperation.objects.get()
+    assert (op.launcher, op.state, op.runner_image) == ("pod", "failed", "")
+    assert op.error == error(response)
+    assert published.messages == []
