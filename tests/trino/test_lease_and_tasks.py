@@ -11,6 +11,7 @@ from django.test import override_settings
 from duckgres_admin.models import WarehouseTrino
 from tests.trino.helpers import full_env, write
 from trino_pools import config, tasks
+from trino_pools import lease as trino_lease
 from trino_pools.catalog_store import CatalogStoreError
 from trino_pools.config import load
 from trino_pools.lease import TrinoLease, owner_identity
@@ -81,10 +82,10 @@ def test_audit_task_is_a_no_op_when_trino_is_not_wired(trino_settings_reset):
 def test_audit_task_runs_only_in_the_lease_holder(wired, make_warehouse):
     WarehouseTrino.objects.create(warehouse=make_warehouse(), enabled=True, trino_cell_id="")
     _expire_row()
-    tasks.lease.lease().epoch = None
+    trino_lease.lease().epoch = None
     assert tasks.ownership_audit_task() == {"wired": True, "leader": True, "count": 1}
     # Another process holds the row now: this one does nothing.
-    tasks.lease.lease().epoch = None
+    trino_lease.lease().epoch = None
     with connection.cursor() as cur:
         cur.execute(
             "UPDATE duckgres_leases SET holder = 'other', expires_at = now() + interval '1 min' "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -25,13 +26,16 @@ def _value(pool: str, namespace: str) -> float | None:
 
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
+        return str(response.read().decode())
 
 
-def _unique_env(tmp_path, **overrides):
+def _unique_env(tmp_path: Path, **overrides: str | None) -> tuple[str, dict[str, str]]:
     pool = f"pool-{secrets.token_hex(3)}"
     cells = write(tmp_path, "cells-unique.json", registry(cell(pool)))
-    merged = {"DUCKGRES_TRINO_CELLS_FILE": cells, "DUCKGRES_TRINO_DEFAULT_CELL": pool}
+    merged: dict[str, str | None] = {
+        "DUCKGRES_TRINO_CELLS_FILE": cells,
+        "DUCKGRES_TRINO_DEFAULT_CELL": pool,
+    }
     merged.update(overrides)
     env = full_env(tmp_path, **merged)
     return pool, env

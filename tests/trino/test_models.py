@@ -3,6 +3,8 @@ partial unique indexes and the database-level cascade from the warehouse row."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 
@@ -19,13 +21,13 @@ from duckgres_admin.models import (
 pytestmark = pytest.mark.django_db
 
 
-def _run(sql: str, params: list[object]) -> None:
+def _run(sql: str, params: list[Any]) -> None:
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # foreign keys are deferred by default
         cur.execute(sql, params)
 
 
-def _fails(sql: str, params: list[object] | None = None) -> None:
+def _fails(sql: str, params: list[Any] | None = None) -> None:
     with pytest.raises(IntegrityError):
         _run(sql, params or [])
 

@@ -3,7 +3,9 @@ PostgreSQL, including the races."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, transaction
@@ -32,8 +34,14 @@ def no_default(tmp_path):
     )
 
 
-def _row(org: str) -> WarehouseTrino | None:
-    return WarehouseTrino.objects.filter(pk=org).first()
+def _maybe_row(org: str) -> WarehouseTrino | None:
+    return WarehouseTrino.objects.filter(warehouse__org_id=org).first()
+
+
+def _row(org: str) -> WarehouseTrino:
+    row = _maybe_row(org)
+    assert row is not None
+    return row
 
 
 def _enable(org: str, settings, tier: str = "") -> placement.TrinoPlacement:
@@ -161,7 +169,7 @@ class TestEnablement:
             409,
             {"error": "select an initial Trino cell before enabling Trino"},
         )
-        assert _row(wh.org_id) is None
+        assert _maybe_row(wh.org_id) is None
         placement.select_cell(wh.org_id, "pool-a", no_default)
         assert _enable(wh.org_id, no_default).owner == "registered:pool-a"
 
@@ -189,7 +197,7 @@ class TestEnablement:
     def test_only_a_ready_warehouse_can_be_enabled(self, make_warehouse, two_pools, state):
         wh = make_warehouse(state=state)
         placement.select_cell(wh.org_id, "pool-a", two_pools)
-        before = list(WarehouseTrino.objects.filter(pk=wh.org_id).values())
+        before = list(WarehouseTrino.objects.filter(warehouse__org_id=wh.org_id).values())
         err = _refusal(_enable, wh.org_id, two_pools)
         assert (err.status, err.body()) == (
             409,
@@ -198,7 +206,7 @@ class TestEnablement:
                 "error": f"Trino can only be enabled on a ready warehouse (currently {state})",
             },
         )
-        assert list(WarehouseTrino.objects.filter(pk=wh.org_id).values()) == before
+        assert list(WarehouseTrino.objects.filter(warehouse__org_id=wh.org_id).values()) == before
 
     def test_missing_warehouse_and_bad_tier(self, two_pools, make_warehouse):
         assert _refusal(_enable, "no-such-org", two_pools).status == 404
@@ -211,7 +219,7 @@ class TestEnablement:
         wh = make_warehouse()
         seen = []
 
-        def provisioning_request():
+        def provisioning_request() -> None:
             with transaction.atomic():
                 placement.enable_trino(wh.org_id, two_pools)
                 seen.append(_row(wh.org_id).trino_cell_id)
@@ -220,7 +228,7 @@ class TestEnablement:
         with pytest.raises(RuntimeError, match="fails later"):
             provisioning_request()
         assert seen == ["registered:pool-a"]
-        assert _row(wh.org_id) is None
+        assert _maybe_row(wh.org_id) is None
 
     def test_a_refusal_inside_the_callers_transaction_undoes_only_itself(
         self, make_warehouse, no_default
@@ -316,14 +324,14 @@ def test_enable_must_run_inside_the_callers_transaction(
     wh = make_warehouse()
     with pytest.raises(RuntimeError):
         placement.enable_trino(wh.org_id, two_pools)
-    assert _row(wh.org_id) is None
+    assert _maybe_row(wh.org_id) is None
 
 
-def _race(workers):
+def _race(workers: list[Callable[[], object]]) -> list[object]:
     barrier = threading.Barrier(len(workers))
     outcomes: list[object] = [None] * len(workers)
 
-    def run(i, fn):
+    def run(i: int, fn: Callable[[], object]) -> None:
         try:
             barrier.wait()
             outcomes[i] = fn()
@@ -347,12 +355,12 @@ def test_twenty_concurrent_selections_and_default_enables_leave_one_preserved_ow
     for _round in range(3):
         wh = make_warehouse()
         org = wh.org_id
-        workers = []
+        workers: list[Callable[[], object]] = []
         for i in range(20):
             if i % 2:
-                workers.append(lambda org=org: placement.select_cell(org, "pool-b", two_pools))
+                workers.append(functools.partial(placement.select_cell, org, "pool-b", two_pools))
             else:
-                workers.append(lambda org=org: _enable(org, two_pools))
+                workers.append(functools.partial(_enable, org, two_pools))
         outcomes = _race(workers)
         owner = _row(org).trino_cell_id
         assert owner in ("registered:pool-a", "registered:pool-b")

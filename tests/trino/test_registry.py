@@ -74,7 +74,8 @@ def test_sixteen_cells_are_accepted_and_the_placeholder_resolves():
     ],
 )
 def test_retired_blue_green_fields_are_rejected_by_name(field, expected):
-    found = problems(registry(cell(**{field: ["x"]})))
+    overrides: dict[str, object] = {field: ["x"]}
+    found = problems(registry(cell("pool-a", **overrides)))
     assert len(found) == 1
     assert found[0].startswith(f"{SRC}: {expected}")
     assert "remove it" in found[0]
