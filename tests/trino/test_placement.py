@@ -376,3 +376,43 @@ def test_twenty_concurrent_selections_and_default_enables_leave_one_preserved_ow
         assert _refusal(placement.select_cell, org, other, two_pools).status == 409
         _enable(org, two_pools)
         assert _row(org).trino_cell_id == owner
+
+
+def _reshard_block(org: str) -> str:
+    """The reshard block transaction (reshard spec §4.4 A), with the reshard domain's own lock
+    and Trino re-check: lock, re-check Trino, CAS ready → resharding."""
+    from reshard.locks import lock_org
+    from reshard.runner.steps.blocking import _trino_enabled
+
+    with transaction.atomic():
+        lock_org(org)
+        if _trino_enabled(org):
+            return "refused: Trino was enabled for this warehouse"
+        moved = Warehouse.objects.filter(org_id=org, state="ready").update(state="resharding")
+        return "blocked" if moved == 1 else "refused: warehouse is not ready"
+
+
+@pytest.mark.safeguard("trino-42")
+def test_enable_racing_a_reshard_block_exactly_one_wins(
+    transactional_db, make_warehouse, two_pools
+):
+    winners = {"trino": 0, "reshard": 0}
+    for _round in range(10):
+        org = make_warehouse(state="ready").org_id
+        placement.select_cell(org, "pool-a", two_pools)
+        enabled_result, block_result = _race(
+            [functools.partial(_enable, org, two_pools), functools.partial(_reshard_block, org)]
+        )
+        state = Warehouse.objects.get(org_id=org).state
+        enabled = _row(org).enabled
+        if isinstance(enabled_result, placement.TrinoPlacement):
+            assert block_result == "refused: Trino was enabled for this warehouse"
+            assert (state, enabled) == ("ready", True)
+            winners["trino"] += 1
+        else:
+            assert isinstance(enabled_result, PlacementError)
+            assert enabled_result.code == "warehouse_not_ready"
+            assert block_result == "blocked"
+            assert (state, enabled) == ("resharding", False)
+            winners["reshard"] += 1
+    assert sum(winners.values()) == 10
