@@ -652,3 +652,29 @@ def test_pod_launcher_image_failure_fails_the_op(
     assert (op.launcher, op.state, op.runner_image) == ("pod", "failed", "")
     assert op.error == error(response)
     assert published.messages == []
+
+
+def test_no_advertise_address_fails_the_op(
+    clients, published, cnpg_source, tenant_catalog, settings, monkeypatch
+):
+    """Step 8: no own address → op failed "control plane could not determine…", 500."""
+    target = tenant_catalog(cnpg_source.clusters.target)
+    real_validate = services.validate_start
+
+    def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
+        plan = real_validate(*args, **kwargs)
+        settings.DUCKGRES_RESHARD_LAUNCHER = "pod"
+        return plan
+
+    monkeypatch.setattr(services, "validate_start", validate_then_switch)
+    monkeypatch.setattr(stash, "_first_global_unicast", lambda: "")
+    settings.DUCKGRES_ADVERTISE_ADDRESS = ""
+    settings.POD_IP = ""
+    response = clients.internal.post(cnpg_source.path, external_target_body(target), format="json")
+    assert response.status_code == 500
+    assert error(response).startswith("control plane could not determine its own address")
+    op = ReshardOperation.objects.get()
+    assert (op.state, op.password_url) == ("failed", "")
+    assert op.error == error(response)
+    assert stash.held_ids() == []
+    assert published.messages == []
