@@ -1,5 +1,6 @@
 """Trino pool metrics of this part (spec trino-pools §7): the configured-pool expectation and
-the ownership audit's gauge, exported by the trino worker on ``DUCKGRES_TRINO_METRICS_PORT``.
+the ownership audit's gauge, exported by the trino worker on ``DUCKGRES_TRINO_METRICS_PORT``
+from their own registry (``TRINO_REGISTRY``), never by another process's exporter.
 
 ``duckgres_trino_pool_configured{pool,workload_namespace}`` lives from process start to process
 exit (safeguard 33). It is served by a custom collector registered once per process whose
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -25,9 +26,15 @@ _log = logging.getLogger("duckgres.trino.metrics")
 
 CONFIGURED_NAME = "duckgres_trino_pool_configured"
 
+# The Trino metrics have their own registry, served only by the trino worker's exporter: the
+# control worker's exporter serves the default registry, and a `configured` series there (with
+# no pool telemetry beside it) would trip "configured pool without fresh telemetry" alerts.
+TRINO_REGISTRY = CollectorRegistry(auto_describe=True)
+
 UNCONFIGURED_OWNER_WAREHOUSES = Gauge(
     "duckgres_trino_unconfigured_owner_warehouses",
     "Trino-enabled warehouses whose stored owner is not a configured pool (spec 4.14).",
+    registry=TRINO_REGISTRY,
 )
 
 
@@ -62,7 +69,7 @@ class _ConfiguredPools(Collector):
 
 
 CONFIGURED = _ConfiguredPools()
-REGISTRY.register(CONFIGURED)
+TRINO_REGISTRY.register(CONFIGURED)
 
 
 def mark_configured(settings: TrinoSettings) -> None:
@@ -92,7 +99,7 @@ class Exporter:
         with self._lock:
             if self._server is not None:
                 return int(self._server.server_address[1])
-            self._server, self._thread = start_http_server(port, addr=addr, registry=REGISTRY)
+            self._server, self._thread = start_http_server(port, addr=addr, registry=TRINO_REGISTRY)
             bound = int(self._server.server_address[1])
         _log.info("trino worker metrics exporter listening on :%d", bound)
         return bound

@@ -7,12 +7,12 @@ import logging
 
 import pytest
 from django.db import connection
-from prometheus_client import REGISTRY
 
 from duckgres_admin.models import WarehouseTrino
 from tests.trino.helpers import full_env
 from trino_pools import audit
 from trino_pools.config import load
+from trino_pools.metrics import TRINO_REGISTRY
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +24,7 @@ def _table() -> list[tuple[object, ...]]:
 
 
 def _gauge() -> float | None:
-    return REGISTRY.get_sample_value("duckgres_trino_unconfigured_owner_warehouses")
+    return TRINO_REGISTRY.get_sample_value("duckgres_trino_unconfigured_owner_warehouses")
 
 
 @pytest.fixture

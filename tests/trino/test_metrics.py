@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from prometheus_client import REGISTRY
 
 from tests.trino.helpers import cell, full_env, registry, write
 from trino_pools import config, metrics
 from trino_pools.config import load
-from trino_pools.metrics import Exporter
+from trino_pools.metrics import TRINO_REGISTRY, Exporter
 
 
 def _value(pool: str, namespace: str) -> float | None:
-    return REGISTRY.get_sample_value(
+    return TRINO_REGISTRY.get_sample_value(
         "duckgres_trino_pool_configured", {"pool": pool, "workload_namespace": namespace}
     )
 
@@ -91,3 +90,14 @@ def test_the_collector_has_no_removal_path():
     before = metrics.CONFIGURED.series()
     metrics.CONFIGURED.add([])
     assert metrics.CONFIGURED.series() == before
+
+
+def test_trino_metrics_are_not_in_the_default_registry(tmp_path):
+    from prometheus_client import REGISTRY
+
+    pool, env = _unique_env(tmp_path)
+    metrics.mark_configured(load(env, service_account_token="/nonexistent"))
+    names = {m.name for m in REGISTRY.collect()}
+    assert "duckgres_trino_pool_configured" not in names
+    assert "duckgres_trino_unconfigured_owner_warehouses" not in names
+    assert _value(pool, f"trino-{pool}") == 1
