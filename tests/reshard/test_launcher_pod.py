@@ -435,3 +435,18 @@ def test_read_log_errors_name_the_pod(kube):
         LauncherError, match=rf"reading the log of runner pod duckgres-reshard-op-{op.id} failed"
     ):
         launcher.read_log(op.id)
+
+
+def test_client_side_validation_errors_never_echo_the_body(kube):
+    body = {
+        "metadata": {"name": "bad"},
+        "spec": {"containers": [{"name": "c", "image": "x", "imagee": "hunter2-in-a-typo"}]},
+    }
+    with pytest.raises(k8s.KubeError) as err:
+        k8s.create_pod(kube.namespace, body)
+    message = str(err.value)
+    assert message.startswith(
+        f"Kubernetes create pods/bad in namespace {kube.namespace} refused by the client: "
+    )
+    assert "imagee" in message
+    assert "hunter2" not in message
