@@ -9,8 +9,9 @@ It only reads. Where it can, it runs in a READ ONLY transaction, so even a futur
 tried to write here would fail instead of changing a row. Such orgs fail closed until an
 operator disables them or moves them while both pools are configured.
 
-Runs at trino worker start, in ``manage.py trino_check`` and from beat every 5 minutes (lease
-holder only); never in ``AppConfig.ready()``, ``migrate`` or ``makemigrations``.
+Runs at the start of the control and trino workers and in ``manage.py trino_check`` (log only),
+and from beat every 5 minutes in the ``trino`` lease holder (log + gauge); never in
+``AppConfig.ready()``, ``migrate`` or ``makemigrations``.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def _query(stored_ids: frozenset[str]) -> AuditResult:
     return AuditResult(count=count, sample=sample)
 
 
-def run_audit(settings: TrinoSettings) -> AuditResult | None:
-    """Audit, log and set the gauge. ``None`` when Trino is not wired (no tasks, no metrics)."""
+def run_audit(settings: TrinoSettings, *, set_gauge: bool = True) -> AuditResult | None:
+    """Audit and log; set the gauge unless ``set_gauge`` is false (the start-up and
+    ``trino_check`` runs are "log only", §4.14). ``None`` when Trino is not wired."""
     if not settings.wired:
         return None
     if connection.in_atomic_block:
@@ -66,7 +68,8 @@ def run_audit(settings: TrinoSettings) -> AuditResult | None:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION READ ONLY")
             result = _query(settings.stored_ids)
-    metrics.set_unconfigured_owners(result.count)
+    if set_gauge:
+        metrics.set_unconfigured_owners(result.count)
     if result.count:
         _log.warning(result.describe())
     else:

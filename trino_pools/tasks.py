@@ -6,10 +6,11 @@ name the queue too.
 
 - ``trino.ownership_audit`` (beat every 5 min, expires 5 min): run by the ``trino`` lease holder
   only; a no-op where Trino is not wired.
-- ``worker_ready`` (only in a worker consuming ``duckgres.trino``): start the exporter on
+- ``worker_ready`` in the trino worker (consuming ``duckgres.trino``): start the exporter on
   ``DUCKGRES_TRINO_METRICS_PORT`` (0 disables it), then §4.1 step 7 -- check the catalog writer
-  (when enabled), run its bootstrap DDL if requested, and the ownership audit. A failing writer
-  check or bootstrap stops the worker (exit code 2): it must not run pools it cannot publish to.
+  (when enabled), run its bootstrap DDL if requested, and the ownership audit (log only). A
+  failing writer check or bootstrap stops the worker (exit code 2): it must not run pools it
+  cannot publish to. In the control worker (``duckgres.control``): the ownership audit only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trino_pools import audit, catalog_store, config, lease, metrics
 _log = logging.getLogger("duckgres.trino.worker")
 
 TRINO_QUEUE = "duckgres.trino"
+CONTROL_QUEUE = "duckgres.control"
 AUDIT_TASK = "trino.ownership_audit"
 
 
@@ -65,20 +67,27 @@ def worker_start(settings: config.TrinoSettings) -> None:
     metrics.mark_configured(settings)
     if settings.catalog_writer_enabled:
         catalog_store.check_writer(settings, bootstrap=settings.catalog_bootstrap)
+    start_audit(settings)
+
+
+def start_audit(settings: config.TrinoSettings) -> None:
+    """The start-up ownership audit: log only (the gauge is the beat run's, §4.14)."""
     try:
-        audit.run_audit(settings)
+        audit.run_audit(settings, set_gauge=False)
     except DatabaseError as exc:
-        _log.warning("trino worker: the start-up ownership audit failed: %s", exc)
+        _log.warning("the start-up Trino ownership audit failed: %s", exc)
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
-    if TRINO_QUEUE not in consumed_queues(sender):
-        return
-    try:
-        worker_start(config.current())
-    except catalog_store.CatalogStoreError as exc:
-        _log.critical("trino worker cannot start: %s", exc)
-        os._exit(2)
+    queues = consumed_queues(sender)
+    if TRINO_QUEUE in queues:
+        try:
+            worker_start(config.current())
+        except catalog_store.CatalogStoreError as exc:
+            _log.critical("trino worker cannot start: %s", exc)
+            os._exit(2)
+    elif CONTROL_QUEUE in queues:
+        start_audit(config.current())
 
 
 worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="trino_pools.trino-worker-ready")

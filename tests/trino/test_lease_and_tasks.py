@@ -125,9 +125,11 @@ class _Sender:
         self.task_consumer.queues = [_Q(q) for q in queues]  # type: ignore[attr-defined]
 
 
-def test_worker_ready_acts_only_in_the_trino_worker(monkeypatch, wired):
+def test_worker_ready_starts_the_trino_worker_only_there(monkeypatch, wired):
     calls = []
     monkeypatch.setattr(tasks, "worker_start", lambda s: calls.append(s))
+    monkeypatch.setattr(tasks, "start_audit", lambda s: None)
+    tasks.on_worker_ready(_Sender(["duckgres.default"]))
     tasks.on_worker_ready(_Sender(["duckgres.control"]))
     assert calls == []
     tasks.on_worker_ready(_Sender(["duckgres.trino"]))
@@ -148,3 +150,18 @@ def test_worker_start_fails_when_the_catalog_store_is_unreachable(
         tasks.worker_start(settings)
     assert "the Trino catalog store (DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE" in str(info.value)
     assert "pw-9x8c7v6b" not in str(info.value)
+
+
+def test_control_worker_start_runs_the_audit_log_only(monkeypatch, wired, make_warehouse, caplog):
+    from trino_pools.metrics import TRINO_REGISTRY, set_unconfigured_owners
+
+    set_unconfigured_owners(-1)
+    WarehouseTrino.objects.create(warehouse=make_warehouse(), enabled=True, trino_cell_id="")
+    started = []
+    monkeypatch.setattr(tasks, "worker_start", lambda s: started.append(s))
+    with caplog.at_level("WARNING", logger="duckgres.trino.audit"):
+        tasks.on_worker_ready(_Sender(["duckgres.control"]))
+    assert started == []
+    assert any("1 Trino-enabled warehouse(s)" in r.getMessage() for r in caplog.records)
+    # Log only: the gauge belongs to the beat run in the lease holder.
+    assert TRINO_REGISTRY.get_sample_value("duckgres_trino_unconfigured_owner_warehouses") == -1

@@ -58,7 +58,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write("catalog store: writer disabled, not checked")
         try:
-            result = audit.run_audit(settings)
+            result = audit.run_audit(settings, set_gauge=False)
         except DatabaseError as exc:
             raise CommandError(f"ownership audit: cannot read the config store: {exc}") from None
         if result is None or result.count == 0:
