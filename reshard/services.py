@@ -9,7 +9,7 @@ id as its only argument; the password never leaves this process except through t
 
 from __future__ import annotations
 
-import logging
+import hmac
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -37,8 +37,6 @@ from duckgres_admin.models import (
 from reshard import identity, oplog, stash
 from reshard.locks import lock_org
 from reshard.scrub import Scrubber, process_scrubber
-
-_log = logging.getLogger("duckgres.reshard.services")
 
 PROBE_TIMEOUT_SECONDS = 8
 MAX_TIMEOUT_SECONDS = 86400
@@ -463,8 +461,6 @@ def _check_external_target(
 
 
 def _constant_time_equal(a: str, b: str) -> bool:
-    import hmac
-
     return hmac.compare_digest(a.encode(), b.encode())
 
 

@@ -5,6 +5,8 @@ Views stay thin: parse, authorise (here), call one service, shape JSON.
 
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any, ClassVar
 
 from django.db import DatabaseError
@@ -25,6 +27,8 @@ from duckgres_admin.api.auth import (
 )
 from duckgres_admin.models import AuditRecord
 from reshard.services import ServiceError, api_scrubber
+
+_log = logging.getLogger("duckgres.api")
 
 
 def error_response(exc: ServiceError) -> Response:
@@ -73,9 +77,15 @@ class ApiView(APIView):
             )
         if isinstance(exc, exceptions.MethodNotAllowed):
             return error_response(ServiceError(405, "method not allowed"))
+        if isinstance(exc, exceptions.APIException):
+            return super().handle_exception(exc)
+        # Anything else is a bug or an outage: a JSON 500 (scrubbed, audited), and the
+        # traceback in the process log.
+        trace = "".join(traceback.format_exception(exc))
+        _log.error("unhandled API error: %s", api_scrubber().scrub(trace))
         if isinstance(exc, DatabaseError):
             return error_response(ServiceError(500, f"config store error: {exc}"))
-        return super().handle_exception(exc)
+        return error_response(ServiceError(500, f"internal error ({type(exc).__name__})"))
 
     def finalize_response(
         self, request: Request, response: Any, *args: Any, **kwargs: Any

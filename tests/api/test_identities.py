@@ -163,3 +163,18 @@ def test_session_mutations_need_the_csrf_token(clients):
         clients.internal.post("/api/v1/warehouses", {"org_id": "csrf"}, format="json").status_code
         == 201
     )
+
+
+def test_unexpected_errors_are_json_500_and_audited(clients, monkeypatch, settings):
+    from reshard import services
+
+    def boom(**kwargs):
+        raise RuntimeError(f"exploded near {settings.DUCKGRES_INTERNAL_SECRET}")
+
+    monkeypatch.setattr(services, "warehouse_create", boom)
+    response = clients.internal.post("/api/v1/warehouses", {"org_id": "boom"}, format="json")
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error (RuntimeError)"}
+    audit = AuditRecord.objects.get()
+    assert audit.status == 500
+    assert settings.DUCKGRES_INTERNAL_SECRET not in audit.detail
