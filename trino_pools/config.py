@@ -254,6 +254,21 @@ def _check_dsn_file(reader: _Reader, path: str, schema: str) -> None:
         )
 
 
+def _shared_secret(environ: Mapping[str, str], name: str) -> str | None:
+    """A shared secret's value, given directly or as ``<NAME>_FILE`` (for comparison only)."""
+    if environ.get(name):
+        return environ[name]
+    path = environ.get(f"{name}_FILE")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = handle.read()
+    except OSError:
+        return None  # the general settings report an unreadable secret file
+    return content[:-1] if content.endswith("\n") else content
+
+
 def _kube_client_loadable(environ: Mapping[str, str], service_account_token: str) -> bool:
     """The same inputs ``duckgres_admin.lib.k8s.api_client`` uses, checked without a call."""
     if environ.get("DUCKGRES_KUBE_API_URL", "").strip():
@@ -330,7 +345,7 @@ def load(
                     f"{MIN_TOKEN_LENGTH} characters"
                 )
             for other in _SHARED_SECRETS:
-                if token and token == environ.get(other):
+                if token and token == _shared_secret(environ, other):
                     reader.errors.append(
                         f"DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE must differ from {other}"
                     )

@@ -70,6 +70,49 @@ def worker_start(settings: config.TrinoSettings) -> None:
     start_audit(settings)
 
 
+AUDIT_INTERVAL_SECONDS = 300
+_PERIOD_SECONDS = {"microseconds": 1e-6, "seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+
+
+def beat_drift_warnings() -> list[str]:
+    """Warnings for the ownership audit's beat rows (none = as shipped by migration 0005)."""
+    from django_celery_beat.models import PeriodicTask
+
+    rows = [
+        row
+        for row in PeriodicTask.objects.filter(task=AUDIT_TASK).select_related("interval")
+        if row.enabled
+    ]
+    if not rows:
+        return [
+            f"no enabled beat entry runs {AUDIT_TASK}: the periodic Trino ownership audit will "
+            "never run (restore the row written by migration 0005)"
+        ]
+    warnings: list[str] = []
+    for row in rows:
+        seconds = (
+            row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0)
+            if row.interval is not None
+            else None
+        )
+        if seconds != AUDIT_INTERVAL_SECONDS:
+            warnings.append(
+                f"beat entry {row.name!r} for {AUDIT_TASK} runs every {seconds} s; "
+                f"expected an interval of {AUDIT_INTERVAL_SECONDS} s"
+            )
+        elif row.expire_seconds != seconds:
+            warnings.append(
+                f"beat entry {row.name!r} for {AUDIT_TASK} has expire_seconds="
+                f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
+            )
+        if row.queue and row.queue != TRINO_QUEUE:
+            warnings.append(
+                f"beat entry {row.name!r} for {AUDIT_TASK} is routed to queue {row.queue!r}; "
+                f"expected {TRINO_QUEUE}"
+            )
+    return warnings
+
+
 def start_audit(settings: config.TrinoSettings) -> None:
     """The start-up ownership audit: log only (the gauge is the beat run's, §4.14)."""
     try:

@@ -447,3 +447,26 @@ def test_validate_process_logs_warnings_once(caplog):
         assert len(hits) == 1
     finally:
         config.install_for_tests(None)
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+def test_service_auth_secret_must_differ_from_the_shared_secrets(tmp_path, as_file):
+    secret = "shared-secret-" + "s" * 40
+    path = write(tmp_path, "svc", secret + "\n")
+    shared = (
+        {"DUCKGRES_DATAPLANE_SECRET_FILE": write(tmp_path, "dp", secret + "\n")}
+        if as_file
+        else {"DUCKGRES_DATAPLANE_SECRET": secret}
+    )
+    env = full_env(tmp_path, DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE=path, **shared)
+    assert errors_of(env) == [
+        "DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE must differ from DUCKGRES_DATAPLANE_SECRET"
+    ]
+    other = write(tmp_path, "svc2", "another-secret-" + "o" * 40)
+    assert (
+        load(
+            full_env(tmp_path, DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE=other, **shared),
+            service_account_token=NO_SA,
+        ).service_auth_secret_file
+        == other
+    )

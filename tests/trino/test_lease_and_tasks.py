@@ -165,3 +165,27 @@ def test_control_worker_start_runs_the_audit_log_only(monkeypatch, wired, make_w
     assert any("1 Trino-enabled warehouse(s)" in r.getMessage() for r in caplog.records)
     # Log only: the gauge belongs to the beat run in the lease holder.
     assert TRINO_REGISTRY.get_sample_value("duckgres_trino_unconfigured_owner_warehouses") == -1
+
+
+def test_beat_drift_warnings():
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    assert tasks.beat_drift_warnings() == []
+    row = PeriodicTask.objects.get(task="trino.ownership_audit")
+    row.expire_seconds = 3600
+    row.queue = "duckgres.default"
+    row.save()
+    assert tasks.beat_drift_warnings() == [
+        f"beat entry {row.name!r} for trino.ownership_audit has expire_seconds=3600; it must "
+        "equal the interval (300 s)",
+        f"beat entry {row.name!r} for trino.ownership_audit is routed to queue "
+        "'duckgres.default'; expected duckgres.trino",
+    ]
+    row.interval, _ = IntervalSchedule.objects.get_or_create(every=1, period="hours")
+    row.save()
+    assert "runs every 3600 s" in tasks.beat_drift_warnings()[0]
+    row.enabled = False
+    row.save()
+    assert tasks.beat_drift_warnings()[0].startswith(
+        "no enabled beat entry runs trino.ownership_audit"
+    )
