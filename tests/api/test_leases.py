@@ -292,3 +292,26 @@ def test_threads_racing_grants_never_grant_after_the_block_commits(transactional
     assert refused.value.status == 503
     assert unblock("race") == 1
     assert leases.lease_request(org_id="race", request=request).status == 201
+
+
+@pytest.mark.safeguard("reshard-27")
+def test_block_leaves_granted_and_queued_visible_to_the_drain(clients):
+    make_org("drain", cap=1)
+    granted = post(clients, "drain").json()
+    queued = post(clients, "drain", wait_seconds=60).json()
+    assert queued["state"] == "queued"
+    assert block("drain") == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE state = 'granted' AND expires_at > now()),"
+            " count(*) FILTER (WHERE state = 'queued' AND queue_deadline > now())"
+            " FROM duckgres_connection_leases WHERE org_id = 'drain'"
+        )
+        assert cursor.fetchone() == (1, 1)
+    # The queued request's next poll is refused by the barrier, and the holder can still renew.
+    response = clients.dataplane.get(f"/api/v1/warehouses/drain/leases/{queued['lease_id']}")
+    assert response.status_code == 503
+    assert ConnectionLease.objects.get(pk=queued["lease_id"]).state == "refused"
+    base = f"/api/v1/warehouses/drain/leases/{granted['lease_id']}"
+    assert clients.dataplane.post(f"{base}/renew", {}, format="json").status_code == 200
+    assert clients.dataplane.delete(base).status_code == 204
