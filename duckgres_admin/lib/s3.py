@@ -1,0 +1,253 @@
+"""The one seam to S3 (boto3/botocore). Nothing else in the project imports them.
+
+Configuration (spec reshard §6): ``DUCKGRES_S3_ENDPOINT_URL`` (empty = AWS),
+``DUCKGRES_AWS_REGION`` (the fallback when the warehouse has no ``data_region``) and
+``DUCKGRES_S3_ADDRESSING_STYLE`` (``auto`` | ``path`` | ``virtual``). Credentials come from the
+ambient chain, or from an STS ``AssumeRole`` of the warehouse's ``data_role_arn`` (spec §4.10
+step 1): the role is assumed at once, so a credential problem fails before any work starts,
+and the temporary credentials are refreshed by botocore before they expire.
+
+Only thin wrappers of the multipart calls are offered: callers own the upload loop.
+Deliberate choices:
+- request checksums only ``when_required``: botocore ≥ 1.36 otherwise adds CRC trailers
+  (``aws-chunked`` bodies) that older S3-compatible servers (Ceph RGW 16) reject;
+- nothing reads the ``ETag`` of ``CompleteMultipartUpload`` (RGW returns it empty) — callers
+  ``HEAD`` the object instead;
+- error texts never contain credentials (botocore errors name the operation and the code).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.credentials
+import botocore.exceptions
+import botocore.session
+from django.conf import settings
+
+# AssumeRole session length; botocore refreshes 15 min (advisory) / 10 min (mandatory) before
+# expiry, so one-hour sessions are renewed well before any call can see an expired token.
+ASSUME_ROLE_SECONDS = 3600
+CONNECT_TIMEOUT_SECONDS = 10
+READ_TIMEOUT_SECONDS = 120
+MAX_ATTEMPTS = 5
+
+
+class S3Error(RuntimeError):
+    """Any failure of an S3/STS call, with the operation and the service's error code."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        message = str(err.get("Message", "")) or code
+        op = getattr(exc, "operation_name", "")
+        return f"{op}: {code or 'error'} (HTTP {status}): {message}", code
+    return f"{type(exc).__name__}: {exc}", ""
+
+
+def _wrap(what: str, exc: BaseException) -> S3Error:
+    text, code = _describe(exc)
+    return S3Error(f"{what}: {text}", code)
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """An uploaded part: what ``complete`` needs."""
+
+    part_number: int
+    etag: str
+
+
+def session_name_for_op(op_id: int) -> str:
+    return f"duckgres-reshard-op-{op_id}"
+
+
+def _assume_role_refresher(
+    sts: Any, role_arn: str, session_name: str
+) -> Callable[[], dict[str, str]]:
+    def refresh() -> dict[str, str]:
+        try:
+            resp = sts.assume_role(
+                RoleArn=role_arn,
+                RoleSessionName=session_name,
+                DurationSeconds=ASSUME_ROLE_SECONDS,
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"STS AssumeRole of {role_arn}", exc) from exc
+        creds = resp["Credentials"]
+        expiry = creds["Expiration"]
+        if isinstance(expiry, dt.datetime):
+            expiry = expiry.astimezone(dt.UTC).isoformat()
+        return {
+            "access_key": creds["AccessKeyId"],
+            "secret_key": creds["SecretAccessKey"],
+            "token": creds["SessionToken"],
+            "expiry_time": str(expiry),
+        }
+
+    return refresh
+
+
+def _client_config(addressing_style: str | None = None) -> Any:
+    return botocore.config.Config(
+        s3={"addressing_style": addressing_style or settings.DUCKGRES_S3_ADDRESSING_STYLE},
+        retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        read_timeout=READ_TIMEOUT_SECONDS,
+        max_pool_connections=10,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
+class S3:
+    """An S3 client bound to one region (and optionally one assumed role).
+
+    ``client`` is the raw botocore client; tests use ``client.meta.events`` to observe requests.
+    """
+
+    def __init__(
+        self,
+        *,
+        region: str = "",
+        role_arn: str = "",
+        session_name: str = "duckgres-admin",
+        endpoint_url: str | None = None,
+        addressing_style: str | None = None,
+    ) -> None:
+        self.region = region or settings.DUCKGRES_AWS_REGION or None
+        self.endpoint_url = (
+            endpoint_url if endpoint_url is not None else settings.DUCKGRES_S3_ENDPOINT_URL
+        ) or None
+        core = botocore.session.get_session()
+        if role_arn:
+            # STS at its own (regional AWS, or AWS_ENDPOINT_URL_STS) endpoint, ambient creds.
+            sts = boto3.Session(botocore_session=core).client("sts", region_name=self.region)
+            refresh = _assume_role_refresher(sts, role_arn, session_name)
+            # Assume now: credential problems fail before the caller starts any work.
+            creds = botocore.credentials.RefreshableCredentials.create_from_metadata(
+                metadata=refresh(), refresh_using=refresh, method="sts-assume-role"
+            )
+            core = botocore.session.get_session()
+            core._credentials = creds  # the documented-by-practice way to inject refreshables
+        self._session = boto3.Session(botocore_session=core)
+        try:
+            self.client: Any = self._session.client(
+                "s3",
+                region_name=self.region,
+                endpoint_url=self.endpoint_url,
+                config=_client_config(addressing_style),
+            )
+        except (botocore.exceptions.BotoCoreError, ValueError) as exc:
+            raise _wrap("create S3 client", exc) from exc
+
+    # --- multipart --------------------------------------------------------------------------
+    def create_multipart_upload(
+        self, bucket: str, key: str, content_type: str = "application/octet-stream"
+    ) -> str:
+        """Start an upload (no tagging, no metadata); returns the upload id."""
+        try:
+            resp = self.client.create_multipart_upload(
+                Bucket=bucket, Key=key, ContentType=content_type
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"create multipart upload s3://{bucket}/{key}", exc) from exc
+        return str(resp["UploadId"])
+
+    def upload_part(
+        self, bucket: str, key: str, upload_id: str, part_number: int, body: Any
+    ) -> Uploaded:
+        """Upload one part; ``body`` is bytes or a seekable file-like object with ``len()``."""
+        try:
+            resp = self.client.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=part_number, Body=body
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"upload part {part_number}", exc) from exc
+        return Uploaded(part_number, str(resp.get("ETag", "")))
+
+    def complete_multipart_upload(
+        self, bucket: str, key: str, upload_id: str, parts: list[Uploaded]
+    ) -> None:
+        """Complete the upload. The response's ETag is ignored (RGW returns it empty)."""
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={
+                    "Parts": [
+                        {"PartNumber": p.part_number, "ETag": p.etag}
+                        for p in sorted(parts, key=lambda p: p.part_number)
+                    ]
+                },
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"complete multipart upload s3://{bucket}/{key}", exc) from exc
+
+    def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        """Abort; an already-gone upload (``NoSuchUpload``, 404) counts as aborted."""
+        try:
+            self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        except botocore.exceptions.ClientError as exc:
+            text, code = _describe(exc)
+            if code in {"NoSuchUpload", "404"}:
+                return
+            raise S3Error(f"abort multipart upload s3://{bucket}/{key}: {text}", code) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise _wrap(f"abort multipart upload s3://{bucket}/{key}", exc) from exc
+
+    def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[tuple[str, str]]:
+        """``(key, upload_id)`` of every open upload under ``prefix`` (tests, cleanup checks)."""
+        out: list[tuple[str, str]] = []
+        try:
+            paginator = self.client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for upload in page.get("Uploads", []) or []:
+                    out.append((str(upload["Key"]), str(upload["UploadId"])))
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"list multipart uploads in s3://{bucket}/{prefix}", exc) from exc
+        return out
+
+    # --- objects ----------------------------------------------------------------------------
+    def head_size(self, bucket: str, key: str) -> int | None:
+        """The object's ``ContentLength``; ``None`` when it does not exist."""
+        try:
+            resp = self.client.head_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as exc:
+            text, code = _describe(exc)
+            if code in {"404", "NoSuchKey", "NotFound"}:
+                return None
+            raise S3Error(f"head s3://{bucket}/{key}: {text}", code) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise _wrap(f"head s3://{bucket}/{key}", exc) from exc
+        return int(resp["ContentLength"])
+
+    def delete_object(self, bucket: str, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=bucket, Key=key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"delete s3://{bucket}/{key}", exc) from exc
+
+    def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every object key under ``prefix`` (tests, cleanup checks)."""
+        keys: list[str] = []
+        try:
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                keys.extend(str(o["Key"]) for o in page.get("Contents", []) or [])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"list s3://{bucket}/{prefix}", exc) from exc
+        return keys

@@ -1,0 +1,672 @@
+"""Streamed catalog backup: ``pg_dump`` stdout → S3 multipart upload (spec reshard §4.10).
+
+Interface (wired into the ``backup_catalog`` step by the runner, spec §4.4 G)::
+
+    result = run_backup(op_id, source, destination, hooks, mandatory=..., restore_to=...)
+    # → BackupResult(uri, bytes, key, part_size, parts, restore_command, ...)
+    # raises BackupError(message) on every failure; the caller applies the direction gate.
+
+Guarantees:
+- the password reaches ``pg_dump`` only as ``PGPASSWORD`` in its environment, never in argv;
+- memory is bounded: three part buffers at most (two uploading, one filling), recycled;
+- every failure path kills and reaps ``pg_dump`` and aborts the multipart upload (or deletes
+  the completed object), so no partial object and no open upload is left behind;
+- the uploaded size is checked with ``HEAD`` against the bytes ``pg_dump`` produced (the ETag
+  of ``CompleteMultipartUpload`` is never used: Ceph RGW returns it empty);
+- no tagging, no metadata: ``s3:PutObject`` (+ multipart) is the only permission needed.
+
+Messages never include the password; the caller still passes them through its scrubber.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import math
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from duckgres_admin.lib.pgadmin import Endpoint, connect
+from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
+from reshard.pgclients import NoPgClient, PgClient, choose_client, server_major
+
+__all__ = [
+    "BackupDestination",
+    "BackupError",
+    "BackupHooks",
+    "BackupResult",
+    "BackupSource",
+    "RestoreTarget",
+    "SourceFacts",
+    "abort_stale_uploads",
+    "backup_key",
+    "part_size_for",
+    "pg_dump_argv",
+    "pg_dump_env",
+    "read_source_facts",
+    "restore_command",
+    "run_backup",
+]
+
+MIB = 1 << 20
+MIN_PART_SIZE = 16 * MIB
+MAX_PART_SIZE = 5 * 1024 * MIB  # the S3 per-part limit
+UNREADABLE_SIZE_PART = 64 * MIB
+KEY_PREFIX = "_reshard_catalog_backups/"
+CONCURRENCY = 2  # parts in flight; plus one filling → at most 3 buffers
+PROGRESS_INTERVAL_SECONDS = 2.0
+STDERR_TAIL_BYTES = 16 * 1024
+STOP_POLL_SECONDS = 0.2
+PIPE_SIZE = 1 * MIB  # best effort F_SETPIPE_SZ: fewer wakeups per part
+_F_SETPIPE_SZ = 1031
+READ_CHUNK = 1 * MIB
+ABORT_ATTEMPTS = 3
+
+EMPTY_ARCHIVE = "pg_dump produced an empty archive — refusing to record a useless backup"
+ANNOUNCE_SUFFIX_MANDATORY = " — HARD prerequisite for the destructive cnpg→external direction"
+
+
+class BackupError(RuntimeError):
+    """The backup failed; nothing was left in S3. The message names what failed."""
+
+
+class BackupHooks(Protocol):
+    """What the backup needs from the run context."""
+
+    def log(self, level: str, message: str) -> None:
+        """``level``: ``info`` | ``warn`` | ``error`` (op log + process log)."""
+
+    def progress(self, values: dict[str, int]) -> None:
+        """``{"bytes_dumped": n, "backup_parts": k}``; called at most every 2 s."""
+
+    def register_process(self, proc: subprocess.Popen[bytes]) -> None:
+        """The ``pg_dump`` child: fencing may ``kill()`` it at any time."""
+
+    def unregister_process(self, proc: subprocess.Popen[bytes]) -> None: ...
+
+    def stopped(self) -> bool:
+        """True once the runner must stop (SIGTERM, fenced): the backup aborts promptly."""
+
+
+@dataclass(frozen=True)
+class BackupSource:
+    """Where ``pg_dump`` connects. ``role``: ``--role=<tenant>`` (cnpg sources, §4.10 step 4)."""
+
+    host: str
+    port: int
+    database: str
+    user: str
+    sslmode: str
+    password: str = field(default="", repr=False)
+    role: str = ""
+
+    def redacted(self) -> str:
+        text = Endpoint(self.host, self.port, self.sslmode).redacted(self.database, self.user)
+        return f"{text} as role {self.role}" if self.role else text
+
+
+@dataclass(frozen=True)
+class BackupDestination:
+    """The warehouse's ``data_bucket`` / ``data_region`` / ``data_role_arn``."""
+
+    bucket: str
+    region: str = ""
+    role_arn: str = ""
+
+
+@dataclass(frozen=True)
+class RestoreTarget:
+    """What the logged restore command connects to (default: the source database)."""
+
+    host: str
+    port: int
+    user: str
+    database: str
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """Read from the source before the dump (the dry run computes the same)."""
+
+    server_major: int
+    db_size: int | None  # None: unreadable → 64 MiB parts
+
+
+@dataclass(frozen=True)
+class BackupResult:
+    uri: str
+    bytes: int
+    key: str
+    part_size: int
+    parts: int
+    restore_command: str
+    peak_buffered_bytes: int = 0
+    pg_dump_version: str = ""
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+def part_size_for(db_size: int | None, max_parts: int) -> int:
+    """``max(16 MiB, ceil_to_MiB(2 * db_size / max_parts))`` capped at 5 GiB; unknown: 64 MiB."""
+    if db_size is None:
+        return UNREADABLE_SIZE_PART
+    want = math.ceil(2 * max(db_size, 0) / max(max_parts, 1) / MIB) * MIB
+    return min(MAX_PART_SIZE, max(MIN_PART_SIZE, want))
+
+
+def backup_key(op_id: int, now: dt.datetime | None = None) -> str:
+    stamp = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{KEY_PREFIX}op-{op_id}-{stamp}.dump"
+
+
+def format_mib(size: int) -> str:
+    return str(size // MIB) if size % MIB == 0 else f"{size / MIB:.2f}"
+
+
+def pg_dump_argv(client: PgClient, source: BackupSource) -> list[str]:
+    """Exactly spec §4.10 step 4: no ``--file``, no password."""
+    argv = [
+        client.pg_dump,
+        "--format=custom",
+        "--no-owner",
+        "--schema=public",
+        f"--host={source.host}",
+        f"--port={source.port}",
+        f"--username={source.user}",
+        f"--dbname={source.database}",
+    ]
+    if source.role:
+        argv.append(f"--role={source.role}")
+    return argv
+
+
+def pg_dump_env(source: BackupSource) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PGPASSWORD"] = source.password
+    env["PGSSLMODE"] = source.sslmode
+    env["PGCONNECT_TIMEOUT"] = "10"
+    return env
+
+
+def restore_command(
+    uri: str, target: RestoreTarget, pg_restore: str, endpoint_url: str = ""
+) -> str:
+    """Spec §4.10 step 7, with the literal ``<PASSWORD>`` placeholder."""
+    endpoint = f" --endpoint-url {endpoint_url}" if endpoint_url else ""
+    return (
+        f"aws s3 cp {uri} ./catalog.dump{endpoint} && "
+        f"PGPASSWORD=<PASSWORD> {pg_restore} --no-owner --clean --if-exists --format=custom "
+        f"--host={target.host} --port={target.port} --username={target.user} "
+        f"--dbname={target.database} ./catalog.dump"
+    )
+
+
+def read_source_facts(source: BackupSource) -> SourceFacts:
+    """Server major (required) and database size (optional) over one short connection."""
+    try:
+        with connect(
+            Endpoint(source.host, source.port, source.sslmode),
+            dbname=source.database,
+            user=source.user,
+            password=source.password,
+            application_name="duckgres-reshard-backup",
+        ) as conn:
+            row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
+            major = server_major(int(str(row[0]))) if row else 0
+            size: int | None
+            try:
+                srow = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+                size = int(str(srow[0])) if srow and srow[0] is not None else None
+            except Exception:  # noqa: BLE001 - any failure: size unknown, 64 MiB parts
+                size = None
+    except Exception as exc:  # reported as the backup's failure
+        raise BackupError(
+            f"cannot read the server version of {source.redacted()}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return SourceFacts(major, size)
+
+
+# --- the upload loop ---------------------------------------------------------------------------
+class _PartReader:
+    """A seekable, sized, read-only file over a slice of a part buffer (no copy of the part).
+
+    botocore hashes and sends it by reading small chunks, and rewinds it on retries."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, size: int = -1) -> bytes:
+        total = len(self._view)
+        end = total if size is None or size < 0 else min(total, self._pos + size)
+        chunk = bytes(self._view[self._pos : end])
+        self._pos = end
+        return chunk
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class _Stderr:
+    """Drains a pipe in a thread (a full stderr pipe would block ``pg_dump``), keeping a tail."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+        self._tail: deque[bytes] = deque()
+        self._size = 0
+        self._thread = threading.Thread(target=self._run, name="pg_dump-stderr", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                chunk = self._pipe.read(4096)
+                if not chunk:
+                    return
+                self._tail.append(chunk)
+                self._size += len(chunk)
+                while self._size > STDERR_TAIL_BYTES and len(self._tail) > 1:
+                    self._size -= len(self._tail.popleft())
+        except (OSError, ValueError):
+            return
+
+    def text(self, timeout: float = 5.0) -> str:
+        self._thread.join(timeout)
+        raw = b"".join(self._tail)[-STDERR_TAIL_BYTES:]
+        return raw.decode("utf-8", "replace").strip()
+
+
+class _Backup:
+    def __init__(
+        self,
+        *,
+        s3: S3,
+        bucket: str,
+        key: str,
+        part_size: int,
+        max_parts: int,
+        hooks: BackupHooks,
+        source: BackupSource,
+    ) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.key = key
+        self.uri = f"s3://{bucket}/{key}"
+        self.part_size = part_size
+        self.max_parts = max_parts
+        self.hooks = hooks
+        self.source = source
+        self.upload_id = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stderr: _Stderr | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.futures: list[Future[Uploaded]] = []
+        self.free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self.allocated = 0
+        self.lock = threading.Lock()
+        self.in_flight_bytes = 0
+        self.peak_buffered = 0
+        self.total = 0
+        self.parts_started = 0
+        self.parts_done = 0
+        self.stop = threading.Event()  # our own: set on failure or when hooks.stopped()
+        self.finished = threading.Event()
+        self.last_progress = 0.0
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def _take_buffer(self) -> bytearray:
+        """A free part buffer; allocates up to CONCURRENCY + 1, else waits for an upload."""
+        try:
+            return self.free.get_nowait()
+        except queue.Empty:
+            pass
+        if self.allocated < CONCURRENCY + 1:
+            self.allocated += 1
+            return bytearray(self.part_size)
+        while True:
+            self._check()
+            try:
+                return self.free.get(timeout=STOP_POLL_SECONDS)
+            except queue.Empty:
+                continue
+
+    def _note_buffered(self, filling: int) -> None:
+        with self.lock:
+            self.peak_buffered = max(self.peak_buffered, self.in_flight_bytes + filling)
+
+    # -- checks -----------------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Raise on the first failed part upload, or when the runner must stop."""
+        if self.stop.is_set() or self.hooks.stopped():
+            raise BackupError(f"backup to {self.uri} interrupted: the runner is stopping")
+        for fut in self.futures:
+            if fut.done():
+                exc = fut.exception()
+                if exc is not None:
+                    raise BackupError(f"upload backup to {self.uri}: {exc}") from exc
+
+    def _progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last_progress >= PROGRESS_INTERVAL_SECONDS:
+            self.last_progress = now
+            self.hooks.progress({"bytes_dumped": self.total, "backup_parts": self.parts_done})
+
+    # -- part upload (worker threads) -------------------------------------------------------------
+    def _upload(self, number: int, buf: bytearray, length: int) -> Uploaded:
+        try:
+            if self.stop.is_set():
+                raise BackupError("cancelled")
+            with memoryview(buf) as view:
+                result = self.s3.upload_part(
+                    self.bucket, self.key, self.upload_id, number, _PartReader(view[:length])
+                )
+            with self.lock:
+                self.parts_done += 1
+            return result
+        finally:
+            with self.lock:
+                self.in_flight_bytes -= length
+            self.free.put(buf)
+
+    def _submit(self, buf: bytearray, length: int) -> None:
+        assert self.pool is not None
+        self.parts_started += 1
+        with self.lock:
+            self.in_flight_bytes += length
+            self.peak_buffered = max(self.peak_buffered, self.in_flight_bytes)
+        self.futures.append(self.pool.submit(self._upload, self.parts_started, buf, length))
+
+    # -- stop watcher -----------------------------------------------------------------------------
+    def _watch_stop(self) -> None:
+        """Kill ``pg_dump`` as soon as the runner must stop, even while a read is blocked."""
+        while not self.finished.wait(STOP_POLL_SECONDS):
+            if self.hooks.stopped():
+                self.stop.set()
+                self._kill()
+                return
+
+    def _kill(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+    # -- main -------------------------------------------------------------------------------------
+    def run(self, argv: list[str], env: dict[str, str]) -> list[Uploaded]:
+        self.upload_id = self.s3.create_multipart_upload(self.bucket, self.key)
+        self.pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="backup-part")
+        watcher = threading.Thread(target=self._watch_stop, name="backup-stop", daemon=True)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                bufsize=0,
+            )
+            self.hooks.register_process(self.proc)
+            self.stderr = _Stderr(self.proc.stderr)
+            watcher.start()
+            assert self.proc.stdout is not None
+            stdout = self.proc.stdout
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(stdout.fileno(), _F_SETPIPE_SZ, PIPE_SIZE)
+            self._pump(stdout)
+            self._check()  # a stop kills pg_dump: report the stop, not its exit status
+            rc = self._reap()
+            if rc != 0:
+                stderr = self.stderr.text() if self.stderr else ""
+                raise BackupError(
+                    f"pg_dump of {self.source.redacted()} failed with exit status {rc}"
+                    + (f": {stderr}" if stderr else "")
+                )
+            for fut in self.futures:
+                fut.result()  # wait; a failed part raises into the handler below
+            self._check()
+            if self.total == 0:
+                raise BackupError(EMPTY_ARCHIVE)
+            return [f.result() for f in self.futures]
+        except BaseException as exc:
+            self.stop.set()
+            self._cleanup_failed()
+            if isinstance(exc, BackupError):
+                raise
+            if isinstance(exc, S3Error):
+                raise BackupError(f"upload backup to {self.uri}: {exc}") from exc
+            if isinstance(exc, Exception):
+                raise BackupError(f"backup to {self.uri}: {type(exc).__name__}: {exc}") from exc
+            raise
+        finally:
+            self.finished.set()
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+            if self.proc is not None:
+                self.hooks.unregister_process(self.proc)
+
+    def _pump(self, stdout: Any) -> None:
+        buf: bytearray | None = None
+        view: memoryview | None = None
+        filled = 0
+        try:
+            while True:
+                self._check()
+                if buf is None:
+                    buf = self._take_buffer()
+                    view = memoryview(buf)
+                    filled = 0
+                assert view is not None
+                n = stdout.readinto(view[filled : min(self.part_size, filled + READ_CHUNK)])
+                if not n:
+                    break
+                if filled == 0 and self.parts_started >= self.max_parts:
+                    raise BackupError(
+                        f"backup exceeded {self.max_parts} parts of "
+                        f"{format_mib(self.part_size)} MiB"
+                    )
+                filled += n
+                with self.lock:
+                    self.total += n
+                self._note_buffered(filled)
+                if filled == self.part_size:
+                    view.release()
+                    view = None
+                    self._submit(buf, filled)
+                    buf = None
+                self._progress()
+            self._check()
+            if buf is not None and filled > 0:
+                if view is not None:
+                    view.release()
+                    view = None
+                self._submit(buf, filled)
+                buf = None
+        finally:
+            if view is not None:
+                view.release()
+            if buf is not None:
+                self.free.put(buf)
+
+    def _reap(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return self.proc.wait()
+
+    def _cleanup_failed(self) -> None:
+        """Kill and reap pg_dump, let in-flight parts finish, abort the upload."""
+        self._kill()
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.hooks.log("error", "pg_dump did not exit after SIGKILL within 30 s")
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.abort_upload()
+
+    def abort_upload(self) -> None:
+        if not self.upload_id:
+            return
+        last: Exception | None = None
+        for attempt in range(ABORT_ATTEMPTS):
+            try:
+                self.s3.abort_multipart_upload(self.bucket, self.key, self.upload_id)
+                return
+            except S3Error as exc:
+                last = exc
+                time.sleep(0.5 * (attempt + 1))
+        self.hooks.log(
+            "error",
+            f"could not abort multipart upload {self.upload_id} of {self.uri}: {last} — "
+            "abort it by hand (aws s3api abort-multipart-upload) or rely on the bucket's "
+            "AbortIncompleteMultipartUpload lifecycle rule",
+        )
+
+
+def _delete_quietly(s3: S3, bucket: str, key: str, hooks: BackupHooks) -> None:
+    try:
+        s3.delete_object(bucket, key)
+    except S3Error as exc:
+        hooks.log("error", f"could not delete s3://{bucket}/{key}: {exc} — delete it by hand")
+
+
+def abort_stale_uploads(s3: S3, bucket: str, op_id: int, hooks: BackupHooks) -> int:
+    """Abort open uploads left by an earlier runner of this op (killed mid-backup)."""
+    prefix = f"{KEY_PREFIX}op-{op_id}-"
+    aborted = 0
+    for key, upload_id in s3.list_multipart_uploads(bucket, prefix):
+        s3.abort_multipart_upload(bucket, key, upload_id)
+        hooks.log(
+            "info", f"aborted multipart upload left by an earlier attempt: s3://{bucket}/{key}"
+        )
+        aborted += 1
+    return aborted
+
+
+def run_backup(
+    op_id: int,
+    source: BackupSource,
+    destination: BackupDestination,
+    hooks: BackupHooks,
+    *,
+    mandatory: bool = False,
+    restore_to: RestoreTarget | None = None,
+    facts: SourceFacts | None = None,
+    max_parts: int | None = None,
+    part_size: int | None = None,
+    pg_bin_dirs: str | None = None,
+    s3: S3 | None = None,
+    now: dt.datetime | None = None,
+) -> BackupResult:
+    """Dump ``source`` into ``s3://<bucket>/_reshard_catalog_backups/op-<id>-<ts>.dump``.
+
+    ``mandatory`` only changes the announcement (the caller applies the direction gate);
+    ``restore_to`` is what the logged restore command targets (default: the source database
+    as the tenant role); ``facts`` skips the version/size read (the dry run has them);
+    ``max_parts`` defaults to ``DUCKGRES_RESHARD_MAX_PARTS``; ``part_size`` overrides the
+    computed size (tests and benchmarks only); ``s3`` an already-built client.
+    """
+    if not destination.bucket:
+        raise BackupError("no data bucket is configured for this warehouse (data_bucket is empty)")
+    limit = int(settings.DUCKGRES_RESHARD_MAX_PARTS if max_parts is None else max_parts)
+    # Credentials first (STS AssumeRole happens here), so they fail before pg_dump starts.
+    if s3 is None:
+        try:
+            s3 = S3(
+                region=destination.region,
+                role_arn=destination.role_arn,
+                session_name=session_name_for_op(op_id),
+            )
+        except S3Error as exc:
+            raise BackupError(f"S3 credentials for the backup: {exc}") from exc
+    try:
+        abort_stale_uploads(s3, destination.bucket, op_id, hooks)
+    except S3Error as exc:
+        raise BackupError(
+            f"list earlier backup uploads in s3://{destination.bucket}: {exc}"
+        ) from exc
+
+    facts = facts or read_source_facts(source)
+    try:
+        client = choose_client(facts.server_major, pg_bin_dirs)
+    except NoPgClient as exc:
+        raise BackupError(str(exc)) from exc
+    if part_size is None:
+        part_size = part_size_for(facts.db_size, limit)
+        if facts.db_size is None:
+            hooks.log(
+                "warn",
+                f"catalog size unreadable: using {format_mib(part_size)} MiB backup parts",
+            )
+    key = backup_key(op_id, now)
+    uri = f"s3://{destination.bucket}/{key}"
+    hooks.log(
+        "info",
+        f"backing up the catalog {source.redacted()} to {uri} with pg_dump {client.version} "
+        f"({format_mib(part_size)} MiB parts, at most {limit}); may take several minutes — "
+        "size unknown until complete" + (ANNOUNCE_SUFFIX_MANDATORY if mandatory else ""),
+    )
+
+    backup = _Backup(
+        s3=s3,
+        bucket=destination.bucket,
+        key=key,
+        part_size=part_size,
+        max_parts=limit,
+        hooks=hooks,
+        source=source,
+    )
+    parts = backup.run(pg_dump_argv(client, source), pg_dump_env(source))
+    produced = backup.total
+
+    try:
+        s3.complete_multipart_upload(destination.bucket, key, backup.upload_id, parts)
+    except S3Error as exc:
+        backup.abort_upload()
+        _delete_quietly(s3, destination.bucket, key, hooks)  # in case it completed after all
+        raise BackupError(f"upload backup to {uri}: {exc}") from exc
+    try:
+        stored = s3.head_size(destination.bucket, key)
+    except S3Error as exc:
+        _delete_quietly(s3, destination.bucket, key, hooks)
+        raise BackupError(f"verify uploaded backup {uri}: {exc}") from exc
+    if stored != produced:
+        _delete_quietly(s3, destination.bucket, key, hooks)
+        shown = "missing" if stored is None else str(stored)
+        raise BackupError(
+            f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
+        )
+    target = restore_to or RestoreTarget(
+        source.host, source.port, source.role or source.user, source.database
+    )
+    command = restore_command(uri, target, client.pg_restore, s3.endpoint_url or "")
+    return BackupResult(
+        uri=uri,
+        bytes=produced,
+        key=key,
+        part_size=part_size,
+        parts=len(parts),
+        restore_command=command,
+        peak_buffered_bytes=backup.peak_buffered,
+        pg_dump_version=client.version,
+    )

@@ -1,0 +1,469 @@
+"""The streamed catalog backup against a real PostgreSQL source and a moto S3 server over HTTP
+(spec reshard §4.10; safeguards 1, 11, 36, 37, 39)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from reshard import backup as backup_mod
+from reshard import pgclients
+from reshard.backup import (
+    EMPTY_ARCHIVE,
+    KEY_PREFIX,
+    BackupDestination,
+    BackupError,
+    RestoreTarget,
+    SourceFacts,
+    run_backup,
+)
+from tests.backup.conftest import (
+    MotoS3,
+    RecordingHooks,
+    add_blob_table,
+    catalog_source,
+    pid_gone,
+)
+
+PG15_BIN = "/usr/lib/postgresql/15/bin"
+KEY_RE = re.compile(r"^_reshard_catalog_backups/op-(\d+)-\d{8}T\d{6}Z\.dump$")
+
+
+def assert_nothing_left(moto: MotoS3, hooks: RecordingHooks) -> None:
+    assert moto.open_uploads() == []
+    assert moto.keys() == []
+    for proc in hooks.processes:
+        assert pid_gone(proc), f"pg_dump {proc.pid} still running or unreaped"
+        assert proc in hooks.unregistered
+
+
+def restore_into_scratch(cluster: Any, dump: bytes) -> dict[str, int]:
+    name = f"scratch_{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    with cluster.superuser_conn() as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".dump") as f:
+            f.write(dump)
+            f.flush()
+            out = subprocess.run(
+                [
+                    f"{PG15_BIN}/pg_restore",
+                    "--no-owner",
+                    "--clean",
+                    "--if-exists",
+                    "--format=custom",
+                    f"--host={cluster.host}",
+                    f"--port={cluster.port}",
+                    "--username=postgres",
+                    f"--dbname={name}",
+                    "--exit-on-error",
+                    f.name,
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PGSSLMODE": "require"},
+                check=False,
+            )
+            assert out.returncode == 0, out.stderr
+        counts: dict[str, int] = {}
+        with cluster.superuser_conn(name) as conn:
+            for (table,) in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+            ).fetchall():
+                row = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(str(table)))
+                ).fetchone()
+                assert row is not None
+                counts[str(table)] = int(str(row[0]))
+        return counts
+    finally:
+        with cluster.superuser_conn() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.mark.safeguard("reshard-11")
+@pytest.mark.safeguard("reshard-39")
+def test_success_restorable_untagged_no_password_in_argv(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = tenant_catalog(rows=50)
+    spawned: list[tuple[list[str], dict[str, str]]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        spawned.append((list(argv), dict(kwargs.get("env") or {})))
+        return real_popen(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    result = run_backup(
+        41, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks, mandatory=True
+    )
+
+    # The object: right key, size = bytes produced, a custom-format archive.
+    match = KEY_RE.match(result.key)
+    assert match, result.key
+    assert match[1] == "41"
+    assert result.uri == f"s3://{moto_s3.bucket}/{result.key}"
+    assert moto_s3.keys() == [result.key]
+    body = moto_s3.get(result.key)
+    assert len(body) == result.bytes > 0
+    assert body.startswith(b"PGDMP")
+    assert result.part_size == 16 * 1024 * 1024
+    assert result.parts == 1
+    assert moto_s3.open_uploads() == []
+
+    # Restorable with stock pg_restore into a scratch database: identical row counts.
+    assert restore_into_scratch(catalog.cluster, body) == catalog.row_counts()
+
+    # pg_dump argv exactly per spec, no password anywhere in it; the password only in env.
+    # (What the product passed to exec, and what /proc shows when the child was still alive.)
+    dumps = [(a, e) for a, e in spawned if a[0].endswith("/pg_dump") and "--version" not in a]
+    assert len(dumps) == 1
+    assert len(hooks.processes) == 1
+    argv, env = dumps[0]
+    if hooks.cmdlines[0]:
+        assert hooks.cmdlines[0] == argv
+        assert hooks.environs[0]["PGPASSWORD"] == catalog.password
+    assert argv[1:] == [
+        "--format=custom",
+        "--no-owner",
+        "--schema=public",
+        f"--host={catalog.cluster.host}",
+        f"--port={catalog.cluster.port}",
+        f"--username={catalog.role}",
+        f"--dbname={catalog.database}",
+    ]
+    assert os.path.basename(argv[0]) == "pg_dump"
+    assert not any(catalog.password in a for a in argv)
+    assert env["PGPASSWORD"] == catalog.password
+    assert env["PGSSLMODE"] == "require"
+    assert env["PGCONNECT_TIMEOUT"] == "10"
+    assert catalog.password not in hooks.messages()
+    assert catalog.password not in result.restore_command
+
+    # No tagging on any request the product sent (safeguard 11), content type set on create.
+    assert moto_s3.requests
+    for req in moto_s3.requests:
+        lowered = {k.lower(): v for k, v in req["headers"].items()}
+        assert "x-amz-tagging" not in lowered, req
+        assert "tagging" not in req["url"].split("?", 1)[-1].lower(), req
+    creates = [r for r in moto_s3.requests if r["method"] == "POST" and "uploads" in r["url"]]
+    assert len(creates) == 1
+    head = moto_s3.s3.client.head_object(Bucket=moto_s3.bucket, Key=result.key)
+    assert head["ContentType"] == "application/octet-stream"
+
+    # The announcement, the restore command (literal placeholder, same-major pg_restore).
+    text = hooks.messages()
+    assert "may take several minutes — size unknown until complete" in text
+    assert "HARD prerequisite for the destructive cnpg→external direction" in text
+    assert result.restore_command == (
+        f"aws s3 cp {result.uri} ./catalog.dump --endpoint-url {moto_s3.endpoint_url} && "
+        f"PGPASSWORD=<PASSWORD> {os.path.dirname(argv[0])}/pg_restore --no-owner --clean "
+        f"--if-exists --format=custom --host={catalog.cluster.host} "
+        f"--port={catalog.cluster.port} --username={catalog.role} "
+        f"--dbname={catalog.database} ./catalog.dump"
+    )
+    assert all(proc.returncode == 0 for proc in hooks.processes)
+    assert hooks.unregistered == hooks.processes
+
+
+@pytest.mark.safeguard("reshard-37")
+def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
+    target = RestoreTarget("db.example.com", 6543, "tenant_a", "catalog_a")
+    cmd = backup_mod.restore_command(
+        "s3://b/k.dump", target, "/usr/lib/postgresql/15/bin/pg_restore"
+    )
+    assert "--host=db.example.com --port=6543 --username=tenant_a --dbname=catalog_a" in cmd
+    assert "--endpoint-url" not in cmd
+    assert "PGPASSWORD=<PASSWORD> " in cmd
+
+
+def test_cnpg_source_adds_role(tenant_catalog: Any) -> None:
+    catalog = tenant_catalog()
+    source = backup_mod.BackupSource(
+        host="h", port=5433, database=catalog.database, user="provisioner", sslmode="require",
+        password="pw-secret", role=catalog.role,
+    )  # fmt: skip
+    client = pgclients.choose_client(15, PG15_BIN)
+    argv = backup_mod.pg_dump_argv(client, source)
+    assert argv[-1] == f"--role={catalog.role}"
+    assert "pw-secret" not in " ".join(argv)
+
+
+@pytest.mark.safeguard("reshard-1")
+@pytest.mark.safeguard("reshard-36")
+def test_multi_part_memory_bound_and_progress(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = tenant_catalog()
+    add_blob_table(catalog, 24)
+    monkeypatch.setattr(backup_mod, "PROGRESS_INTERVAL_SECONDS", 0.0)
+    part = 5 * 1024 * 1024  # S3's smallest non-last part
+    result = run_backup(
+        42, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks, part_size=part
+    )
+    assert result.parts >= 5
+    assert result.bytes == len(moto_s3.get(result.key))
+    assert 0 < result.peak_buffered_bytes <= 3 * part
+    assert moto_s3.open_uploads() == []
+    assert hooks.progress_calls
+    last = hooks.progress_calls[-1][1]
+    assert set(last) == {"bytes_dumped", "backup_parts"}
+    assert last["bytes_dumped"] <= result.bytes
+
+
+def test_progress_at_most_every_two_seconds(
+    moto_s3: MotoS3, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[float] = []
+
+    class Hooks(RecordingHooks):
+        def progress(self, values: dict[str, int]) -> None:
+            calls.append(time.monotonic())
+
+    catalog = tenant_catalog()
+    add_blob_table(catalog, 12)
+    run_backup(
+        43, catalog_source(catalog), BackupDestination(moto_s3.bucket), Hooks(),
+        part_size=5 * 1024 * 1024,
+    )  # fmt: skip
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(calls))
+
+
+@pytest.mark.safeguard("reshard-36")
+def test_max_parts_aborts_before_part_m_plus_1(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any
+) -> None:
+    catalog = tenant_catalog()
+    add_blob_table(catalog, 2)
+    with pytest.raises(BackupError, match=r"^backup exceeded 5 parts of 0\.06 MiB$"):
+        run_backup(
+            44, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks,
+            max_parts=5, part_size=64 * 1024,
+        )  # fmt: skip
+    uploads = [r for r in moto_s3.requests if r["method"] == "PUT" and "partNumber" in r["url"]]
+    numbers = {int(re.search(r"partNumber=(\d+)", r["url"])[1]) for r in uploads}  # type: ignore[index]
+    assert numbers == {1, 2, 3, 4, 5}
+    assert_nothing_left(moto_s3, hooks)
+
+
+@pytest.mark.safeguard("reshard-36")
+def test_max_parts_from_settings(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, settings: Any
+) -> None:
+    settings.DUCKGRES_RESHARD_MAX_PARTS = 5
+    catalog = tenant_catalog()
+    add_blob_table(catalog, 2)
+    with pytest.raises(BackupError, match="backup exceeded 5 parts"):
+        run_backup(
+            45, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks,
+            part_size=64 * 1024,
+        )  # fmt: skip
+    assert_nothing_left(moto_s3, hooks)
+
+
+@pytest.mark.safeguard("reshard-36")
+def test_dropped_bytes_are_caught_by_the_size_check(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lossy hop between the runner and S3: every part body loses its last 100 bytes."""
+
+    def truncate(request: Any, **_: Any) -> None:
+        if request.method == "PUT" and "partNumber=" in request.url:
+            body = request.body
+            data = body.read() if hasattr(body, "read") else bytes(body)
+            request.body = data[:-100]
+            request.headers["Content-Length"] = str(len(data) - 100)
+
+    from duckgres_admin.lib.s3 import S3
+
+    original_init = S3.__init__
+
+    def init(self: S3, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.client.meta.events.register_last("before-send.s3.UploadPart", truncate)
+
+    monkeypatch.setattr(S3, "__init__", init)
+    catalog = tenant_catalog(rows=20)
+    with pytest.raises(BackupError) as err:
+        run_backup(46, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert re.fullmatch(
+        r"uploaded backup size (\d+) does not match the (\d+) bytes pg_dump produced",
+        str(err.value),
+    )
+    stored, produced = map(int, re.findall(r"\d+", str(err.value)))
+    assert stored == produced - 100
+    deletes = [r for r in moto_s3.requests if r["method"] == "DELETE"]
+    assert deletes, "the mismatching object must be deleted"
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_pg_dump_nonzero_exit_leaves_nothing(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any
+) -> None:
+    catalog = tenant_catalog()
+    source = catalog_source(catalog, database="no_such_database_here")
+    with pytest.raises(BackupError) as err:
+        run_backup(
+            47, source, BackupDestination(moto_s3.bucket), hooks,
+            facts=SourceFacts(server_major=15, db_size=None),
+        )  # fmt: skip
+    text = str(err.value)
+    assert "failed with exit status 1" in text
+    assert source.redacted() in text
+    assert 'database "no_such_database_here" does not exist' in text
+    assert catalog.password not in text
+    assert any("size unreadable" in m for _, m in hooks.logs)
+    assert_nothing_left(moto_s3, hooks)
+
+
+def _fake_bin(tmp_path: Path, script: str, version: str = "15.99") -> str:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    for name in ("pg_dump", "pg_restore"):
+        path = bin_dir / name
+        path.write_text(
+            "#!/bin/sh\n"
+            f'if [ "$1" = "--version" ]; then echo "{name} (PostgreSQL) {version}"; exit 0; fi\n'
+            + script
+        )
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(bin_dir)
+
+
+def test_empty_archive_leaves_nothing(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, tmp_path: Path, settings: Any
+) -> None:
+    settings.DUCKGRES_PG_BIN_DIRS = _fake_bin(tmp_path, "exit 0\n")
+    catalog = tenant_catalog()
+    with pytest.raises(BackupError) as err:
+        run_backup(48, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert str(err.value) == EMPTY_ARCHIVE
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_nonzero_exit_after_several_parts_leaves_nothing(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, tmp_path: Path
+) -> None:
+    """Parts already uploaded when pg_dump fails: the upload is aborted, not completed."""
+    bins = _fake_bin(
+        tmp_path,
+        "head -c 12000000 /dev/urandom\necho 'pg_dump: error: connection lost' >&2\nexit 3\n",
+    )
+    catalog = tenant_catalog()
+    with pytest.raises(BackupError, match=r"exit status 3: pg_dump: error: connection lost"):
+        run_backup(
+            49, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks,
+            part_size=5 * 1024 * 1024, pg_bin_dirs=bins,
+        )  # fmt: skip
+    assert any(r["method"] == "PUT" for r in moto_s3.requests)
+    assert any(r["method"] == "DELETE" for r in moto_s3.requests)  # the abort
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_upload_error_aborts_and_kills_pg_dump(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """S3 rejects part 2 while pg_dump still has output: abort, kill, reap, clear error."""
+    bins = _fake_bin(tmp_path, "exec cat /dev/urandom\n")  # never ends on its own
+
+    from duckgres_admin.lib.s3 import S3, S3Error
+
+    original = S3.upload_part
+
+    def failing(self: S3, bucket: str, key: str, upload_id: str, number: int, body: Any) -> Any:
+        if number == 2:
+            raise S3Error("upload part 2: AccessDenied (HTTP 403): Access Denied", "AccessDenied")
+        return original(self, bucket, key, upload_id, number, body)
+
+    monkeypatch.setattr(S3, "upload_part", failing)
+    catalog = tenant_catalog()
+    started = time.monotonic()
+    with pytest.raises(BackupError) as err:
+        run_backup(
+            50, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks,
+            part_size=5 * 1024 * 1024, pg_bin_dirs=bins,
+        )  # fmt: skip
+    assert str(err.value).startswith(f"upload backup to s3://{moto_s3.bucket}/{KEY_PREFIX}op-50-")
+    assert "AccessDenied" in str(err.value)
+    assert time.monotonic() - started < 30
+    assert hooks.processes[0].returncode == -9
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_stop_kills_a_stalled_pg_dump_promptly(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, tmp_path: Path
+) -> None:
+    """Fencing/SIGTERM while pg_dump produces nothing (e.g. waiting on a lock)."""
+    bins = _fake_bin(tmp_path, "printf PGDMP\nexec sleep 600\n")
+    catalog = tenant_catalog()
+    import threading
+
+    threading.Timer(1.0, hooks.stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(BackupError, match="interrupted: the runner is stopping"):
+        run_backup(
+            51, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks,
+            pg_bin_dirs=bins,
+        )  # fmt: skip
+    assert time.monotonic() - started < 10
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_no_bucket_is_an_error(hooks: RecordingHooks) -> None:
+    with pytest.raises(BackupError, match="no data bucket"):
+        run_backup(
+            52,
+            backup_mod.BackupSource("h", 5432, "d", "u", "require", "pw"),
+            BackupDestination(""),
+            hooks,
+        )
+    assert hooks.processes == []
+
+
+def test_leftover_upload_of_an_earlier_attempt_is_aborted(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any
+) -> None:
+    """A runner killed mid-backup leaves an open upload; the takeover's backup aborts it."""
+    stale_key = f"{KEY_PREFIX}op-53-20260101T000000Z.dump"
+    moto_s3.s3.create_multipart_upload(moto_s3.bucket, stale_key)
+    other = moto_s3.s3.create_multipart_upload(moto_s3.bucket, f"{KEY_PREFIX}op-530-x.dump")
+    catalog = tenant_catalog()
+    result = run_backup(53, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert moto_s3.open_uploads() == [(f"{KEY_PREFIX}op-530-x.dump", other)]
+    assert moto_s3.keys() == [result.key]
+    assert any("earlier attempt" in m for _, m in hooks.logs)
+
+
+def test_connection_refused_source_fails_before_pg_dump(
+    moto_s3: MotoS3, hooks: RecordingHooks
+) -> None:
+    source = backup_mod.BackupSource("127.0.0.1", 1, "d", "u", "require", "secret-pw-123")
+    with pytest.raises(BackupError, match="cannot read the server version") as err:
+        run_backup(54, source, BackupDestination(moto_s3.bucket), hooks)
+    assert "secret-pw-123" not in str(err.value)
+    assert hooks.processes == []
+    assert moto_s3.open_uploads() == []
+
+
+def test_psycopg_is_what_reads_facts(tenant_catalog: Any) -> None:
+    catalog = tenant_catalog()
+    facts = backup_mod.read_source_facts(catalog_source(catalog))
+    assert facts.server_major == 15
+    assert facts.db_size is not None
+    assert facts.db_size > 1_000_000
+    assert isinstance(psycopg.__version__, str)
