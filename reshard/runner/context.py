@@ -24,6 +24,9 @@ from typing import Any, Protocol
 
 from reshard.scrub import Scrubber
 
+# A cancel request opens its own connection; on a partitioned network it must not hang.
+CANCEL_TIMEOUT_SECONDS = 5.0
+
 
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
@@ -117,16 +120,21 @@ class RunContext:
         with self._lock:
             connections = list(self._connections)
             processes = list(self._processes)
-        for conn in connections:
-            try:
-                conn.cancel()
-            except Exception:  # noqa: BLE001,S112 - best effort: a closed connection has nothing to cancel
-                continue
+        # Children first: killing is local and instant; a cancel request needs the network.
         for proc in processes:
             try:
                 if proc.poll() is None:
                     proc.kill()
             except Exception:  # noqa: BLE001,S112 - best effort: already reaped
+                continue
+        for conn in connections:
+            try:
+                cancel_safe = getattr(conn, "cancel_safe", None)
+                if cancel_safe is not None:
+                    cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
+                else:
+                    conn.cancel()
+            except Exception:  # noqa: BLE001,S112 - best effort: a closed connection has nothing to cancel
                 continue
 
     # --- secrets ---------------------------------------------------------------------------------

@@ -8,16 +8,16 @@ heartbeat write:
 - any other error (store outage, broken connection) is a warning: ownership is kept and the
   next tick retries; the broken connection is dropped so the next tick reconnects.
 
-Between beats (at most every ``DUCKGRES_RESHARD_POLL_SECONDS``) it checks the age of the last
-successful fenced write; past ``stale - 60`` seconds it self-fences exactly as for ``Fenced``.
-Every tick also retries buffered op-log lines.
+A second daemon thread checks, at most every ``DUCKGRES_RESHARD_POLL_SECONDS``, the age of the
+last successful fenced write; past ``stale - 60`` seconds it self-fences exactly as for
+``Fenced``. It never touches the store, so a beat hanging on a partitioned network cannot delay
+it. Every beat also retries buffered op-log lines.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 
 from django.conf import settings
@@ -55,36 +55,45 @@ class Heartbeat:
         poll = float(poll_seconds or settings.DUCKGRES_RESHARD_POLL_SECONDS)
         self.slice = max(0.05, min(poll, self.interval))
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="reshard-heartbeat", daemon=True)
+        # Two threads, so a beat blocked on an unreachable store (no RST, no timeout) can
+        # never delay the self-fence check.
+        self._beater = threading.Thread(
+            target=self._beat_loop, name="reshard-heartbeat", daemon=True
+        )
+        self._watcher = threading.Thread(
+            target=self._watch_loop, name="reshard-self-fence", daemon=True
+        )
 
     @property
     def self_fence_after(self) -> float:
         return self.stale - 60
 
     def start(self) -> None:
-        self._thread.start()
+        self._beater.start()
+        self._watcher.start()
 
     def stop(self, timeout: float = 15.0) -> None:
+        """Stop both threads; joins the beater so no beat is in flight afterwards."""
         self._done.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for thread in (self._watcher, self._beater):
+            if thread.is_alive():
+                thread.join(timeout)
 
-    def _main(self) -> None:
+    def _beat_loop(self) -> None:
         try:
-            next_beat = time.monotonic() + self.interval
-            while not self._done.is_set() and not self.ctx.fenced:
-                if time.monotonic() >= next_beat:
-                    self.tick()
-                    next_beat = time.monotonic() + self.interval
-                    with contextlib.suppress(Exception):
-                        self.oplog.flush()
+            while not self._done.wait(self.interval) and not self.ctx.fenced:
+                self.tick()
                 if self.ctx.fenced:
                     break
-                self.check_self_fence()
-                self._done.wait(min(self.slice, max(0.0, next_beat - time.monotonic())))
+                with contextlib.suppress(Exception):
+                    self.oplog.flush()
         finally:
             with contextlib.suppress(DatabaseError, InterfaceError):
                 connection.close()
+
+    def _watch_loop(self) -> None:
+        while not self._done.wait(self.slice) and not self.ctx.fenced:
+            self.check_self_fence()
 
     def tick(self) -> None:
         """One heartbeat: ``Fenced`` fences, any other error is a warning (retry next tick)."""

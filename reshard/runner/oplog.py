@@ -41,7 +41,15 @@ def config_store_connect(application_name: str) -> psycopg.Connection[tuple[Any,
         application_name=application_name,
         connect_timeout=10,
         autocommit=True,
-        **options,
+        # Detect a dead peer instead of hanging on a partitioned network (libpq settings).
+        **{
+            "keepalives": 1,
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 10_000,
+            **options,
+        },
     )
 
 

@@ -1,5 +1,5 @@
 """Fixtures of the reshard tests. Runner fixtures live in ``runner_fixtures.py``."""
 
-from tests.reshard.runner_fixtures import cnpg_world, runner_state_dir
+from tests.reshard.runner_fixtures import claimed_env, cnpg_world, runner_state_dir
 
-__all__ = ["cnpg_world", "runner_state_dir"]
+__all__ = ["claimed_env", "cnpg_world", "runner_state_dir"]

@@ -8,16 +8,20 @@ using them needs ``transactional_db``. The metadata stores are the CI clusters 5
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from duckgres_admin.models import (
     MetadataStore,
@@ -26,6 +30,11 @@ from duckgres_admin.models import (
     ReshardStepTiming,
     Warehouse,
 )
+from reshard.runner.context import RunContext
+from reshard.runner.fencing import Fencer, claim
+from reshard.runner.oplog import OpLogWriter
+from reshard.runner.steps.base import StepEnv
+from reshard.scrub import process_scrubber
 from tests.fixtures.processes import ROOT, process_env
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory
@@ -158,3 +167,95 @@ def runner_state_dir(tmp_path: Path) -> Path:
 
 def env_without(*names: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in names}
+
+
+class TcpProxy:
+    """A loopback TCP forwarder to the config store whose connections a test can cut."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    continue
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            # shutdown() before close(): on Linux a close() while another thread is blocked in
+            # recv() on the same socket sends no FIN, and the server session would linger.
+            for end in (src, dst):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+            for end in (src, dst):
+                with contextlib.suppress(OSError):
+                    end.close()
+
+    def cut(self) -> None:
+        """Close every forwarded connection and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            sockets = list(self._open)
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for end in sockets:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        for end in sockets:
+            end.close()
+
+    def dsn(self, base_dsn: str) -> str:
+        params = conninfo_to_dict(base_dsn)
+        params.update(host="127.0.0.1", port=str(self.port))
+        return make_conninfo("", **params)
+
+
+@pytest.fixture
+def claimed_env(transactional_db: None) -> Iterator[Callable[..., StepEnv]]:
+    """Factory: claim ``op`` in this process and return the runner's ``StepEnv`` for it (for
+    in-process tests of steps, fencing and the heartbeat). Op-log writers are closed after."""
+    writers: list[OpLogWriter] = []
+
+    def factory(op: ReshardOperation, runner_id: str = "runner-under-test") -> StepEnv:
+        ctx = RunContext(op_id=op.id, runner_id=runner_id, scrubber=process_scrubber())
+        epoch = claim(op.id, runner_id)
+        assert epoch is not None
+        ctx.epoch = epoch
+        ctx.note_write()
+        log = OpLogWriter(op.id, ctx.scrubber)
+        log.bind(epoch=epoch)
+        writers.append(log)
+        return StepEnv(ctx=ctx, op=reload(op), fence=Fencer(ctx), log=log)
+
+    yield factory
+    for writer in writers:
+        writer.close()

@@ -13,18 +13,13 @@ import time
 
 import psycopg
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 
-from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard.runner.context import RunContext
+from duckgres_admin.models import Warehouse
 from reshard.runner.errors import Fenced
-from reshard.runner.fencing import Fencer, claim
 from reshard.runner.heartbeat import Heartbeat
-from reshard.runner.oplog import OpLogWriter
 from reshard.runner.rollback import unblock
-from reshard.runner.steps.base import StepEnv
 from reshard.runner.steps.blocking import block_warehouse
-from reshard.scrub import process_scrubber
 from tests.fixtures.processes import child_config_store_dsn
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
@@ -38,17 +33,6 @@ from tests.reshard.runner_fixtures import (
 FENCED_LINE = "operation fenced: another runner took over; this runner abandons it"
 
 
-def claimed_env(op: ReshardOperation, runner_id: str = "runner-under-test") -> StepEnv:
-    ctx = RunContext(op_id=op.id, runner_id=runner_id, scrubber=process_scrubber())
-    epoch = claim(op.id, runner_id)
-    assert epoch is not None
-    ctx.epoch = epoch
-    ctx.note_write()
-    log = OpLogWriter(op.id, ctx.scrubber)
-    log.bind(epoch=epoch)
-    return StepEnv(ctx=ctx, op=reload(op), fence=Fencer(ctx), log=log)
-
-
 def takeover_bump(op_id: int) -> None:
     """What a takeover's claim does to the old runner: the epoch moves on (second connection)."""
     with psycopg.connect(child_config_store_dsn(), autocommit=True) as conn:
@@ -59,7 +43,7 @@ def takeover_bump(op_id: int) -> None:
 
 
 @pytest.mark.safeguard("reshard-47")
-def test_epoch_bump_before_the_block_transaction_blocks_nothing(cnpg_world: CnpgWorld):
+def test_epoch_bump_before_the_block_transaction_blocks_nothing(cnpg_world: CnpgWorld, claimed_env):
     env = claimed_env(cnpg_world.op)
     takeover_bump(env.op.id)
     with pytest.raises(Fenced):
@@ -71,7 +55,7 @@ def test_epoch_bump_before_the_block_transaction_blocks_nothing(cnpg_world: Cnpg
 
 
 @pytest.mark.safeguard("reshard-47")
-def test_a_stale_unblock_writes_nothing(cnpg_world: CnpgWorld):
+def test_a_stale_unblock_writes_nothing(cnpg_world: CnpgWorld, claimed_env):
     env = claimed_env(cnpg_world.op)
     block_warehouse(env)
     assert warehouse_of(env.op).state == "resharding"
@@ -83,7 +67,7 @@ def test_a_stale_unblock_writes_nothing(cnpg_world: CnpgWorld):
 
 
 def test_block_is_idempotent_for_a_restart_and_refuses_a_non_ready_warehouse(
-    cnpg_world: CnpgWorld,
+    cnpg_world: CnpgWorld, claimed_env
 ):
     env = claimed_env(cnpg_world.op)
     block_warehouse(env)
@@ -124,7 +108,7 @@ def test_epoch_bump_mid_run_fences_the_old_runner_without_terminal_write(
 
 
 @pytest.mark.safeguard("reshard-17")
-def test_heartbeat_fenced_interrupts_connections_and_children(cnpg_world: CnpgWorld):
+def test_heartbeat_fenced_interrupts_connections_and_children(cnpg_world: CnpgWorld, claimed_env):
     env = claimed_env(cnpg_world.op)
     busy = psycopg.connect(child_config_store_dsn(), autocommit=True)
     child = subprocess.Popen(["sleep", "60"])
@@ -163,7 +147,7 @@ def test_heartbeat_fenced_interrupts_connections_and_children(cnpg_world: CnpgWo
 
 
 @pytest.mark.safeguard("reshard-17")
-def test_a_one_off_heartbeat_store_error_does_not_fence(cnpg_world: CnpgWorld):
+def test_a_one_off_heartbeat_store_error_does_not_fence(cnpg_world: CnpgWorld, claimed_env):
     env = claimed_env(cnpg_world.op)
     calls = {"n": 0}
 
@@ -192,7 +176,9 @@ def test_a_one_off_heartbeat_store_error_does_not_fence(cnpg_world: CnpgWorld):
 
 
 @pytest.mark.safeguard("reshard-48")
-def test_self_fence_when_no_fenced_write_succeeds_for_stale_minus_60(cnpg_world: CnpgWorld):
+def test_self_fence_when_no_fenced_write_succeeds_for_stale_minus_60(
+    cnpg_world: CnpgWorld, claimed_env
+):
     """STALE=62 → self-fence after 2 s without a successful fenced write."""
     env = claimed_env(cnpg_world.op)
     busy = psycopg.connect(child_config_store_dsn(), autocommit=True)
@@ -237,9 +223,63 @@ def test_self_fence_when_no_fenced_write_succeeds_for_stale_minus_60(cnpg_world:
 
 
 @pytest.mark.safeguard("reshard-48")
-def test_pre_statement_heartbeat_refuses_past_the_self_fence_age(cnpg_world: CnpgWorld):
+def test_pre_statement_heartbeat_refuses_past_the_self_fence_age(
+    cnpg_world: CnpgWorld, claimed_env
+):
     env = claimed_env(cnpg_world.op)
     env.fence.pre_statement_heartbeat()  # fresh: heartbeats
     env.ctx._last_write = time.monotonic() - 5  # older than stale (62) - 60
     with pytest.raises(Fenced):
         env.fence.pre_statement_heartbeat()
+
+
+@pytest.mark.safeguard("reshard-48")
+def test_a_beat_hanging_on_the_network_cannot_delay_the_self_fence(
+    cnpg_world: CnpgWorld, claimed_env
+):
+    env = claimed_env(cnpg_world.op)
+    release = threading.Event()
+
+    def hang() -> None:  # a store that neither answers nor resets the connection
+        release.wait(30)
+
+    heartbeat = Heartbeat(env.ctx, env.log, hang, interval=0.3, stale_seconds=62, poll_seconds=0.2)
+    heartbeat.start()
+    try:
+        wait_until(lambda: env.ctx.fenced, timeout=6, what="the self-fence")
+    finally:
+        release.set()
+        heartbeat.stop()
+    assert env.ctx.stop.is_set()
+    assert any(line.startswith("runner self-fenced") for line in op_log(env.op.id))
+
+
+@pytest.mark.safeguard("reshard-48")
+def test_a_runner_cut_off_from_the_config_store_self_fences_and_writes_nothing(
+    cnpg_world: CnpgWorld, runner_state_dir
+):
+    from tests.reshard.runner_fixtures import TcpProxy
+
+    op = cnpg_world.op
+    proxy = TcpProxy("127.0.0.1", int(connection.settings_dict["PORT"] or 5432))
+    runner = start_runner(
+        op.id,
+        runner_state_dir,
+        DUCKGRES_CONFIG_POLL_INTERVAL="20",
+        DUCKGRES_CONFIG_STORE=proxy.dsn(child_config_store_dsn()),
+    )
+    wait_until(lambda: reload(op).blocked_at is not None, what="the block to commit")
+    proxy.cut()
+    cut_at = time.monotonic()
+    code = runner.wait(30)
+    assert code == 1, runner.output()
+    assert time.monotonic() - cut_at < 15
+    out = runner.output()
+    assert "runner self-fenced: no successful heartbeat for" in out
+    assert "(stale window 62 s); abandoning the operation to a takeover" in out
+    assert runner.exit_file().read_text().strip() == "1"
+    after = reload(op)
+    assert after.state == "running"
+    assert after.error == ""
+    assert after.unblocked_at is None
+    assert warehouse_of(op).state == "resharding"  # left for the takeover to roll back

@@ -18,7 +18,6 @@ from reshard.runner.steps.blocking import block_warehouse
 from reshard.scrub import Scrubber
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, run_runner, warehouse_of
-from tests.reshard.test_runner_fencing import claimed_env
 
 
 def test_op_log_buffers_failed_appends_bounded_and_flushes_later(transactional_db, monkeypatch):
@@ -50,7 +49,7 @@ def test_op_log_buffers_failed_appends_bounded_and_flushes_later(transactional_d
 
 @pytest.mark.safeguard("reshard-42")
 def test_trino_enabled_after_submit_fails_the_block_and_leaves_the_warehouse_ready(
-    cnpg_world: CnpgWorld,
+    cnpg_world: CnpgWorld, claimed_env
 ):
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('duckgres_managed_warehouse_trino') IS NULL")
