@@ -53,7 +53,18 @@ class ConnectionLeaseAdmin(admin.ModelAdmin[ConnectionLease]):
 
 @admin.register(Lease)
 class LeaseAdmin(admin.ModelAdmin[Lease]):
+    """Read-only: leases are written only by the lease protocol (SQL on the database clock)."""
+
     list_display = ("name", "holder", "epoch", "renewed_at", "expires_at")
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False
 
 
 for _model in (ReshardLogEntry, ReshardStepTiming, Operator, AuditRecord):

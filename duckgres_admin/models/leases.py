@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+import duckgres_admin.pgtypes  # noqa: F401 - lease rows hold -infinity; see that module
+
 
 class LeasePurpose(models.TextChoices):
     QUERY = "query"
