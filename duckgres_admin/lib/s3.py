@@ -134,7 +134,15 @@ class S3:
         core = botocore.session.get_session()
         if role_arn:
             # STS at its own (regional AWS, or AWS_ENDPOINT_URL_STS) endpoint, ambient creds.
-            sts = boto3.Session(botocore_session=core).client("sts", region_name=self.region)
+            sts = boto3.Session(botocore_session=core).client(
+                "sts",
+                region_name=self.region,
+                config=botocore.config.Config(
+                    retries={"max_attempts": 3, "mode": "standard"},
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                    read_timeout=30,
+                ),
+            )
             refresh = _assume_role_refresher(sts, role_arn, session_name)
             # Assume now: credential problems fail before the caller starts any work.
             creds = botocore.credentials.RefreshableCredentials.create_from_metadata(
