@@ -22,7 +22,7 @@ DRIFT = "metadata-store identity drift"
 def run(env: StepEnv) -> None:
     op = env.op
     try:
-        binding = Warehouse.objects.select_related(None).get(org_id=op.org_id)
+        binding = Warehouse.objects.get(org_id=op.org_id)
     except Warehouse.DoesNotExist:
         raise StepError(f"org {op.org_id} has no managed warehouse row") from None
     kind = binding.metadata_store_kind
