@@ -104,7 +104,7 @@ def pg18_catalog(pg18: Pg18) -> Iterator[BackupSource]:
         conn.execute(f"SET ROLE {name}")
         for ddl in DUCKLAKE_DDL:
             conn.execute(ddl)
-        _populate(conn, 25)  # type: ignore[arg-type]
+        _populate(conn, 25)
     yield BackupSource("127.0.0.1", pg18.port, name, name, "prefer", "pg18-tenant-pw-5a7c")
     with pg18.conn() as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
