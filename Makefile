@@ -16,6 +16,7 @@ WITH_TEST_ENV := $(PY) scripts/with_test_env.py
 PYTEST_ARGS ?=
 REQ_STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
 MIGRATE_CHECK_DB := duckgres_migrate_check_$(shell echo $$PPID)
+PSQL_ADMIN := PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U postgres -d postgres -qAtc
 
 .PHONY: help install services test lint demo migrate-check clean
 
@@ -43,13 +44,13 @@ services:
 # Migrations are complete (no model change without a migration) and apply to an empty database.
 migrate-check: install services
 	$(WITH_TEST_ENV) manage.py makemigrations --check --dry-run
-	@psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'DROP DATABASE IF EXISTS $(MIGRATE_CHECK_DB)'
-	@psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'CREATE DATABASE $(MIGRATE_CHECK_DB)'
+	@$(PSQL_ADMIN) 'DROP DATABASE IF EXISTS $(MIGRATE_CHECK_DB)'
+	@$(PSQL_ADMIN) 'CREATE DATABASE $(MIGRATE_CHECK_DB)'
 	DUCKGRES_CONFIG_STORE="postgresql://postgres@127.0.0.1:5432/$(MIGRATE_CHECK_DB)?sslmode=require" \
 	  $(WITH_TEST_ENV) manage.py migrate --no-input -v 0
 	DUCKGRES_CONFIG_STORE="postgresql://postgres@127.0.0.1:5432/$(MIGRATE_CHECK_DB)?sslmode=require" \
 	  $(WITH_TEST_ENV) manage.py migrate --check -v 0
-	@psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'DROP DATABASE IF EXISTS $(MIGRATE_CHECK_DB)'
+	@$(PSQL_ADMIN) 'DROP DATABASE IF EXISTS $(MIGRATE_CHECK_DB)'
 
 # The full suite. pytest exits 5 when it collected no tests: that is a failure, never a pass.
 test: install services migrate-check
