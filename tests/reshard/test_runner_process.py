@@ -257,3 +257,84 @@ def test_takeover_at_blocking_rolls_back_from_durable_progress(
     assert warehouse_of(op).state == "ready"
     assert op.unblocked_at is not None
     assert step_rows(op.id) == [("blocking", "superseded", 3)]
+
+
+def _stale_takeover_state(op: ReshardOperation, step: str, **fields: object) -> None:
+    """Make ``op`` look like a dead runner left it at ``step`` with the warehouse blocked."""
+    ReshardOperation.objects.filter(id=op.id).update(
+        state="running", step=step, runner_id="dead-runner", runner_epoch=2, **fields
+    )
+    _sql(
+        "UPDATE duckgres_reshard_operations SET heartbeat_at = now() - interval '10 minutes', "
+        "blocked_at = now() - interval '11 minutes', started_at = now() - interval '12 minutes' "
+        "WHERE id = %s",
+        [op.id],
+    )
+    ReshardStepTiming.objects.create(operation_id=op.id, step=step, runner_epoch=2)
+
+
+@pytest.mark.safeguard("reshard-2")
+@pytest.mark.safeguard("reshard-30")
+@pytest.mark.parametrize(
+    ("prior", "restored"),
+    [
+        ({"present": False}, None),
+        ({"present": True, "value": True}, True),
+        ({"present": True, "value": False}, False),
+    ],
+)
+def test_takeover_with_cancel_reconstructs_progress_then_unblocks_and_restores_compaction(
+    transactional_db, store_clusters, tenant_catalog, runner_state_dir, prior, restored
+):
+    from tests.fixtures.rows import new_op, new_store, new_warehouse
+
+    catalog = tenant_catalog(store_clusters.source)
+    warehouse = new_warehouse(
+        catalog=catalog,
+        metadata_store_kind="external",
+        state="resharding",
+        status_message="metadata-store reshard in progress",
+        compaction_enabled=False,  # paused by the dead runner
+    )
+    op = new_op(warehouse, to_store=new_store(store_clusters.target))
+    _stale_takeover_state(op, "backup_catalog", compaction_prior=prior, cancel_requested=True)
+    runner = run_runner(op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(op)
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator")
+    assert op.runner_epoch == 3
+    assert op.recovery_required is False
+    wh = warehouse_of(op)
+    assert (wh.state, wh.status_message) == ("ready", "metadata-store reshard rolled back")
+    assert wh.compaction_enabled is restored
+    assert step_rows(op.id) == [("backup_catalog", "superseded", 2)]
+    assert "==== reshard report (cancelled) ====" in op_log(op.id)
+
+
+def test_takeover_past_what_this_build_can_undo_stays_blocked_with_recovery_required(
+    cnpg_world: CnpgWorld, runner_state_dir
+):
+    """cnpg→cnpg at backup_catalog: the source may be fenced (NOLOGIN) and this build cannot
+    un-fence it, so it must not unblock (invariant 9's carve-out); compaction is restored."""
+    op = cnpg_world.op
+    Warehouse.objects.filter(org_id=op.org_id).update(
+        state="resharding",
+        status_message="metadata-store reshard in progress",
+        compaction_enabled=False,
+    )
+    _stale_takeover_state(op, "backup_catalog", compaction_prior={"present": True, "value": True})
+    runner = run_runner(op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(op)
+    assert op.state == "failed"
+    assert op.recovery_required is True
+    assert op.unblocked_at is None
+    wh = warehouse_of(op)
+    assert wh.state == "resharding"
+    assert wh.compaction_enabled is True
+    lines = op_log(op.id)
+    assert any(
+        line.startswith("warehouse intentionally left in the resharding state: rollback needs")
+        and "un-fence" in line
+        for line in lines
+    )
