@@ -23,6 +23,9 @@ Fencing invariants (each is relied on by the janitor, the API and a takeover run
 6. **Self-fence** at ``DUCKGRES_RESHARD_STALE_SECONDS - 60`` seconds since the last successful
    fenced write: before that age a takeover cannot claim (its claim needs a heartbeat older than
    the stale window), after it the runner gives up (``heartbeat.py``).
+7. **Short fenced transactions.** A transaction that has updated the op row holds its row lock
+   until it ends, and the heartbeat's update waits for it; keep such transactions to a few
+   statements (never wrap a long step, a copy or a wait in one), or the runner self-fences.
 """
 
 from __future__ import annotations
