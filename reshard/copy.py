@@ -433,9 +433,12 @@ def _open(factory: ConnectionFactory, hooks: CopyHooks, opened: list[Connection]
         raise _db_error(f"cannot connect to the {side}", exc) from exc
     opened.append(conn)
     hooks.register_connection(conn)
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        raise CopyError(
+            f"the {side} connection factory returned a connection inside a transaction; "
+            "open it with autocommit (a SET ROLE must already be in effect)"
+        )
     try:
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            conn.rollback()
         conn.autocommit = True
         conn.execute("SET search_path = public")
         if side != "source":
@@ -739,13 +742,18 @@ def _replay(
     indexes: Mapping[str, list[IndexDef]],
     hooks: CopyHooks,
 ) -> None:
+    """Per table: constraints other than foreign keys, then indexes. Foreign keys of every
+    table come after all tables' keys exist: a table sorting before the table it references
+    would otherwise find no unique constraint to reference (42830)."""
     hooks.log("info", f"applying constraints and indexes on the target ({len(tables)} tables)…")
     for table in tables:
         if hooks.stopped():
             raise CopyError("copy interrupted: the runner is stopping")
-        apply_constraints(tgt, table, constraints[table])
+        apply_constraints(tgt, table, [c for c in constraints[table] if c.contype != "f"])
         for index in indexes[table]:
             apply_index(tgt, table, index, hooks.log)
+    for table in tables:
+        apply_constraints(tgt, table, [c for c in constraints[table] if c.contype == "f"])
     hooks.log("info", "constraints and indexes applied on target")
 
 

@@ -1,0 +1,170 @@
+"""DuckLake-aware verification of a copied catalog (spec reshard §4.4 J; safeguard 54).
+
+Row counts can match while the DuckLake state differs, so after the copy the runner compares,
+on both sides:
+
+1. ``snapshot_id``: ``max(snapshot_id)`` of ``ducklake_snapshot``;
+2. ``data_files``: the count and an md5 of the ordered ``data_file_id`` list of
+   ``ducklake_data_file``;
+3. ``metadata``: the set of ``(key, value)`` pairs of ``ducklake_metadata``.
+
+The source is read inside the copy's still-open ``REPEATABLE READ`` snapshot (the release
+handle's connection, write fence held), so it sees exactly what was copied. A missing table is
+detected with ``to_regclass`` before any read, so the source transaction never aborts (it still
+holds the fence). Reads only: neither side is changed.
+
+:func:`verify_ducklake` returns the passing :class:`Verification` (its ``message`` is the line
+to log) or raises :class:`VerifyError` with "DuckLake verification failed: <check>: source
+<value>, target <value>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+Connection = psycopg.Connection[Any]
+
+_TABLES = ("ducklake_snapshot", "ducklake_data_file", "ducklake_metadata")
+
+
+class VerifyError(Exception):
+    """Verification failed; ``check`` is ``snapshot_id``, ``data_files`` or ``metadata``."""
+
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(message)
+        self.check = check
+
+
+@dataclass(frozen=True)
+class DuckLakeState:
+    """What one side holds; ``missing`` lists absent tables (their values are then empty)."""
+
+    snapshot_id: int | None
+    data_files: int
+    data_files_md5: str
+    metadata: frozenset[tuple[str, str]]
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verification:
+    snapshot_id: int | None
+    data_files: int
+    metadata_keys: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"DuckLake verification passed: snapshot {_fmt_snapshot(self.snapshot_id)}, "
+            f"{self.data_files} data files, {self.metadata_keys} metadata keys"
+        )
+
+
+def read_state(conn: Connection) -> DuckLakeState:
+    """Read the three checks' values on one side (``public`` schema, read-only statements)."""
+    present = conn.execute(
+        "SELECT t, to_regclass('public.' || quote_ident(t)) IS NOT NULL "
+        "FROM unnest(%s::text[]) AS t",
+        (list(_TABLES),),
+    ).fetchall()
+    missing = tuple(str(name) for name, ok in present if not ok)
+    snapshot_id: int | None = None
+    files, files_md5 = 0, ""
+    metadata: frozenset[tuple[str, str]] = frozenset()
+    if "ducklake_snapshot" not in missing:
+        row = conn.execute("SELECT max(snapshot_id) FROM public.ducklake_snapshot").fetchone()
+        snapshot_id = None if row is None or row[0] is None else int(row[0])
+    if "ducklake_data_file" not in missing:
+        row = conn.execute(
+            "SELECT count(*), md5(coalesce(string_agg(data_file_id::text, ',' "
+            "ORDER BY data_file_id), '')) FROM public.ducklake_data_file"
+        ).fetchone()
+        assert row is not None
+        files, files_md5 = int(row[0]), str(row[1])
+    if "ducklake_metadata" not in missing:
+        metadata = frozenset(
+            (str(k), str(v))
+            for k, v in conn.execute("SELECT key, value FROM public.ducklake_metadata")
+        )
+    return DuckLakeState(snapshot_id, files, files_md5, metadata, missing)
+
+
+def compare(source: DuckLakeState, target: DuckLakeState) -> Verification:
+    """Raise :class:`VerifyError` on the first differing check (in the spec's order)."""
+    for table, check in zip(_TABLES, ("snapshot_id", "data_files", "metadata"), strict=True):
+        if table in source.missing or table in target.missing:
+            raise VerifyError(
+                check,
+                f"DuckLake verification failed: {check}: source {_side(source, table, check)}, "
+                f"target {_side(target, table, check)}",
+            )
+    if source.snapshot_id != target.snapshot_id:
+        raise VerifyError(
+            "snapshot_id",
+            "DuckLake verification failed: snapshot_id: "
+            f"source {_fmt_snapshot(source.snapshot_id)}, "
+            f"target {_fmt_snapshot(target.snapshot_id)}",
+        )
+    if (source.data_files, source.data_files_md5) != (target.data_files, target.data_files_md5):
+        raise VerifyError(
+            "data_files",
+            "DuckLake verification failed: data_files: "
+            f"source {_fmt_files(source)}, target {_fmt_files(target)}",
+        )
+    if source.metadata != target.metadata:
+        differing = sorted({k for k, _ in source.metadata ^ target.metadata})
+        raise VerifyError(
+            "metadata",
+            "DuckLake verification failed: metadata: "
+            f"source {_fmt_pairs(source.metadata, differing)}, "
+            f"target {_fmt_pairs(target.metadata, differing)} "
+            f"(differing keys: {', '.join(differing)})",
+        )
+    return Verification(
+        source.snapshot_id, source.data_files, len({key for key, _ in source.metadata})
+    )
+
+
+def verify_ducklake(source_conn: Connection, target_conn: Connection) -> Verification:
+    """Read both sides and compare; ``source_conn`` should be ``ReleaseHandle.connection``."""
+    try:
+        source = read_state(source_conn)
+    except psycopg.Error as exc:
+        raise VerifyError(
+            "read", f"DuckLake verification could not read the source: {exc}"
+        ) from exc
+    try:
+        target = read_state(target_conn)
+    except psycopg.Error as exc:
+        raise VerifyError(
+            "read", f"DuckLake verification could not read the target: {exc}"
+        ) from exc
+    return compare(source, target)
+
+
+def _fmt_snapshot(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+def _fmt_files(state: DuckLakeState) -> str:
+    return f"{state.data_files} files (md5 {state.data_files_md5})"
+
+
+def _fmt_pairs(pairs: Iterable[tuple[str, str]], keys: list[str]) -> str:
+    wanted = set(keys)
+    shown = sorted((k, v) for k, v in pairs if k in wanted)
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in shown) + "}"
+
+
+def _side(state: DuckLakeState, table: str, check: str) -> str:
+    if table in state.missing:
+        return f"table {table} missing"
+    if check == "snapshot_id":
+        return _fmt_snapshot(state.snapshot_id)
+    if check == "data_files":
+        return _fmt_files(state)
+    return f"{len(state.metadata)} keys"
