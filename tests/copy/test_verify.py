@@ -15,7 +15,7 @@ from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
 
 
 def _copy_then_verify(
-    pair: CatalogPair, tamper: Callable[[psycopg.Connection[Any]], None] | None = None
+    pair: CatalogPair, tamper: Callable[[psycopg.Connection[Any]], object] | None = None
 ) -> str:
     """Copy, optionally change the target as its tenant, verify with the source read inside
     the still-open snapshot (the release handle's connection)."""
