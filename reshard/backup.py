@@ -50,6 +50,7 @@ __all__ = [
     "SourceFacts",
     "abort_stale_uploads",
     "backup_key",
+    "gated_failure",
     "part_size_for",
     "pg_dump_argv",
     "pg_dump_env",
@@ -152,6 +153,27 @@ class BackupResult:
     restore_command: str
     peak_buffered_bytes: int = 0
     pg_dump_version: str = ""
+
+    def log_lines(self) -> list[str]:
+        """The op-log lines of a successful backup (spec §4.4 G, §4.10 step 7)."""
+        return [
+            f"catalog backup complete: {self.uri} ({self.bytes} bytes)",
+            f"restore command (replace <PASSWORD>): {self.restore_command}",
+        ]
+
+
+MANDATORY_PREFIX = (
+    "pre-flip catalog backup is mandatory for the destructive cnpg→external direction"
+)
+OPTIONAL_SUFFIX = " — continuing without a backup"
+
+
+def gated_failure(error: BackupError | str, *, mandatory: bool) -> str:
+    """The direction gate's text (spec §4.4 G): for cnpg→external (``mandatory``) the step's
+    error, else the warning logged before the step continues without a backup."""
+    if mandatory:
+        return f"{MANDATORY_PREFIX}: {error}"
+    return f"catalog backup failed: {error}{OPTIONAL_SUFFIX}"
 
 
 # --- pure helpers ------------------------------------------------------------------------------
@@ -421,6 +443,8 @@ class _Backup:
                 stderr=subprocess.PIPE,
                 env=env,
                 bufsize=0,
+                # No controlling terminal: libpq can never sit in a /dev/tty password prompt.
+                start_new_session=True,
             )
             self.hooks.register_process(self.proc)
             self.stderr = _Stderr(self.proc.stderr)

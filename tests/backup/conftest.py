@@ -87,6 +87,7 @@ class RecordingHooks:
         self.environs: list[dict[str, str]] = []
         self.unregistered: list[subprocess.Popen[bytes]] = []
         self.stop = threading.Event()
+        self.sids: list[int] = []
 
     def log(self, level: str, message: str) -> None:
         self.logs.append((level, message))
@@ -98,6 +99,10 @@ class RecordingHooks:
 
     def register_process(self, proc: subprocess.Popen[bytes]) -> None:
         self.processes.append(proc)
+        try:
+            self.sids.append(os.getsid(proc.pid))
+        except OSError:
+            self.sids.append(-1)
         try:
             with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
                 self.cmdlines.append([a.decode() for a in f.read().split(b"\0") if a])

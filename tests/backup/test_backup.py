@@ -422,6 +422,8 @@ def test_stop_kills_a_stalled_pg_dump_promptly(
         )  # fmt: skip
     assert time.monotonic() - started < 10
     assert_nothing_left(moto_s3, hooks)
+    # Its own session: no controlling terminal, so libpq can never block on a /dev/tty prompt.
+    assert hooks.sids == [hooks.processes[0].pid]
 
 
 def test_no_bucket_is_an_error(hooks: RecordingHooks) -> None:

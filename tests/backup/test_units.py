@@ -15,8 +15,10 @@ from reshard import pgclients
 from reshard.backup import (
     BackupDestination,
     BackupError,
+    BackupResult,
     BackupSource,
     backup_key,
+    gated_failure,
     part_size_for,
     run_backup,
 )
@@ -193,3 +195,18 @@ def test_s3_error_text_has_no_credentials(moto_s3: MotoS3, monkeypatch: pytest.M
         S3().create_multipart_upload("no-such-bucket-xyz", "k")
     assert "super-secret-key-value" not in str(err.value)
     assert "NoSuchBucket" in str(err.value)
+
+
+def test_direction_gate_texts() -> None:
+    err = BackupError("pg_dump produced an empty archive — refusing to record a useless backup")
+    assert gated_failure(err, mandatory=True) == (
+        "pre-flip catalog backup is mandatory for the destructive cnpg→external direction: "
+        "pg_dump produced an empty archive — refusing to record a useless backup"
+    )
+    assert gated_failure(err, mandatory=False).endswith(" — continuing without a backup")
+
+
+def test_result_log_lines() -> None:
+    result = BackupResult("s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3 cp s3://b/k ./catalog.dump")
+    assert result.log_lines()[0] == "catalog backup complete: s3://b/k (1234 bytes)"
+    assert "<PASSWORD>" in result.log_lines()[1] or "aws s3 cp" in result.log_lines()[1]

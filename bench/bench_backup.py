@@ -1,0 +1,321 @@
+"""Benchmark of the streamed catalog backup (issue 3, design §5).
+
+    source /tmp/testenv.sh && .venv/bin/python bench/bench_backup.py [--tables 2000]
+        [--large-mib 1024,3072] [--runs 3] [--port 5433]
+
+Prints ``name: value unit (ratio vs baseline)`` lines:
+- throughput of ``run_backup`` (pg_dump → S3 multipart into a moto server in ANOTHER process)
+  against ``pg_dump -Fc > /dev/null`` with the same flags on the same catalog in the same run
+  (medians of ``--runs``; ratio = baseline time / backup time, target ≥ 0.9);
+- this process's RSS while backing up catalogs whose dumps are ~1 GiB and ~3 GiB
+  (incompressible inlined ``bytea`` data): idle RSS, and the growth of the peak over the
+  RSS just before the backup, against the bound 3 x part size + 16 MiB (flat with size).
+
+Needs the source cluster on 127.0.0.1:5433 (``postgres`` trusted on loopback, TLS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tests.testenv  # noqa: F401  (test defaults for the settings Django needs)
+
+MIB = 1 << 20
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class RssSampler:
+    """Samples VmRSS every 20 ms in a thread; ``peak`` in bytes."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, status_kib("VmRSS") * 1024)
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> RssSampler:
+        self.peak = status_kib("VmRSS") * 1024
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, status_kib("VmRSS") * 1024)
+
+
+IDLE_RSS = status_kib("VmRSS") * 1024  # interpreter only, before any import of the product
+
+import django  # noqa: E402
+
+django.setup()
+
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from duckgres_admin.lib.s3 import S3  # noqa: E402
+from reshard.backup import (  # noqa: E402
+    BackupDestination,
+    BackupSource,
+    pg_dump_argv,
+    pg_dump_env,
+    run_backup,
+)
+from reshard.pgclients import choose_client  # noqa: E402
+
+RUNNER_IDLE_RSS = status_kib("VmRSS") * 1024  # after importing what the backup step needs
+
+
+class Hooks:
+    def log(self, level: str, message: str) -> None:
+        pass
+
+    def progress(self, values: dict[str, int]) -> None:
+        pass
+
+    def register_process(self, proc: Any) -> None:
+        pass
+
+    def unregister_process(self, proc: Any) -> None:
+        pass
+
+    def stopped(self) -> bool:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto in its own process: its stored objects must not count in our RSS or CPU."""
+    port = free_port()
+    code = (
+        "import logging, time; logging.disable(logging.CRITICAL)\n"
+        "from moto.server import ThreadedMotoServer\n"
+        f"s = ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False)\n"
+        "s.start()\n"
+        "while True: time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("moto server did not start")
+
+
+@dataclass
+class Db:
+    port: int
+    name: str
+
+    def conn(self, dbname: str | None = None) -> psycopg.Connection[tuple[Any, ...]]:
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="postgres",
+            dbname=dbname or self.name,
+            sslmode="require",
+            autocommit=True,
+        )
+
+    def source(self) -> BackupSource:
+        return BackupSource("127.0.0.1", self.port, self.name, "postgres", "require", "")
+
+    def size(self) -> int:
+        with self.conn() as c:
+            row = c.execute("SELECT pg_database_size(current_database())").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def create_db(port: int, name: str) -> Db:
+    db = Db(port, name)
+    with db.conn("postgres") as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return db
+
+
+def drop_db(db: Db) -> None:
+    with db.conn("postgres") as c:
+        c.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db.name))
+        )
+
+
+def baseline_seconds(db: Db) -> float:
+    """``pg_dump -Fc > /dev/null`` with exactly the backup's flags and client."""
+    client = choose_client(15)
+    started = time.monotonic()
+    with open(os.devnull, "wb") as devnull:
+        subprocess.run(
+            pg_dump_argv(client, db.source()),
+            stdout=devnull,
+            env=pg_dump_env(db.source()),
+            check=True,
+        )
+    return time.monotonic() - started
+
+
+def dump_bytes(db: Db) -> int:
+    client = choose_client(15)
+    proc = subprocess.Popen(
+        pg_dump_argv(client, db.source()), stdout=subprocess.PIPE, env=pg_dump_env(db.source())
+    )
+    assert proc.stdout is not None
+    total = 0
+    while chunk := proc.stdout.read(4 * MIB):
+        total += len(chunk)
+    proc.wait()
+    return total
+
+
+def backup_once(db: Db, s3: S3, bucket: str, op_id: int) -> tuple[float, Any]:
+    started = time.monotonic()
+    result = run_backup(op_id, db.source(), BackupDestination(bucket), Hooks(), s3=s3)
+    elapsed = time.monotonic() - started
+    s3.delete_object(bucket, result.key)
+    return elapsed, result
+
+
+def line(name: str, value: float, unit: str, ratio: str = "") -> None:
+    print(f"{name}: {value:.3f} {unit}" + (f" ({ratio})" if ratio else ""), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=5433)
+    parser.add_argument("--tables", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--large-mib", default="1024,3072", help="comma list; empty: skip")
+    args = parser.parse_args()
+
+    from reshard.demo_catalog import build_demo_catalog
+
+    moto, endpoint = start_moto()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    s3 = S3(region="us-east-1", endpoint_url=endpoint, addressing_style="path")
+    bucket = "bench-backup"
+    s3.client.create_bucket(Bucket=bucket)
+    tag = os.getpid()
+    dbs: list[Db] = []
+    try:
+        print(f"# backup benchmark, {os.cpu_count()} cores, moto at {endpoint} (own process)")
+        line("idle_rss_interpreter", IDLE_RSS / MIB, "MiB")
+        line("idle_rss_runner_imports", RUNNER_IDLE_RSS / MIB, "MiB")
+        kube_loaded = "kubernetes" in sys.modules
+        print(f"# kubernetes client imported by the backup path: {kube_loaded}")
+
+        # --- throughput on the DuckLake catalog ----------------------------------------------
+        db = create_db(args.port, f"bench_backup_{tag}")
+        dbs.append(db)
+        started = time.monotonic()
+        with db.conn() as c:
+            summary = build_demo_catalog(c, tables=args.tables)
+        print(
+            f"# catalog: {summary.ducklake_tables} DuckLake tables, {summary.physical_tables} "
+            f"ducklake_* tables, {summary.rows} rows, {summary.database_bytes / MIB:.1f} MiB "
+            f"database, dump {dump_bytes(db) / MIB:.2f} MiB (built in "
+            f"{time.monotonic() - started:.1f} s)"
+        )
+        base, ours = [], []
+        baseline_seconds(db)  # warm the cache for both
+        for i in range(args.runs):
+            base.append(baseline_seconds(db))
+            ours.append(backup_once(db, s3, bucket, 1000 + i)[0])
+        b, o = statistics.median(base), statistics.median(ours)
+        line(f"pg_dump_devnull_{args.tables}_tables", b, "s")
+        line(f"backup_to_s3_{args.tables}_tables", o, "s", f"{b / o:.2f}x throughput vs baseline")
+
+        # --- memory on large incompressible dumps ---------------------------------------------
+        for mib in [int(x) for x in args.large_mib.split(",") if x.strip()]:
+            big = create_db(args.port, f"bench_backup_big_{mib}_{tag}")
+            dbs.append(big)
+            started = time.monotonic()
+            with big.conn() as c:
+                c.execute(
+                    "CREATE TABLE ducklake_inlined_data_blob (id int PRIMARY KEY, data bytea)"
+                )
+                c.execute("ALTER TABLE ducklake_inlined_data_blob ALTER data SET STORAGE EXTERNAL")
+                chunk = 1 * MIB
+                with (
+                    c.cursor() as cur,
+                    cur.copy("COPY ducklake_inlined_data_blob FROM STDIN") as cp,
+                ):
+                    for i in range(mib):
+                        cp.write_row((i, os.urandom(chunk)))
+            size = big.size()
+            print(
+                f"# large catalog: {size / MIB:.0f} MiB database of random bytea "
+                f"(built in {time.monotonic() - started:.1f} s)"
+            )
+            t0 = baseline_seconds(big)
+            before = status_kib("VmRSS") * 1024
+            with RssSampler() as sampler:
+                elapsed, result = backup_once(big, s3, bucket, 2000 + mib)
+            growth = sampler.peak - before
+            bound = 3 * result.part_size + 16 * MIB
+            label = f"{result.bytes / MIB:.0f}MiB_dump"
+            line(f"pg_dump_devnull_{label}", t0, "s")
+            line(
+                f"backup_to_s3_{label}", elapsed, "s", f"{t0 / elapsed:.2f}x throughput vs baseline"
+            )
+            line(f"backup_rss_before_{label}", before / MIB, "MiB")
+            line(
+                f"backup_rss_growth_{label}",
+                growth / MIB,
+                "MiB",
+                f"{growth / bound:.2f}x of bound 3 x {result.part_size // MIB} MiB + 16 MiB "
+                f"= {bound / MIB:.0f} MiB",
+            )
+            line(
+                f"backup_peak_buffered_{label}",
+                result.peak_buffered_bytes / MIB,
+                "MiB",
+                f"{result.peak_buffered_bytes / (3 * result.part_size):.2f}x of 3 x part size",
+            )
+            line(f"backup_parts_{label}", result.parts, "parts")
+            drop_db(big)
+            dbs.remove(big)
+        line("vm_hwm_process", status_kib("VmHWM") / 1024, "MiB")
+    finally:
+        for db in dbs:
+            drop_db(db)
+        moto.kill()
+        moto.wait()
+
+
+if __name__ == "__main__":
+    main()
