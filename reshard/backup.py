@@ -626,9 +626,9 @@ def run_backup(
     try:
         abort_stale_uploads(s3, destination.bucket, op_id, hooks)
     except S3Error as exc:
-        raise BackupError(
-            f"list earlier backup uploads in s3://{destination.bucket}: {exc}"
-        ) from exc
+        # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
+        # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
+        hooks.log("warn", f"could not clean up earlier backup uploads of this operation: {exc}")
 
     facts = facts or read_source_facts(source)
     try:

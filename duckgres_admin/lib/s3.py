@@ -10,7 +10,8 @@ and the temporary credentials are refreshed by botocore before they expire.
 Only thin wrappers of the multipart calls are offered: callers own the upload loop.
 Deliberate choices:
 - request checksums only ``when_required``: botocore ≥ 1.36 otherwise adds CRC trailers
-  (``aws-chunked`` bodies) that older S3-compatible servers (Ceph RGW 16) reject;
+  (``aws-chunked`` bodies over HTTPS) that some S3-compatible servers reject; integrity is
+  the caller's size check (per-part checksums are out of scope, spec §9);
 - nothing reads the ``ETag`` of ``CompleteMultipartUpload`` (RGW returns it empty) — callers
   ``HEAD`` the object instead;
 - error texts never contain credentials (botocore errors name the operation and the code).

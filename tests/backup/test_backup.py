@@ -469,3 +469,20 @@ def test_psycopg_is_what_reads_facts(tenant_catalog: Any) -> None:
     assert facts.db_size is not None
     assert facts.db_size > 1_000_000
     assert isinstance(psycopg.__version__, str)
+
+
+def test_cleanup_of_earlier_uploads_is_best_effort(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without s3:ListBucketMultipartUploads the backup still runs (a warning is logged)."""
+    from duckgres_admin.lib.s3 import S3, S3Error
+
+    def denied(self: S3, bucket: str, prefix: str = "") -> list[tuple[str, str]]:
+        raise S3Error("list multipart uploads: AccessDenied (HTTP 403)", "AccessDenied")
+
+    monkeypatch.setattr(S3, "list_multipart_uploads", denied)
+    catalog = tenant_catalog()
+    result = run_backup(55, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert result.bytes > 0
+    assert ("warn", "could not clean up earlier backup uploads of this operation: "
+            "list multipart uploads: AccessDenied (HTTP 403)") in hooks.logs  # fmt: skip
