@@ -57,6 +57,11 @@ class RunContext:
     # The step the runner is working in (for the SIGTERM error text and logs).
     current_step: str = ""
     late_cancel_logged: bool = False
+    # The copy's release handle (``reshard.copy.ReleaseHandle``): the source write fence, held
+    # from ``copying`` until the source drop (cleanup) or the end of the rollback.
+    release_handle: Any = None
+    # Set by the atomic finalize: the op is ``succeeded``.
+    finalized: bool = False
     source_password: str = field(default="", repr=False)
     target_password: str = field(default="", repr=False)
     _fenced: threading.Event = field(default_factory=threading.Event)

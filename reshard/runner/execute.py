@@ -18,13 +18,12 @@ from django.db import DatabaseError, connection
 
 from duckgres_admin.models import ReshardOperation
 from reshard import steps as sequences
-from reshard.runner import waits
+from reshard.runner import testhooks, waits
 from reshard.runner.context import Progress, RunContext
 from reshard.runner.errors import (
     Cancelled,
     Fenced,
     Interrupted,
-    RollForwardUnavailable,
     StepError,
     StepUnavailable,
 )
@@ -33,8 +32,8 @@ from reshard.runner.heartbeat import Heartbeat, log_fenced_once
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.password import PasswordPullError, PullRequest, pull_password
 from reshard.runner.report import describe_source, describe_target, write_report
-from reshard.runner.rollback import rollback
-from reshard.runner.steps import StepEnv, lookup
+from reshard.runner.rollback import roll_forward, rollback
+from reshard.runner.steps import StepEnv, finalize, lookup
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -198,9 +197,6 @@ def _execute(env: StepEnv) -> None:
     try:
         run(env)
         return
-    except RollForwardUnavailable as exc:
-        log.error(f"refusing rollback; {exc}")
-        return
     except Fenced as exc:
         log_fenced_once(ctx, log, str(exc))
         return
@@ -226,9 +222,41 @@ def _execute(env: StepEnv) -> None:
             return
         state = "failed"
         error = str(exc) if isinstance(exc, StepError) else f"{type(exc).__name__}: {exc}"
+        if _past_commit_point(env):
+            log.error(f"step {ctx.current_step or '(none)'} failed: {error}")
+            _roll_forward_after_error(env)
+            return
         log.error(f"step {ctx.current_step or '(none)'} failed: {error} — rolling back")
         unavailable = isinstance(exc, StepUnavailable)
+    if _past_commit_point(env):
+        _roll_forward_after_error(env)
+        return
     _roll_back_and_finish(env, state, error, unavailable=unavailable)
+
+
+def _past_commit_point(env: StepEnv) -> bool:
+    try:
+        env.op.refresh_from_db(fields=["source_drop_committed_at", "external_verified_at"])
+    except DatabaseError:
+        return env.op.source_drop_committed_at is not None or (
+            env.op.external_verified_at is not None
+        )
+    return commit_point_passed(env.op)
+
+
+def _roll_forward_after_error(env: StepEnv) -> None:
+    """§4.3: after a commit point never roll back; roll forward, no terminal write of our own."""
+    ctx, log = env.ctx, env.log
+    log.error("refusing rollback; retrying cleanup/finalization")
+    try:
+        roll_forward(env, finalize.run)
+    except Fenced as exc:
+        log_fenced_once(ctx, log, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the op stays running for a relaunch
+        log.error(
+            f"roll-forward failed: {exc}; the operation stays running with the warehouse "
+            "resharding — the janitor relaunches a runner after the stale window"
+        )
 
 
 def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: bool) -> None:
@@ -288,21 +316,59 @@ def run(env: StepEnv) -> None:
     _boundary(env)
     if op.step:
         ctx.current_step = op.step
-        if commit_point_passed(op):
-            raise RollForwardUnavailable(
-                f"takeover at step {op.step} after the commit point: the operation must roll "
-                "forward, which this build of Duckgres Admin cannot do; leaving it running for a "
-                "build that can (or reshard_recover after a force-fail)"
-            )
-        raise StepError(
-            f"takeover at step {op.step} cannot be resumed safely; rolling back from durable "
-            "progress"
-        )
-    for step in sequences.sequence(op.source_kind, op.target_kind):
+        _takeover(env)
+        return
+    _run_steps(env, sequences.sequence(op.source_kind, op.target_kind))
+
+
+def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
+    for step in steps:
         _boundary(env)
         env.fence.stamp_step(step)
+        testhooks.kill_point(f"step:{step}")
         fn = lookup(step)
         if fn is None:
             raise StepUnavailable(step)
         fn(env)
-    raise StepError("the step sequence ended without finalizing")
+    if not env.ctx.finalized:
+        raise StepError("the step sequence ended without finalizing")
+
+
+def _takeover(env: StepEnv) -> None:
+    """§4.8 per direction (progress was reconstructed from the row by ``execute``)."""
+    op, log = env.op, env.log
+    step = op.step
+    if commit_point_passed(op):
+        log.info(
+            f"takeover at step {step} after the commit point: rolling forward from the durable "
+            "source fields (the source is never re-pointed)"
+        )
+        roll_forward(env, finalize.run)
+        return
+    unsafe = StepError(
+        f"takeover at step {step} cannot be resumed safely; rolling back from durable progress"
+    )
+    if op.source_kind == "external" or op.target_kind == "external":
+        raise unsafe
+    full = sequences.sequence(op.source_kind, op.target_kind)
+    if step in ("copying", "verifying"):
+        if not (op.source_endpoint and op.source_user and op.source_database):
+            raise StepError(
+                f"takeover at step {step}: the durable source endpoint, user or database is "
+                "empty; refusing to guess the source (recordSource is never re-run after cutover)"
+            )
+        log.info(
+            f"takeover at step {step}: resuming at copying from the durable source fields "
+            f"({op.source_endpoint}:{op.source_port}/{op.source_database}); the binding names "
+            "the target"
+        )
+        _run_steps(env, full[full.index("copying") :])
+        return
+    if step in ("cleaning_up", "finalizing"):
+        log.error(
+            f"source database {op.source_database} on store {op.from_shard} was not dropped; "
+            "drop it manually"
+        )
+        _run_steps(env, ("finalizing",))
+        return
+    raise unsafe

@@ -74,12 +74,17 @@ class Fencer:
         self.ctx = ctx
 
     def _guarded(self) -> Any:
+        """The guard of every write (a recovery writer overrides it, spec §4.16)."""
         return ReshardOperation.objects.filter(
             id=self.ctx.op_id,
             state="running",
             runner_id=self.ctx.runner_id,
             runner_epoch=self.ctx.epoch,
         )
+
+    def _touch(self) -> dict[str, Any]:
+        """The ownership stamp every guarded write refreshes (recovery: ``recovery_claimed_at``)."""
+        return {"heartbeat_at": Now()}
 
     def _record_success(self, sent_at: float) -> None:
         if connection.in_atomic_block:
@@ -95,7 +100,7 @@ class Fencer:
         if self.ctx.fenced:
             raise Fenced()
         sent_at = time.monotonic()
-        matched = self._guarded().update(heartbeat_at=Now(), **fields)
+        matched = self._guarded().update(**{**self._touch(), **fields})
         if matched == 0:
             raise Fenced()
         self._record_success(sent_at)

@@ -1,30 +1,54 @@
-"""Rollback (spec reshard §4.6), limited to what this build's steps can have done.
+"""Rollback (spec reshard §4.6) and post-commit roll-forward (§4.7).
 
-This build's steps can block the warehouse and record the source; nothing flips the binding,
-copies, fences the source or pauses compaction. So rollback here is step 5, **unblock**: one
-transaction under the per-org lock with the CAS ``resharding → ready`` (``metadata-store reshard
-rolled back``), ``compaction_enabled`` restored only when ``compaction_prior`` was recorded,
-and the fenced op update ``unblocked_at = now()``.
+Interface for the recovery command (§4.16) — the same code runs under another guard:
 
-When the durable progress says more happened (a takeover of an op driven by a newer build:
-flipped, copied, fence requested), this build cannot undo it: it must not unblock onto a
-possibly wrong catalog, so it restores compaction only and leaves the warehouse ``resharding``
-with ``recovery_required`` — the carve-out of invariant 9 — and logs what to do.
+- Build ``StepEnv(ctx=RunContext(op_id, runner_id=<you>, scrubber), op=<the row>,
+  fence=<writer>, log=OpLogWriter(op_id, scrubber, source="recovery"))`` and set
+  ``ctx.progress = reshard.runner.execute.reconstruct(op)``.
+- ``<writer>`` is a :class:`reshard.runner.fencing.Fencer` subclass overriding ``_guarded()``
+  (e.g. ``ReshardOperation.objects.filter(id=…, state='failed', recovery_owner=<you>)``) and
+  ``_touch()`` (``{"recovery_claimed_at": Now()}``). Everything here uses only
+  ``env.fence.update(**fields)`` (a guarded update, zero rows → ``Fenced``, rolling back the
+  enclosing transaction with the warehouse write in it) and
+  ``env.fence.pre_statement_heartbeat()`` (before every irreversible statement: binding switch,
+  ``DROP TABLE``, ``DROP DATABASE``); warehouse writes always share a ``transaction.atomic``
+  block with such an update (``reshard.runner.binding.switch``, :func:`unblock`).
+- ``rollback(env) -> RollbackOutcome(recovered, left_blocked, reason)``; the caller writes its
+  own terminal/recovery fields (the runner: the terminal write with ``recovery_required`` when
+  ``left_blocked``).
+- ``roll_forward(env, finish)``: redo the source drop when needed, then ``finish(env)`` — the
+  runner passes the atomic finalize; recovery passes :func:`unblock_completed` (warehouse
+  ``ready`` with ``metadata-store reshard complete``, op stays ``failed``).
+
+Rollback runs with ``stop`` ignored; its waits are capped by the SIGTERM budget
+(``waits.rollback_deadline``). It always releases the source write fence at the end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import transaction
 from django.db.models.functions import Now
+from psycopg import sql
 
-from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.lib import pgadmin
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from reshard import copy as catalog_copy
 from reshard import locks
+from reshard.runner import binding, stores, waits
+from reshard.runner.errors import Fenced, StepError
+from reshard.runner.hooks import RunnerHooks
 from reshard.runner.steps.base import StepEnv
+from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
+
+# kept for callers of the previous build
+_prior_to_flag = prior_to_flag
 
 
 @dataclass(frozen=True)
@@ -34,48 +58,277 @@ class RollbackOutcome:
     reason: str = ""
 
 
-def _prior_to_flag(prior: Any) -> tuple[bool, bool | None]:
-    """(restore?, value) from a ``compaction_prior`` shape; NULL = never paused = untouched."""
-    if prior is None:
-        return False, None
-    if isinstance(prior, dict) and prior.get("present"):
-        return True, bool(prior.get("value"))
-    return True, None
+def _source_repointable(op: ReshardOperation) -> str:
+    """'' when a flip-back binding would be usable by the data plane, else why not."""
+    if op.source_kind == "cnpg":
+        store = MetadataStore.objects.filter(name=op.from_shard).first() if op.from_shard else None
+        if store is None or store.kind != "cnpg":
+            return f"source store {op.from_shard or '<empty>'} is not a registered cnpg store"
+        if not (op.source_database and op.source_user and op.source_password_secret_ref):
+            return "the durable source database/user/password reference is incomplete"
+        return ""
+    if not (
+        op.source_endpoint
+        and op.source_port
+        and op.source_database
+        and op.source_user
+        and op.source_password_secret_ref
+    ):
+        return "the durable external source host/port/database/user/reference is incomplete"
+    return ""
 
 
 def rollback(env: StepEnv) -> RollbackOutcome:
-    progress = env.ctx.progress
-    undone: list[str] = []
-    if progress.flipped:
-        undone.append("flip the binding back to the source")
-    if progress.copied:
-        undone.append("drop the partial target catalog")
-    if progress.fence_requested:
-        undone.append("re-enable LOGIN for the source tenant role (un-fence)")
-    blocked = progress.blocked or env.op.blocked_at is not None
-    if undone:
-        reason = (
-            "rollback needs to "
-            + "; ".join(undone)
-            + ", which this build of Duckgres Admin cannot do"
-        )
-        env.log.error(f"{reason}; nothing was unblocked")
-        if blocked:
-            _restore_compaction_only(env)
-            env.log.error(
-                f"warehouse intentionally left in the resharding state: {reason}; run "
-                f"reshard_recover {env.op.id} after fixing it (with a build that has these steps)"
-            )
-        return RollbackOutcome(recovered=False, left_blocked=blocked, reason=reason)
-    if blocked:
+    op, ctx, log = env.op, env.ctx, env.log
+    op.refresh_from_db()
+    progress = ctx.progress
+    recovered = True
+    reasons: list[str] = []
+    try:
+        # 1-2. flip back (only to a binding the data plane can use)
+        if progress.flipped:
+            why = _source_repointable(op)
+            if why:
+                recovered = False
+                reasons.append(f"cannot re-point the binding at the source: {why}")
+                log.error(
+                    f"rollback: not re-pointing the binding ({why}); the target is left as is "
+                    "for forensics — fix the source fields/store row and run reshard_recover"
+                )
+            else:
+                try:
+                    binding.switch(env, binding.source_binding(op), what="flip-back")
+                    log.info("rollback: binding flipped back to the source")
+                except Fenced:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reported; never unblock then
+                    recovered = False
+                    where = describe_binding(op.org_id)
+                    reasons.append(f"binding still points at {where}; fix manually")
+                    log.error(
+                        f"rollback: flip-back failed ({exc}); binding still points at {where}"
+                    )
+        # 3. partial target
+        _drop_partial_target(env)
+        # 4. un-fence / source access
+        if not _restore_source_access(env):
+            recovered = False
+            reasons.append("source tenant access recovery failed")
+    finally:
+        _release(env)
+    blocked = progress.blocked or op.blocked_at is not None
+    reason = "; ".join(reasons)
+    if not blocked:
+        log.info("rollback: the warehouse was never blocked; nothing to unblock")
+        return RollbackOutcome(recovered=recovered, left_blocked=False, reason=reason)
+    if recovered:
         unblock(env)
+        return RollbackOutcome(recovered=True, left_blocked=False)
+    restore_compaction_only(env)
+    log.error(
+        f"warehouse intentionally left in the resharding state: {reason}; run reshard_recover "
+        f"{op.id} after fixing it"
+    )
+    return RollbackOutcome(recovered=False, left_blocked=True, reason=reason)
+
+
+def describe_binding(org_id: str) -> str:
+    wh = Warehouse.objects.filter(org_id=org_id).first()
+    if wh is None:
+        return "no warehouse row"
+    if wh.metadata_store_kind == "cnpg":
+        return f"cnpg {wh.metadata_store_id}/{wh.metadata_store_database}"
+    return (
+        f"external {wh.metadata_store_host}:{wh.metadata_store_port}/{wh.metadata_store_database}"
+    )
+
+
+def _release(env: StepEnv) -> None:
+    handle: Any = env.ctx.release_handle
+    if handle is not None:
+        handle.release()
+        env.ctx.release_handle = None
+
+
+def _target_known(op: ReshardOperation) -> bool:
+    if op.target_kind == "cnpg":
+        return bool(op.to_shard and op.target_database and op.target_user)
+    return bool(op.target_endpoint and op.target_database and op.target_user)
+
+
+def _drop_partial_target(env: StepEnv) -> None:
+    op, ctx, log = env.op, env.ctx, env.log
+    if op.target_kind == "cnpg" and op.target_rendered_at is None and op.tables_copied == 0:
+        return
+    if not _target_known(op):
+        return
+    safe = not ctx.progress.flipped or stores.binding_names_source(op)
+    if op.tables_copied > 0:
+        if not safe:
+            log.error("rollback: binding may still point at the target — its tables are kept")
+        else:
+            _drop_target_tables(env)
+    if op.target_kind == "cnpg" and op.target_rendered_at is not None and safe:
+        try:
+            prov = stores.provisioner(ctx, op.to_shard)
+            with stores.provisioner_conn(ctx, prov) as conn:
+                env.fence.pre_statement_heartbeat()
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(op.target_user))
+                )
+            log.info(
+                f"rollback: target tenant role {op.target_user} set NOLOGIN on store "
+                f"{op.to_shard}; the empty target database {op.target_database} is left as cruft"
+            )
+        except Fenced:
+            raise
+        except (psycopg.Error, StepError) as exc:
+            log.error(f"rollback: could not set the target tenant role NOLOGIN: {exc}")
+
+
+def _drop_target_tables(env: StepEnv) -> None:
+    op, ctx, log = env.op, env.ctx, env.log
+    if op.target_kind == "external" and not ctx.target_password:
+        log.warn(
+            "copied tables on the external target were left in place (password unavailable); "
+            "the next attempt drops each table first"
+        )
+        return
+    try:
+        side = stores.target_side(ctx, op)
+        with side.connect(ctx) as conn, stores.registered(ctx, conn):
+            dropped = catalog_copy.drop_ducklake_tables(conn, RunnerHooks(env))
+        log.info(f"rollback: dropped {len(dropped)} partial target tables")
+    except Fenced:
+        raise
+    except (psycopg.Error, StepError, catalog_copy.CopyError) as exc:
+        log.error(f"rollback: dropping the partial target tables failed: {exc}")
+
+
+def _restore_source_access(env: StepEnv) -> bool:
+    """§4.6 step 4; True when the source is positively usable again (or never touched)."""
+    op, ctx, log = env.op, env.ctx, env.log
+    fenced_source = op.source_kind == "cnpg" and (
+        op.source_fence_requested_at is not None or ctx.progress.fence_requested
+    )
+    if op.source_kind == "cnpg" and not fenced_source:
+        return True
+    if op.source_kind == "external" and not ctx.progress.flipped:
+        return True
+    timeout = waits.full_source_timeout()
+    try:
+        source_password = stores.resolve_secret(
+            ctx, op.source_password_secret_ref, "the source tenant password"
+        )
+    except StepError as exc:
+        log.error(f"source tenant access recovery failed: {exc}; warehouse remains blocked")
+        return False
+    if op.source_kind == "cnpg":
+        try:
+            prov = stores.provisioner(ctx, op.from_shard)
+            with stores.provisioner_conn(ctx, prov) as conn:
+                conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
+            log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")
+        except (psycopg.Error, StepError) as exc:
+            log.error(
+                f"source tenant access recovery failed: ALTER ROLE {op.source_user} LOGIN on "
+                f"store {op.from_shard}: {exc}; warehouse remains blocked"
+            )
+            return False
+
+        def observe() -> tuple[bool, str]:
+            if not stores.binding_names_source(op):
+                return False, f"binding names {describe_binding(op.org_id)}, not the source"
+            try:
+                with stores.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+                    login = stores.role_state(conn, op.source_user)
+                    present = stores.database_exists(conn, op.source_database)
+            except psycopg.Error as exc:
+                return False, stores.classify(
+                    exc,
+                    role=prov.store.provisioner_user,
+                    ref=prov.store.provisioner_password_ref,
+                    where=f"store {prov.store.name}",
+                )
+            if login is not True or not present:
+                return False, (
+                    f"source role {op.source_user} "
+                    + {None: "missing", True: "LOGIN", False: "NOLOGIN"}[login]
+                    + f", database {op.source_database} {'present' if present else 'missing'}"
+                )
+            try:
+                stores.tenant_probe(
+                    ctx,
+                    prov.tenant_endpoint,
+                    database=op.source_database,
+                    user=op.source_user,
+                    password=source_password,
+                )
+            except psycopg.Error as exc:
+                return False, stores.classify(
+                    exc,
+                    role=op.source_user,
+                    ref=op.source_password_secret_ref,
+                    where=f"source store {prov.store.name} tenant endpoint",
+                )
+            return True, "source role LOGIN, database present, tenant SELECT 1 succeeded"
+
+        where = f"on source store {op.from_shard}"
     else:
-        env.log.info("rollback: the warehouse was never blocked; nothing to undo")
-    return RollbackOutcome(recovered=True, left_blocked=False)
+        endpoint = pgadmin.Endpoint(
+            op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
+        )
+
+        def observe() -> tuple[bool, str]:
+            if not stores.binding_names_source(op):
+                return False, f"binding names {describe_binding(op.org_id)}, not the source"
+            try:
+                stores.tenant_probe(
+                    ctx,
+                    endpoint,
+                    database=op.source_database,
+                    user=op.source_user,
+                    password=source_password,
+                )
+            except psycopg.Error as exc:
+                return False, stores.classify(
+                    exc,
+                    role=op.source_user,
+                    ref=op.source_password_secret_ref,
+                    where=f"external source {endpoint.host}:{endpoint.port}",
+                )
+            return True, "binding names the source and tenant SELECT 1 succeeded"
+
+        where = f"on external source {op.source_endpoint}:{op.source_port}"
+    try:
+        waits.poll_until(
+            ctx,
+            log,
+            timeout,
+            observe,
+            purpose=f"for source tenant access {where}",
+            timeout_message=f"source tenant access {where} not observed within {timeout:g} s",
+            cancel_aware=False,
+            rollback=True,
+        )
+    except StepError as exc:
+        log.error(f"source tenant access recovery failed: {exc}; warehouse remains blocked")
+        return False
+    log.info(f"rollback: source tenant access verified {where}")
+    return True
 
 
 def unblock(env: StepEnv) -> bool:
     """§4.6 step 5; True when the warehouse moved ``resharding → ready``."""
+    return _unblock(env, ROLLED_BACK_MESSAGE)
+
+
+def unblock_completed(env: StepEnv) -> bool:
+    """Roll-forward finish for the recovery command: ``ready`` with the completion message."""
+    return _unblock(env, COMPLETE_MESSAGE)
+
+
+def _unblock(env: StepEnv, message: str) -> bool:
     org = env.op.org_id
     with transaction.atomic():
         locks.lock_org(org)
@@ -84,12 +337,8 @@ def unblock(env: StepEnv) -> bool:
             .values_list("compaction_prior", flat=True)
             .first()
         )
-        restore, value = _prior_to_flag(prior)
-        fields: dict[str, Any] = {
-            "state": "ready",
-            "status_message": ROLLED_BACK_MESSAGE,
-            "updated_at": Now(),
-        }
+        restore, value = prior_to_flag(prior)
+        fields: dict[str, Any] = {"state": "ready", "status_message": message, "updated_at": Now()}
         if restore:
             fields["compaction_enabled"] = value
         moved = Warehouse.objects.filter(org_id=org, state="resharding").update(**fields)
@@ -102,20 +351,20 @@ def unblock(env: StepEnv) -> bool:
             return False
         env.fence.update(unblocked_at=Now())
     env.log.info(
-        f"warehouse unblocked: resharding → ready ({ROLLED_BACK_MESSAGE})"
+        f"warehouse unblocked: resharding → ready ({message})"
         + (f"; compaction_enabled restored to {value}" if restore else "")
     )
     return True
 
 
-def _restore_compaction_only(env: StepEnv) -> None:
+def restore_compaction_only(env: StepEnv) -> None:
     with transaction.atomic():
         prior = (
             ReshardOperation.objects.filter(id=env.op.id)
             .values_list("compaction_prior", flat=True)
             .first()
         )
-        restore, value = _prior_to_flag(prior)
+        restore, value = prior_to_flag(prior)
         if not restore:
             return
         Warehouse.objects.filter(org_id=env.op.org_id, state="resharding").update(
@@ -123,3 +372,19 @@ def _restore_compaction_only(env: StepEnv) -> None:
         )
         env.fence.update()
     env.log.info(f"compaction_enabled restored to {value}")
+
+
+_restore_compaction_only = restore_compaction_only
+
+
+def roll_forward(env: StepEnv, finish: Callable[[StepEnv], Any]) -> None:
+    """§4.7: never re-point at the source; redo the source drop if unconfirmed; ``finish``."""
+    from reshard.runner.steps.cleanup import drop_source
+
+    op = env.op
+    op.refresh_from_db()
+    _release(env)
+    if op.source_kind == "cnpg" and op.source_dropped_at is None:
+        env.log.info(f"roll-forward: re-running the source drop on store {op.from_shard}")
+        drop_source(env)
+    finish(env)

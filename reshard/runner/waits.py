@@ -9,13 +9,14 @@ about every 15 s.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import DatabaseError
 
 from duckgres_admin.models import ReshardOperation
 from reshard.runner.context import RunContext
-from reshard.runner.errors import Cancelled, Interrupted
+from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.oplog import OpLogWriter
 
 OBSERVATION_INTERVAL = 15.0
@@ -68,3 +69,53 @@ def rollback_deadline(ctx: RunContext, seconds: float) -> float:
     if ctx.sigterm_at is not None:
         deadline = min(deadline, ctx.sigterm_at + settings.DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS)
     return deadline
+
+
+def poll_until(
+    ctx: RunContext,
+    oplog: OpLogWriter,
+    seconds: float,
+    observe: Callable[[], tuple[bool, str]],
+    *,
+    purpose: str,
+    timeout_message: str,
+    cancel_aware: bool = True,
+    rollback: bool = False,
+    interval: float | None = None,
+) -> str:
+    """Poll ``observe`` (→ (done, observation)) until done; returns the last observation.
+
+    Announces the deadline, logs the observation about every 15 s, checks ``stop`` (not in
+    ``rollback`` mode, whose deadline is capped by the SIGTERM budget instead) and the cancel
+    flag when ``cancel_aware``; on timeout raises ``StepError`` with the last observation.
+    """
+    deadline = rollback_deadline(ctx, seconds) if rollback else time.monotonic() + seconds
+    pause = float(settings.DUCKGRES_RESHARD_POLL_SECONDS) if interval is None else interval
+    oplog.info(f"waiting up to {seconds:g} s {purpose} (deadline in {seconds:g} s)")
+    next_observation = time.monotonic() + OBSERVATION_INTERVAL
+    last = "no observation yet"
+    while True:
+        if not rollback and ctx.stop.is_set():
+            raise Interrupted()
+        if ctx.fenced:
+            raise Interrupted()
+        if cancel_aware and not rollback and cancel_requested(ctx.op_id):
+            raise Cancelled()
+        done, last = observe()
+        if done:
+            return last
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StepError(f"{timeout_message}; last observation: {last}")
+        if time.monotonic() >= next_observation:
+            oplog.info(f"still waiting {purpose}: {remaining:.0f} s left; observed: {last}")
+            next_observation = time.monotonic() + OBSERVATION_INTERVAL
+        if rollback:
+            time.sleep(min(pause, remaining))
+        else:
+            ctx.stop.wait(min(pause, remaining))
+
+
+def full_source_timeout() -> float:
+    """The default flip timeout (never the per-op cutover override; spec §4.4)."""
+    return float(settings.DUCKGRES_RESHARD_FLIP_TIMEOUT)

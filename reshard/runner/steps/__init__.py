@@ -3,17 +3,40 @@
 The runner walks the direction's sequence from ``reshard.steps`` and, for each name, stamps the
 step and calls the registered function. A name with no function is a step this build does not
 have: the runner fails the operation honestly (``StepUnavailable``) and rolls back — it never
-skips a step or reports success for work not done. A later build adds a step by writing its
-function and registering it here; nothing else in the runner changes.
+skips a step or reports success for work not done. Steps whose behaviour differs per direction
+(``cutover``, ``cleaning_up``) dispatch on the op's kinds inside their module.
 """
 
 from __future__ import annotations
 
-from reshard.runner.steps import blocking
+from reshard.runner.steps import (
+    access,
+    backup_catalog,
+    blocking,
+    cleanup,
+    compaction,
+    copying,
+    cutover,
+    draining,
+    fence_source,
+    finalize,
+)
 from reshard.runner.steps.base import StepEnv, StepFn
 
 REGISTRY: dict[str, StepFn] = {
     "blocking": blocking.run,
+    "preparing_access": access.run,
+    "draining": draining.run,
+    "fencing_source": fence_source.run,
+    "pausing_compaction": compaction.run,
+    "backup_catalog": backup_catalog.run,
+    "cutover": cutover.run,
+    "copying": copying.run,
+    "verifying": copying.run_verify,
+    "orphaning_source": cleanup.run_orphaning,
+    "verifying_external": cleanup.run_verifying_external,
+    "cleaning_up": cleanup.run,
+    "finalizing": finalize.run,
 }
 
 
@@ -21,4 +44,4 @@ def lookup(step: str) -> StepFn | None:
     return REGISTRY.get(step)
 
 
-__all__ = ["REGISTRY", "StepEnv", "StepFn", "lookup"]
+__all__ = ["REGISTRY", "StepEnv", "StepFn", "finalize", "lookup"]

@@ -1,0 +1,49 @@
+"""Step C ``preparing_access`` (cnpg sources; spec §4.4 C; safeguard 9).
+
+On the source store's direct endpoint, tenant database, as the provisioner: membership in the
+tenant role (``pg_has_role … MEMBER``), ``SET ROLE`` to it, tenant ``rolcanlogin`` observed
+true. A missing privilege fails at once naming the grant; then ``source_access_verified_at``.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.db.models.functions import Coalesce, Now
+from psycopg import sql
+
+from reshard.runner import stores
+from reshard.runner.errors import StepError
+from reshard.runner.steps.base import StepEnv
+
+
+def run(env: StepEnv) -> None:
+    op, ctx = env.op, env.ctx
+    prov = stores.provisioner(ctx, op.from_shard)
+    user, tenant = prov.store.provisioner_user, op.source_user
+    where = prov.direct.redacted(op.source_database, user)
+    try:
+        with stores.provisioner_conn(ctx, prov, dbname=op.source_database) as conn:
+            row = conn.execute(
+                "SELECT pg_has_role(current_user, %s, 'MEMBER')", [tenant]
+            ).fetchone()
+            if not row or not row[0]:
+                raise StepError(
+                    f"provisioner {user} cannot act as tenant role {tenant} on store "
+                    f"{prov.store.name}: GRANT {tenant} TO {user}"
+                )
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(tenant)))
+            login = stores.role_state(conn, tenant)
+    except psycopg.Error as exc:
+        raise StepError(f"cannot prepare source access at {where}: {exc}") from None
+    if login is not True:
+        raise StepError(
+            f"tenant role {tenant} on store {prov.store.name} is "
+            + ("missing" if login is None else "NOLOGIN")
+            + " before the fence (observed in pg_roles); refusing to proceed"
+        )
+    env.fence.update(source_access_verified_at=Coalesce("source_access_verified_at", Now()))
+    ctx.progress.source_access_verified = True
+    env.log.info(
+        f"source access verified: provisioner {user} can SET ROLE {tenant} on store "
+        f"{prov.store.name} (tenant role has LOGIN)"
+    )

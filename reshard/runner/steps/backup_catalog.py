@@ -1,0 +1,66 @@
+"""Step G ``backup_catalog`` (spec §4.4 G, §4.10) and, for →cnpg targets, H1
+``preflightCnpgTarget`` (no stamp) at its end.
+
+The direction gate: for cnpg→external a failed backup fails the step ("pre-flip catalog backup
+is mandatory …"); other directions log a warning and continue with ``backup_s3_uri`` empty.
+"""
+
+from __future__ import annotations
+
+from duckgres_admin.models import Warehouse
+from reshard import backup
+from reshard.runner import stores
+from reshard.runner.errors import StepError
+from reshard.runner.hooks import RunnerHooks
+from reshard.runner.steps import preflight
+from reshard.runner.steps.base import StepEnv
+
+
+def _source(env: StepEnv) -> backup.BackupSource:
+    side = stores.source_side(env.ctx, env.op)
+    return backup.BackupSource(
+        host=side.endpoint.host,
+        port=side.endpoint.port,
+        database=side.database,
+        user=side.user,
+        sslmode=side.endpoint.sslmode,
+        password=side.password,
+        role=side.role,
+    )
+
+
+def run(env: StepEnv) -> None:
+    run_backup_step(env)
+    if env.op.target_kind == "cnpg":
+        preflight.run(env)
+
+
+def run_backup_step(env: StepEnv) -> None:
+    op = env.op
+    mandatory = op.source_kind == "cnpg" and op.target_kind == "external"
+    wh = Warehouse.objects.get(org_id=op.org_id)
+    hooks = RunnerHooks(env, progress_keys=("bytes_dumped", "backup_parts"))
+    try:
+        source = _source(env)
+        result = backup.run_backup(
+            op.id,
+            source,
+            backup.BackupDestination(wh.data_bucket, wh.data_region, wh.data_role_arn),
+            hooks,
+            mandatory=mandatory,
+            restore_to=backup.RestoreTarget(
+                source.host, source.port, op.source_user, source.database
+            ),
+        )
+    except (backup.BackupError, StepError) as exc:
+        if env.ctx.stop.is_set():
+            raise
+        text = backup.gated_failure(str(exc), mandatory=mandatory)
+        if mandatory:
+            raise StepError(text) from None
+        env.log.warn(text)
+        return
+    env.fence.update(backup_s3_uri=result.uri, backup_bytes=result.bytes)
+    op.backup_s3_uri, op.backup_bytes = result.uri, result.bytes
+    for line in result.log_lines():
+        env.log.info(line)

@@ -1,0 +1,105 @@
+"""Steps K/O ``cleaning_up``, L ``orphaning_source`` and N ``verifying_external``
+(spec §4.4 K, L, N, O; safeguards 4, 12, 15, 16).
+
+The source ``DROP DATABASE … WITH (FORCE)`` runs on the source's **direct** endpoint, database
+``postgres``, as the provisioner after ``SET ROLE`` tenant, after the pre-statement heartbeat,
+and only after the commit point is durable (``source_drop_committed_at`` for →cnpg,
+``external_verified_at`` for →external). An empty database name is never sent (ERROR, skip). A
+failed drop is an ERROR, not fatal. The tenant role on the source stays NOLOGIN, never dropped.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.db.models.functions import Coalesce, Now
+from psycopg import sql
+
+from reshard.runner import stores, testhooks
+from reshard.runner.errors import StepError
+from reshard.runner.steps.base import StepEnv
+from reshard.runner.steps.copying import release_handle
+
+
+def run(env: StepEnv) -> None:
+    op = env.op
+    if op.target_kind == "external":
+        release_handle(env)
+        drop_source(env)
+        return
+    if op.source_kind == "external":
+        env.log.info("external source left untouched (never deleted)")
+        release_handle(env)
+        return
+    env.fence.update(source_drop_committed_at=Coalesce("source_drop_committed_at", Now()))
+    op.refresh_from_db(fields=["source_drop_committed_at"])
+    env.log.info("commit point reached: all subsequent failures roll forward")
+    release_handle(env)
+    drop_source(env)
+
+
+def drop_source(env: StepEnv) -> None:
+    """Drop the cnpg source database (idempotent ``IF EXISTS``); never fatal."""
+    op, ctx = env.op, env.ctx
+    database = op.source_database
+    if not database:
+        env.log.error(
+            "source database name is empty: skipping DROP DATABASE (nothing sent); check the "
+            f"source on store {op.from_shard} manually"
+        )
+        return
+    try:
+        prov = stores.provisioner(ctx, op.from_shard)
+        with stores.provisioner_conn(ctx, prov, role=op.source_user) as conn:
+            env.fence.pre_statement_heartbeat()
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+            )
+            testhooks.kill_point("after_source_drop")
+            gone = not stores.database_exists(conn, database)
+    except (psycopg.Error, StepError) as exc:
+        env.log.error(
+            f"source database must be dropped manually: DROP DATABASE {database} on store "
+            f"{op.from_shard} failed: {exc}"
+        )
+        return
+    if not gone:
+        env.log.error(
+            f"source database must be dropped manually: {database} still exists on store "
+            f"{op.from_shard} after DROP DATABASE"
+        )
+        return
+    env.fence.update(source_dropped_at=Now())
+    op.refresh_from_db(fields=["source_dropped_at"])
+    env.log.info(
+        f"source database {database} dropped on store {op.from_shard} (tenant role "
+        f"{op.source_user} stays NOLOGIN there)"
+    )
+
+
+def run_orphaning(env: StepEnv) -> None:
+    op, ctx = env.op, env.ctx
+    try:
+        prov = stores.provisioner(ctx, op.from_shard)
+        with stores.provisioner_conn(ctx, prov) as conn:
+            present = stores.database_exists(conn, op.source_database)
+            login = stores.role_state(conn, op.source_user)
+    except psycopg.Error as exc:
+        raise StepError(f"cannot observe the source on store {op.from_shard}: {exc}") from None
+    if not present or login is not False:
+        raise StepError(
+            f"source catalog not retained on store {op.from_shard}: database "
+            f"{op.source_database} {'present' if present else 'missing'}, tenant role "
+            f"{op.source_user} " + {None: "missing", True: "LOGIN", False: "NOLOGIN"}[login]
+        )
+    env.log.info(f"source catalog retained on {op.from_shard} until the external copy is verified")
+
+
+def run_verifying_external(env: StepEnv) -> None:
+    op = env.op
+    env.log.info(
+        f"source and target COPY row counts matched for {op.tables_copied} tables; the "
+        "external target serves the binding"
+    )
+    env.fence.update(external_verified_at=Coalesce("external_verified_at", Now()))
+    op.refresh_from_db(fields=["external_verified_at"])
+    env.log.info("commit point reached (external verified): all subsequent failures roll forward")

@@ -1,0 +1,100 @@
+"""Steps I ``copying`` and J ``verifying`` (spec §4.4 I, J, §4.9; safeguards 7, 17, 18, 44, 54).
+
+Source and target are built from the op's durable fields (never the binding: after a →cnpg
+cutover it names the target). Both are probed; the target identity checks (§4.18) run before
+any target write, takeovers included; then the copy. Its release handle (the source
+``REPEATABLE READ`` transaction holding the ``SHARE`` locks) lives on the run context until the
+source is dropped (cleanup) or the rollback ends. The three ``*_copied`` counters are written
+only after a successful copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from django.conf import settings
+
+from reshard import copy as catalog_copy
+from reshard import verify
+from reshard.runner import stores
+from reshard.runner.errors import StepError
+from reshard.runner.hooks import RunnerHooks
+from reshard.runner.steps import preflight
+from reshard.runner.steps.base import StepEnv
+
+
+def _probe(env: StepEnv, side: stores.Side) -> None:
+    try:
+        with side.connect(env.ctx) as conn, stores.registered(env.ctx, conn):
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise StepError(
+            f"cannot reach the {side.label} {side.redacted()}: {' '.join(str(exc).split())}"
+        ) from None
+
+
+def run(env: StepEnv) -> None:
+    ctx, op = env.ctx, env.op
+    source = stores.source_side(ctx, op)
+    target = stores.target_side(ctx, op)
+    _probe(env, source)
+    _probe(env, target)
+    preflight.check_target_identity(env)
+    release_handle(env)  # a takeover's retry starts from a clean slate
+    hooks = RunnerHooks(
+        env, progress_keys=("tables_total", "tables_done", "rows_copied", "bytes_copied")
+    )
+    env.log.info(f"copying the catalog from {source.redacted()} to {target.redacted()}")
+    try:
+        result = catalog_copy.copy_catalog(
+            lambda: source.connect(ctx),
+            lambda: target.connect(ctx),
+            hooks,
+            parallelism=int(settings.DUCKGRES_RESHARD_COPY_PARALLELISM),
+        )
+    except catalog_copy.CopyError as exc:
+        raise StepError(str(exc)) from None
+    ctx.release_handle = result.release
+    env.fence.update(
+        tables_copied=result.tables_copied,
+        rows_copied=result.rows_copied,
+        bytes_copied=result.bytes_copied,
+    )
+    op.tables_copied = result.tables_copied
+    op.rows_copied = result.rows_copied
+    op.bytes_copied = result.bytes_copied
+    ctx.progress.copied = result.tables_copied > 0
+    env.log.info(
+        f"copy complete: {result.tables_copied} tables, {result.rows_copied} rows, "
+        f"{result.bytes_copied} bytes"
+    )
+
+
+def release_handle(env: StepEnv) -> None:
+    """Release the source write fence (idempotent)."""
+    handle: Any = env.ctx.release_handle
+    if handle is not None:
+        handle.release()
+        env.ctx.release_handle = None
+
+
+def run_verify(env: StepEnv) -> None:
+    ctx, op = env.ctx, env.op
+    env.log.info(
+        f"source and target COPY row counts matched for {op.tables_copied} tables while the "
+        "write fence was held"
+    )
+    handle: Any = ctx.release_handle
+    if handle is None or handle.released:
+        raise StepError("the copy's source snapshot is gone; cannot verify (re-run the copy)")
+    target = stores.target_side(ctx, op)
+    try:
+        with target.connect(ctx) as conn, stores.registered(ctx, conn):
+            conn.execute("SET search_path = public")
+            result = verify.verify_ducklake(handle.connection, conn)
+    except verify.VerifyError as exc:
+        raise StepError(str(exc)) from None
+    except psycopg.Error as exc:
+        raise StepError(f"DuckLake verification could not read the target: {exc}") from None
+    env.log.info(result.message)

@@ -1,0 +1,230 @@
+"""``cutover``: H2 for →cnpg targets, M for cnpg→external (spec §4.4 H2, M; safeguards 8, 13).
+
+H2 renders the tenant on the target store (role with LOGIN and the password as a
+client-computed SCRAM-SHA-256 verifier — the cleartext never appears in SQL, so server
+statement logs cannot capture it; database owned by the tenant, never adopted), observes both
+(``target_rendered_at``), reads the cancel flag one last time, flips the binding and waits,
+cancel-aware, for ``rolcanlogin`` and a tenant ``SELECT 1`` through the tenant endpoint
+(``target_login_ready_at``, the →cnpg cancel cutoff).
+
+M re-resolves the target secret and compares it in constant time with the password slot before
+the flip, flips, then waits with no cancel check for the binding to work as the data plane
+would use it.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import psycopg
+from django.conf import settings
+from django.db.models.functions import Now
+from psycopg import sql
+
+from duckgres_admin.lib import pgadmin
+from duckgres_admin.models import Warehouse
+from reshard import identity
+from reshard.runner import binding, stores, testhooks, waits
+from reshard.runner.errors import Cancelled, StepError
+from reshard.runner.steps.base import StepEnv
+
+
+def cutover_timeout(env: StepEnv) -> float:
+    value = env.op.cutover_timeout_seconds
+    return float(value) if value and value > 0 else float(settings.DUCKGRES_RESHARD_FLIP_TIMEOUT)
+
+
+def run(env: StepEnv) -> None:
+    if env.op.target_kind == "cnpg":
+        run_cnpg(env)
+    else:
+        run_external(env)
+
+
+# --- H2 -------------------------------------------------------------------------------------
+def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None:
+    op, ctx = env.op, env.ctx
+    role, database = op.target_user, op.target_database
+    with stores.provisioner_conn(ctx, prov) as conn:
+        verifier = conn.pgconn.encrypt_password(
+            password.encode(), role.encode(), b"scram-sha-256"
+        ).decode()
+        ctx.scrubber.add(verifier)
+        exists = stores.role_state(conn, role) is not None
+        verb = "ALTER" if exists else "CREATE"
+        conn.execute(
+            sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(verifier)
+            )
+        )
+        member = conn.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [role]).fetchone()
+        if not member or not member[0]:
+            conn.execute(
+                sql.SQL("GRANT {} TO {}").format(
+                    sql.Identifier(role), sql.Identifier(prov.store.provisioner_user)
+                )
+            )
+        owner = identity.database_owner_message(
+            conn, database=database, tenant_role=role, store_name=prov.store.name
+        )
+        if owner:
+            raise StepError(owner)
+        if not stores.database_exists(conn, database):
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(database), sql.Identifier(role)
+                )
+            )
+        state = stores.role_state(conn, role)
+        present = stores.database_exists(conn, database)
+    if state is not True or not present:
+        raise StepError(
+            f"target tenant not rendered on store {prov.store.name}: role {role} "
+            f"{'LOGIN' if state else 'missing or NOLOGIN'}, database {database} "
+            f"{'present' if present else 'missing'}"
+        )
+    env.log.info(
+        f"{verb.lower()}d tenant role {role} (LOGIN, SCRAM verifier) and ensured database "
+        f"{database} owned by it on store {prov.store.name}"
+    )
+
+
+def run_cnpg(env: StepEnv) -> None:
+    op, ctx = env.op, env.ctx
+    prov = stores.provisioner(ctx, op.to_shard)
+    password = stores.resolve_secret(
+        ctx,
+        op.target_password_secret_ref,
+        f"the target password secret {op.target_password_secret_ref}",
+    )
+    if not ctx.progress.flipped:
+        try:
+            render_target(env, prov, password)
+        except psycopg.Error as exc:
+            raise StepError(
+                f"rendering the tenant on target store {prov.store.name} failed: {exc}"
+            ) from None
+        env.fence.update(target_rendered_at=Now())
+        op.refresh_from_db(fields=["target_rendered_at"])
+        if waits.cancel_requested(op.id):
+            raise Cancelled()
+        binding.switch(env, binding.target_binding(op), what="binding switch to the target")
+        ctx.progress.flipped = True
+        env.log.info(
+            f"binding switched to cnpg store {op.to_shard} (database {op.target_database}, "
+            f"user {op.target_user})"
+        )
+        testhooks.kill_point("after_flip")
+    timeout = cutover_timeout(env)
+    role = op.target_user
+
+    def ready() -> tuple[bool, str]:
+        try:
+            with stores.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+                state = stores.role_state(conn, role)
+        except psycopg.Error as exc:
+            return False, stores.classify(
+                exc,
+                role=prov.store.provisioner_user,
+                ref=prov.store.provisioner_password_ref,
+                where=f"store {prov.store.name} (direct)",
+            )
+        if state is not True:
+            return False, f"target role {role} is {'NOLOGIN' if state is False else 'missing'}"
+        try:
+            stores.tenant_probe(
+                ctx,
+                prov.tenant_endpoint,
+                database=op.target_database,
+                user=role,
+                password=password,
+            )
+        except psycopg.Error as exc:
+            return False, stores.classify(
+                exc,
+                role=role,
+                ref=op.target_password_secret_ref,
+                where=f"store {prov.store.name} tenant endpoint",
+            )
+        return True, f"role {role} LOGIN and tenant SELECT 1 succeeded"
+
+    waits.poll_until(
+        ctx,
+        env.log,
+        timeout,
+        ready,
+        purpose=f"for target shard {op.to_shard} to accept the tenant login",
+        timeout_message=f"target shard {op.to_shard} did not become ready within {timeout:g} s",
+    )
+    env.fence.update(target_login_ready_at=Now())
+    op.refresh_from_db(fields=["target_login_ready_at"])
+    env.log.info(f"target login ready on store {op.to_shard}: the point of no return for cancel")
+
+
+# --- M --------------------------------------------------------------------------------------
+def run_external(env: StepEnv) -> None:
+    op, ctx = env.op, env.ctx
+    if not ctx.progress.flipped:
+        resolved = stores.resolve_secret(
+            ctx,
+            op.target_password_secret_ref,
+            f"the target password secret {op.target_password_secret_ref}",
+        )
+        if not ctx.target_password or not hmac.compare_digest(
+            resolved.encode(), ctx.target_password.encode()
+        ):
+            raise StepError(
+                f"password from secret {op.target_password_secret_ref} does not match the "
+                "password supplied when the operation was started — fix the secret and re-run"
+            )
+        binding.switch(
+            env, binding.target_binding(op), what="binding switch to the external target"
+        )
+        ctx.progress.flipped = True
+        env.log.info(
+            f"binding switched to external {op.target_endpoint}:{op.target_port}/"
+            f"{op.target_database} (user {op.target_user})"
+        )
+        testhooks.kill_point("after_flip")
+    timeout = cutover_timeout(env)
+
+    def works() -> tuple[bool, str]:
+        wh = Warehouse.objects.get(org_id=op.org_id)
+        endpoint = pgadmin.Endpoint(
+            wh.metadata_store_host,
+            int(wh.metadata_store_port or 5432),
+            wh.metadata_store_sslmode or "require",
+        )
+        try:
+            password = stores.resolve_secret(
+                ctx, wh.metadata_store_password_ref, "the binding's password"
+            )
+        except StepError as exc:
+            return False, str(exc)
+        try:
+            stores.tenant_probe(
+                ctx,
+                endpoint,
+                database=wh.metadata_store_database,
+                user=wh.metadata_store_user,
+                password=password,
+            )
+        except psycopg.Error as exc:
+            return False, stores.classify(
+                exc,
+                role=wh.metadata_store_user,
+                ref=wh.metadata_store_password_ref,
+                where=f"{endpoint.host}:{endpoint.port}",
+            )
+        return True, "tenant SELECT 1 through the new binding succeeded"
+
+    waits.poll_until(
+        ctx,
+        env.log,
+        timeout,
+        works,
+        purpose="for the external target to accept the new binding",
+        timeout_message=f"external target did not accept the new binding within {timeout:g} s",
+        cancel_aware=False,
+    )
+    env.log.info("external target accepts the new binding")

@@ -1,0 +1,82 @@
+"""Step P ``finalizing`` (spec §4.4 P; invariant 14; safeguard 30).
+
+One transaction: warehouse ``resharding → ready`` (``metadata-store reshard complete``,
+``compaction_enabled`` restored exactly from a recorded prior) and the fenced op update
+``state='succeeded'`` with ``unblocked_at = finished_at = heartbeat_at = now()``; the open step
+row closes ``ok``. Zero warehouse rows → "warehouse state mismatch"; zero op rows → ``Fenced``,
+rolling the warehouse write back. The heartbeat thread is stopped first (a tick after the op
+left ``running`` would look like fencing) and restarted if the transaction fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome, Warehouse
+from reshard.runner.errors import Fenced, StepError
+from reshard.runner.steps.base import StepEnv
+
+COMPLETE_MESSAGE = "metadata-store reshard complete"
+
+
+def prior_to_flag(prior: Any) -> tuple[bool, bool | None]:
+    """(restore?, value) from a ``compaction_prior`` shape; NULL = never paused = untouched."""
+    if prior is None:
+        return False, None
+    if isinstance(prior, dict) and prior.get("present"):
+        return True, bool(prior.get("value"))
+    return True, None
+
+
+def restore_fields(op_id: int) -> dict[str, Any]:
+    prior = (
+        ReshardOperation.objects.filter(id=op_id).values_list("compaction_prior", flat=True).first()
+    )
+    restore, value = prior_to_flag(prior)
+    return {"compaction_enabled": value} if restore else {}
+
+
+def run(env: StepEnv) -> None:
+    from reshard.runner.report import write_report
+
+    restart = None
+    if env.heartbeat is not None:
+        env.heartbeat.stop()
+        restart = env.heartbeat
+    try:
+        with transaction.atomic():
+            fields = restore_fields(env.op.id)
+            moved = Warehouse.objects.filter(org_id=env.op.org_id, state="resharding").update(
+                state="ready", status_message=COMPLETE_MESSAGE, updated_at=Now(), **fields
+            )
+            if moved != 1:
+                raise StepError("warehouse state mismatch")
+            env.fence.update(state="succeeded", error="", unblocked_at=Now(), finished_at=Now())
+            ReshardStepTiming.objects.filter(
+                operation_id=env.op.id, outcome=StepOutcome.OPEN
+            ).update(outcome=StepOutcome.OK, ended_at=Now())
+    except Fenced:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure is the finalize error
+        _restart_heartbeat(env, restart)
+        raise StepError(f"atomically finalize reshard and unblock warehouse: {exc}") from None
+    env.ctx.finalized = True
+    restored = f"; compaction_enabled restored to {fields['compaction_enabled']}" if fields else ""
+    env.log.info(f"warehouse unblocked: resharding → ready ({COMPLETE_MESSAGE}){restored}")
+    try:
+        write_report(env, "succeeded")
+    except Exception as exc:  # noqa: BLE001 - the op is already succeeded
+        env.log.warn(f"could not write the end-of-op report: {exc}")
+
+
+def _restart_heartbeat(env: StepEnv, old: Any) -> None:
+    if old is None:
+        return
+    from reshard.runner.heartbeat import Heartbeat
+
+    fresh = Heartbeat(env.ctx, env.log, env.fence.heartbeat)
+    env.heartbeat = fresh
+    fresh.start()

@@ -1,0 +1,292 @@
+"""Connections the steps, rollback and roll-forward open to metadata stores (spec §4.9, §4.11).
+
+Rules: passwords reach psycopg only as ``password=`` (``lib.pgadmin.connect``); every password
+resolved here is added to the run context's scrubber before it can appear anywhere; fences,
+terminations and drops use the store's **direct** endpoint (never the pooler); tenant probes use
+the tenant endpoint (pooler when configured). Every connection opened here is registered with the
+run context while in use so that fencing can cancel it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from duckgres_admin.lib import pgadmin, secretrefs
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from reshard.runner.context import RunContext
+from reshard.runner.errors import StepError
+
+PgConn = psycopg.Connection[tuple[object, ...]]
+
+
+def app_name(op_id: int) -> str:
+    return f"duckgres-reshard-op-{op_id}"
+
+
+@dataclass(frozen=True)
+class Provisioner:
+    store: MetadataStore
+    password: str
+
+    @property
+    def direct(self) -> pgadmin.Endpoint:
+        return pgadmin.Endpoint(self.store.host, self.store.port, self.store.sslmode)
+
+    @property
+    def tenant_endpoint(self) -> pgadmin.Endpoint:
+        """Where the data plane's tenant logins go: the pooler when set, else direct."""
+        if self.store.pooler_host:
+            return pgadmin.Endpoint(
+                self.store.pooler_host,
+                self.store.pooler_port or self.store.port,
+                self.store.pooler_sslmode or self.store.sslmode,
+            )
+        return self.direct
+
+
+def cnpg_store(name: str) -> MetadataStore:
+    store = MetadataStore.objects.filter(name=name).first()
+    if store is None or store.kind != "cnpg":
+        raise StepError(
+            f"cnpg store {name or '<empty>'} is "
+            + ("not registered" if store is None else f"registered as {store.kind}")
+        )
+    return store
+
+
+def resolve_secret(ctx: RunContext, ref: str, what: str) -> str:
+    """Resolve a secret reference and register the value with the scrubber."""
+    try:
+        value = secretrefs.resolve(ref)
+    except secretrefs.SecretRefError as exc:
+        raise StepError(f"cannot resolve {what}: {exc}") from None
+    ctx.scrubber.add(value)
+    return value
+
+
+def provisioner(ctx: RunContext, store_name: str) -> Provisioner:
+    store = cnpg_store(store_name)
+    password = resolve_secret(
+        ctx, store.provisioner_password_ref, f"the provisioner password of store {store.name}"
+    )
+    return Provisioner(store, password)
+
+
+@contextlib.contextmanager
+def registered(ctx: RunContext, conn: PgConn) -> Iterator[PgConn]:
+    ctx.register_connection(conn)
+    try:
+        yield conn
+    finally:
+        ctx.unregister_connection(conn)
+
+
+@contextlib.contextmanager
+def provisioner_conn(
+    ctx: RunContext,
+    prov: Provisioner,
+    *,
+    dbname: str = "postgres",
+    role: str = "",
+    connect_timeout: int = 10,
+) -> Iterator[PgConn]:
+    """An autocommit provisioner connection on the direct endpoint (``SET ROLE`` optional)."""
+    with (
+        pgadmin.connect(
+            prov.direct,
+            dbname=dbname,
+            user=prov.store.provisioner_user,
+            password=prov.password,
+            application_name=app_name(ctx.op_id),
+            connect_timeout=connect_timeout,
+        ) as conn,
+        registered(ctx, conn),
+    ):
+        if role:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        yield conn
+
+
+def role_state(conn: PgConn, role: str) -> bool | None:
+    """``rolcanlogin`` of ``role`` (None: the role does not exist)."""
+    row = conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def database_exists(conn: PgConn, database: str) -> bool:
+    row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+    return row is not None
+
+
+def classify(exc: BaseException, *, role: str, ref: str, where: str) -> str:
+    """A probe failure as an operator-facing observation (spec §4.11)."""
+    text = " ".join(str(exc).split())
+    if pgadmin.is_auth_failure(exc):
+        return (
+            f"authentication failed for role {role} at {where} (stranded password?): {text}; "
+            f"remedy: ALTER ROLE {role} WITH PASSWORD '<the password in secret {ref}>' on the "
+            "store's primary"
+        )
+    return f"probe of {where} as {role} failed: {text}"
+
+
+def tenant_probe(
+    ctx: RunContext,
+    endpoint: pgadmin.Endpoint,
+    *,
+    database: str,
+    user: str,
+    password: str,
+) -> None:
+    """Connect + ``SELECT 1`` as the tenant; raises the psycopg error."""
+    with (
+        pgadmin.connect(
+            endpoint,
+            dbname=database,
+            user=user,
+            password=password,
+            application_name=app_name(ctx.op_id),
+            connect_timeout=8,
+        ) as conn,
+        registered(ctx, conn),
+    ):
+        conn.execute("SELECT 1")
+
+
+# --- the two sides of a copy ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Side:
+    """How to reach one side's catalog as the tenant (directly or provisioner + SET ROLE)."""
+
+    label: str
+    endpoint: pgadmin.Endpoint
+    database: str
+    user: str
+    password: str
+    role: str = ""  # SET ROLE after connecting (cnpg sides)
+    store: str = ""  # cnpg store name
+
+    def connect(self, ctx: RunContext, *, autocommit: bool = True) -> PgConn:
+        conn = pgadmin.connect(
+            self.endpoint,
+            dbname=self.database,
+            user=self.user,
+            password=self.password,
+            application_name=app_name(ctx.op_id),
+            autocommit=autocommit,
+        )
+        try:
+            if self.role:
+                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+                if not autocommit:
+                    conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def redacted(self) -> str:
+        text = self.endpoint.redacted(self.database, self.user)
+        return f"{text} as role {self.role}" if self.role else text
+
+
+def source_side(ctx: RunContext, op: ReshardOperation) -> Side:
+    """The source from the op's durable fields (never the binding; spec §4.8)."""
+    if op.source_kind == "cnpg":
+        if not (op.source_endpoint and op.source_user and op.source_database):
+            raise StepError(
+                "the durable source fields (endpoint, user, database) are incomplete; refusing "
+                "to guess the source"
+            )
+        prov = provisioner(ctx, op.from_shard)
+        return Side(
+            "source",
+            pgadmin.Endpoint(op.source_endpoint, op.source_port or 5432, op.source_sslmode),
+            op.source_database,
+            prov.store.provisioner_user,
+            prov.password,
+            role=op.source_user,
+            store=prov.store.name,
+        )
+    if not ctx.source_password:
+        if op.source_password_secret_ref:
+            ctx.set_source_password(
+                resolve_secret(ctx, op.source_password_secret_ref, "the source password")
+            )
+        if not ctx.source_password:
+            raise StepError(
+                "external source password is not available to this runner — cancel and re-run "
+                "the operation"
+            )
+    return Side(
+        "source",
+        pgadmin.Endpoint(
+            op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
+        ),
+        op.source_database,
+        op.source_user,
+        ctx.source_password,
+    )
+
+
+def target_side(ctx: RunContext, op: ReshardOperation) -> Side:
+    if op.target_kind == "cnpg":
+        prov = provisioner(ctx, op.to_shard)
+        return Side(
+            "target",
+            prov.direct,
+            op.target_database,
+            prov.store.provisioner_user,
+            prov.password,
+            role=op.target_user,
+            store=prov.store.name,
+        )
+    if not ctx.target_password:
+        raise StepError(
+            "external target password is not available to this runner (takeover after a "
+            "crash?) — cancel and re-run the operation"
+        )
+    return Side(
+        "target",
+        pgadmin.Endpoint(
+            op.target_endpoint, op.target_port or 5432, op.target_sslmode or "require"
+        ),
+        op.target_database,
+        op.target_user,
+        ctx.target_password,
+    )
+
+
+def binding_names_source(op: ReshardOperation) -> bool:
+    """Fresh read-back: does the binding name the op's source?"""
+    wh = Warehouse.objects.filter(org_id=op.org_id).first()
+    if wh is None:
+        return False
+    if op.source_kind == "cnpg":
+        return (
+            wh.metadata_store_kind == "cnpg"
+            and (wh.metadata_store_id or "") == op.from_shard
+            and wh.metadata_store_database == op.source_database
+            and wh.metadata_store_user == op.source_user
+        )
+    return (
+        wh.metadata_store_kind == "external"
+        and wh.metadata_store_host == op.source_endpoint
+        and int(wh.metadata_store_port or 0) == int(op.source_port or 0)
+        and wh.metadata_store_database == op.source_database
+        and wh.metadata_store_user == op.source_user
+    )
+
+
+def quote_ident(name: str) -> sql.Identifier:
+    return sql.Identifier(name)
+
+
+def first(row: Any) -> Any:
+    return None if row is None else row[0]
