@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,92 @@ def claimed_env(transactional_db: None) -> Iterator[Callable[..., StepEnv]]:
     yield factory
     for writer in writers:
         writer.close()
+
+
+# --- the step machine end to end (tests/reshard/test_steps*.py) ----------------------------------
+@dataclass
+class RunnerS3:
+    endpoint_url: str
+    bucket: str
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DUCKGRES_S3_ENDPOINT_URL": self.endpoint_url,
+            "DUCKGRES_AWS_REGION": "us-east-1",
+            "DUCKGRES_S3_ADDRESSING_STYLE": "path",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+        }
+
+    def keys(self) -> list[str]:
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        answer = client.list_objects_v2(Bucket=self.bucket)
+        return [str(o["Key"]) for o in answer.get("Contents", [])]
+
+
+@pytest.fixture(scope="session")
+def runner_moto_server() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def runner_s3(runner_moto_server: str) -> RunnerS3:
+    import boto3
+
+    bucket = f"rs-{secrets.token_hex(6)}"
+    boto3.client(
+        "s3",
+        endpoint_url=runner_moto_server,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
+    return RunnerS3(runner_moto_server, bucket)
+
+
+def catalog_checksums(cluster: Any, database: str) -> dict[str, str]:
+    """md5 of every ``ducklake_*`` table's rows (ordered), read as the superuser."""
+    from psycopg import sql
+
+    with cluster.superuser_conn(database) as conn:
+        names = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename LIKE 'ducklake\\_%' ORDER BY 1"
+            )
+        ]
+        sums: dict[str, str] = {}
+        for name in names:
+            row = conn.execute(
+                sql.SQL("SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {} t").format(
+                    sql.Identifier(name)
+                )
+            ).fetchone()
+            sums[name] = str(row[0]) if row else ""
+    return sums
+
+
+def database_exists(cluster: Any, database: str) -> bool:
+    with cluster.superuser_conn() as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone() is not None
+
+
+def role_can_login(cluster: Any, role: str) -> bool | None:
+    with cluster.superuser_conn() as conn:
+        row = conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [role]).fetchone()
+    return None if row is None else bool(row[0])
