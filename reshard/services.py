@@ -34,7 +34,7 @@ from duckgres_admin.models import (
     WarehouseState,
     WarehouseTrino,
 )
-from reshard import identity, oplog, stash
+from reshard import identity, oplog, pgclients, stash
 from reshard.locks import lock_org
 from reshard.scrub import Scrubber, process_scrubber
 
@@ -248,12 +248,39 @@ def _check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore |
     return fields, store, label
 
 
-def _check_cnpg_target(
-    warehouse: Warehouse,
-    source_store: MetadataStore | None,
-    target: TargetRequest,
-    scrubber: Scrubber,
-) -> _Plan:
+# --- target checks (§5.1 steps 4-6), split so the dry run can run each one on its own ------
+
+
+@dataclass(frozen=True)
+class CnpgTarget:
+    """A structurally valid cnpg target (step 4 before the probe)."""
+
+    store: MetadataStore
+    user: str
+    database: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class ExternalTarget:
+    """A structurally valid external target (step 5 before the password and probe checks)."""
+
+    host: str
+    port: int
+    sslmode: str
+    user: str
+    database: str
+    ref: str
+
+    @property
+    def label(self) -> str:
+        return _hostport(self.host, self.port)
+
+
+def validate_cnpg_target(
+    warehouse: Warehouse, source_kind: str, target: TargetRequest
+) -> CnpgTarget:
+    """Step 4 up to (not including) the reference resolution and the probe."""
     shard = target.cnpg_shard.strip()
     if not re.fullmatch(STORE_NAME_PATTERN, shard):
         raise ServiceError(
@@ -269,8 +296,8 @@ def _check_cnpg_target(
         raise ServiceError(400, f"target store {shard} is not registered")
     if store.kind != StoreKind.CNPG:
         raise ServiceError(400, f"target store {shard} is not a cnpg store (kind {store.kind})")
-    if source_store is not None:
-        if shard == source_store.name:
+    if source_kind == StoreKind.CNPG:
+        if shard == str(warehouse.metadata_store_id or ""):
             raise ServiceError(400, f"target shard equals the org's current shard ({shard})")
         if target.user or target.database or target.password_secret_ref:
             raise ServiceError(
@@ -278,25 +305,36 @@ def _check_cnpg_target(
                 "the tenant identity is kept for cnpg→cnpg: target.user, target.database and "
                 "target.password_secret_ref must not be set",
             )
-        user = warehouse.metadata_store_user
-        database = warehouse.metadata_store_database
-        ref = warehouse.metadata_store_password_ref
-    else:
-        if not target.password_secret_ref:
-            raise ServiceError(400, "target.password_secret_ref is required for external→cnpg")
-        ref = target.password_secret_ref
-        scrubber.add(_resolve(ref, "target.password_secret_ref"))
-        user = target.user or warehouse.database_name
-        database = target.database or warehouse.database_name
-        if not user or not database:
-            raise ServiceError(
-                400,
-                "target.user and target.database default to the warehouse database_name, "
-                "which is empty; set them",
-            )
+        return CnpgTarget(
+            store,
+            warehouse.metadata_store_user,
+            warehouse.metadata_store_database,
+            warehouse.metadata_store_password_ref,
+        )
+    if not target.password_secret_ref:
+        raise ServiceError(400, "target.password_secret_ref is required for external→cnpg")
+    user = target.user or warehouse.database_name
+    database = target.database or warehouse.database_name
+    if not user or not database:
+        raise ServiceError(
+            400,
+            "target.user and target.database default to the warehouse database_name, "
+            "which is empty; set them",
+        )
+    return CnpgTarget(store, user, database, target.password_secret_ref)
 
+
+def resolve_cnpg_target_ref(ref: str, scrubber: Scrubber) -> None:
+    """external→cnpg: the tenant password reference must resolve (400 naming it)."""
+    scrubber.add(_resolve(ref, "target.password_secret_ref"))
+
+
+def open_cnpg_target(store: MetadataStore, scrubber: Scrubber) -> identity.PgConnection:
+    """The 8 s provisioner probe on the direct endpoint (503 ``destination_shard_unavailable``).
+
+    Returns the open connection (the caller closes it) for the identity checks."""
     endpoint = Endpoint(store.host, store.port, store.sslmode)
-    unavailable = f"destination shard {shard} is not accepting PostgreSQL connections"
+    unavailable = f"destination shard {store.name} is not accepting PostgreSQL connections"
     try:
         provisioner_password = secretrefs.resolve(store.provisioner_password_ref)
     except Exception as exc:  # noqa: BLE001 - reported as unavailable, naming the reference
@@ -307,16 +345,6 @@ def _check_cnpg_target(
             code="destination_shard_unavailable",
         ) from None
     scrubber.add(provisioner_password)
-    plan = _Plan(
-        fields={
-            "target_kind": StoreKind.CNPG,
-            "to_shard": shard,
-            "target_user": user,
-            "target_database": database,
-            "target_password_secret_ref": ref,
-        },
-        description=f"cnpg {shard}",
-    )
     try:
         conn = pgadmin.connect(
             endpoint,
@@ -330,63 +358,73 @@ def _check_cnpg_target(
         raise ServiceError(
             503, f"{unavailable}: {exc}", code="destination_shard_unavailable"
         ) from None
-    with conn:
-        try:
-            conn.execute("SELECT 1")
-        except Exception as exc:  # noqa: BLE001
-            raise ServiceError(
-                503, f"{unavailable}: {exc}", code="destination_shard_unavailable"
-            ) from None
-        target_ident = identity.read_server_identity(conn, endpoint)
-        _same_database_check(
-            plan, warehouse, source_store, target_ident, database, (store.host, store.port)
-        )
-        other = identity.other_warehouse_message(
-            org_id=warehouse.org_id,
-            target_database=database,
-            target_store=shard,
-            target_endpoints=identity.store_endpoints(store),
-            target_label=shard,
-        )
-        if other:
-            raise ServiceError(400, other)
-        owner = identity.database_owner_message(
-            conn, database=database, tenant_role=user, store_name=shard
-        )
-        if owner:
-            raise ServiceError(400, owner)
-    return plan
+    try:
+        conn.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001
+        conn.close()
+        raise ServiceError(
+            503, f"{unavailable}: {exc}", code="destination_shard_unavailable"
+        ) from None
+    return conn
 
 
-def _same_database_check(
-    plan: _Plan,
+def same_database_check(
+    warnings: list[str],
     warehouse: Warehouse,
     source_store: MetadataStore | None,
-    target_ident: identity.ServerIdentity | None,
+    target_conn: identity.PgConnection,
+    target_endpoint: Endpoint,
     target_database: str,
-    target_configured: tuple[str, int],
 ) -> None:
+    """§4.18 check 1 → 400 ``target is the same PostgreSQL database as the source``."""
     verdict = identity.compare_databases(
         _source_identity(warehouse, source_store),
         warehouse.metadata_store_database,
-        target_ident,
+        identity.read_server_identity(target_conn, target_endpoint),
         target_database,
         source_configured=_source_configured(warehouse, source_store),
-        target_configured=target_configured,
+        target_configured=(target_endpoint.host, target_endpoint.port),
     )
     if verdict.warning:
-        plan.warnings.append(verdict.warning)
+        warnings.append(verdict.warning)
     if verdict.same:
         raise ServiceError(400, identity.SAME_DATABASE_MESSAGE)
 
 
-def _check_external_target(
-    warehouse: Warehouse,
-    source_store: MetadataStore | None,
-    target: TargetRequest,
-    scrubber: Scrubber,
-) -> _Plan:
-    if source_store is None:
+def other_warehouse_check(warehouse: Warehouse, target: CnpgTarget | ExternalTarget) -> None:
+    """§4.18 check 2 → 400 naming the other org."""
+    if isinstance(target, CnpgTarget):
+        message = identity.other_warehouse_message(
+            org_id=warehouse.org_id,
+            target_database=target.database,
+            target_store=target.store.name,
+            target_endpoints=identity.store_endpoints(target.store),
+            target_label=target.store.name,
+        )
+    else:
+        message = identity.other_warehouse_message(
+            org_id=warehouse.org_id,
+            target_database=target.database,
+            target_store=None,
+            target_endpoints={(target.host, target.port)},
+            target_label=target.label,
+        )
+    if message:
+        raise ServiceError(400, message)
+
+
+def database_owner_check(conn: identity.PgConnection, target: CnpgTarget) -> None:
+    """§4.18 check 3 (cnpg targets) → 400 refusing to adopt someone else's database."""
+    message = identity.database_owner_message(
+        conn, database=target.database, tenant_role=target.user, store_name=target.store.name
+    )
+    if message:
+        raise ServiceError(400, message)
+
+
+def validate_external_target(source_kind: str, target: TargetRequest) -> ExternalTarget:
+    """Step 5 up to (not including) the password reference and the probe."""
+    if source_kind == StoreKind.EXTERNAL:
         raise ServiceError(400, "external → external is not supported")
     if target.cnpg_shard:
         raise ServiceError(400, "target.cnpg_shard applies only to cnpg targets")
@@ -403,60 +441,103 @@ def _check_external_target(
         raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
     if not target.password:
         raise ServiceError(400, "target.password is required for external targets")
-    ref = target.password_secret_ref
+    return ExternalTarget(
+        host, port, sslmode, target.user, target.database, target.password_secret_ref
+    )
+
+
+def check_external_password(ref: str, password: str, scrubber: Scrubber) -> None:
+    """The reference parses, resolves to a raw string and equals ``target.password``."""
     try:
         secretrefs.parse(ref)
     except secretrefs.SecretRefError as exc:
         raise ServiceError(400, f"target.password_secret_ref {exc}") from None
     stored = _resolve(ref, "target.password_secret_ref")
     scrubber.add(stored)
-    if not _constant_time_equal(stored, target.password):
+    if not _constant_time_equal(stored, password):
         raise ServiceError(400, f"the password stored in {ref} does not match target.password")
-    endpoint = Endpoint(host, port, sslmode)
-    where = f"{_hostport(host, port)}/{target.database}"
+
+
+def open_external_target(target: ExternalTarget, password: str) -> identity.PgConnection:
+    """The 8 s probe with the provided password and the parsed port (400 on failure)."""
+    endpoint = Endpoint(target.host, target.port, target.sslmode)
+    where = f"{target.label}/{target.database}"
+    conn: identity.PgConnection | None = None
     try:
         conn = pgadmin.connect(
             endpoint,
             dbname=target.database,
             user=target.user,
-            password=target.password,
+            password=password,
             application_name="duckgres-admin-submit",
             connect_timeout=PROBE_TIMEOUT_SECONDS,
         )
         conn.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - reported without the password (scrubbed)
+        if conn is not None:
+            conn.close()
         raise ServiceError(
             400,
             f"cannot connect to the external target {where} as {target.user} with the provided "
             f"password: {exc}",
         ) from None
+    return conn
+
+
+def _check_cnpg_target(
+    warehouse: Warehouse,
+    source_store: MetadataStore | None,
+    target: TargetRequest,
+    scrubber: Scrubber,
+) -> _Plan:
+    source_kind = StoreKind.CNPG if source_store is not None else StoreKind.EXTERNAL
+    ct = validate_cnpg_target(warehouse, source_kind, target)
+    if source_kind == StoreKind.EXTERNAL:
+        resolve_cnpg_target_ref(ct.ref, scrubber)
+    plan = _Plan(
+        fields={
+            "target_kind": StoreKind.CNPG,
+            "to_shard": ct.store.name,
+            "target_user": ct.user,
+            "target_database": ct.database,
+            "target_password_secret_ref": ct.ref,
+        },
+        description=f"cnpg {ct.store.name}",
+    )
+    with open_cnpg_target(ct.store, scrubber) as conn:
+        endpoint = Endpoint(ct.store.host, ct.store.port, ct.store.sslmode)
+        same_database_check(plan.warnings, warehouse, source_store, conn, endpoint, ct.database)
+        other_warehouse_check(warehouse, ct)
+        database_owner_check(conn, ct)
+    return plan
+
+
+def _check_external_target(
+    warehouse: Warehouse,
+    source_store: MetadataStore | None,
+    target: TargetRequest,
+    scrubber: Scrubber,
+) -> _Plan:
+    source_kind = StoreKind.CNPG if source_store is not None else StoreKind.EXTERNAL
+    et = validate_external_target(source_kind, target)
+    check_external_password(et.ref, target.password, scrubber)
     plan = _Plan(
         fields={
             "target_kind": StoreKind.EXTERNAL,
-            "target_endpoint": host,
-            "target_port": port,
-            "target_sslmode": sslmode,
-            "target_user": target.user,
-            "target_database": target.database,
-            "target_password_secret_ref": ref,
+            "target_endpoint": et.host,
+            "target_port": et.port,
+            "target_sslmode": et.sslmode,
+            "target_user": et.user,
+            "target_database": et.database,
+            "target_password_secret_ref": et.ref,
         },
-        description=f"external {_hostport(host, port)}",
+        description=f"external {et.label}",
         password=target.password,
     )
-    with conn:
-        target_ident = identity.read_server_identity(conn, endpoint)
-        _same_database_check(
-            plan, warehouse, source_store, target_ident, target.database, (host, port)
-        )
-    other = identity.other_warehouse_message(
-        org_id=warehouse.org_id,
-        target_database=target.database,
-        target_store=None,
-        target_endpoints={(host, port)},
-        target_label=_hostport(host, port),
-    )
-    if other:
-        raise ServiceError(400, other)
+    with open_external_target(et, target.password) as conn:
+        endpoint = Endpoint(et.host, et.port, et.sslmode)
+        same_database_check(plan.warnings, warehouse, source_store, conn, endpoint, et.database)
+    other_warehouse_check(warehouse, et)
     return plan
 
 
@@ -464,23 +545,70 @@ def _constant_time_equal(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
+# --- the source server: catalog facts and the pg_dump client (§5.1 dry run, §6) ---------------
+
+
+@contextmanager
+def source_connection(
+    warehouse: Warehouse, store: MetadataStore | None
+) -> Iterator[identity.PgConnection]:
+    """A connection to the source tenant database: cnpg = the provisioner on the direct
+    endpoint; external = the binding's tenant credentials. Raises on failure."""
+    if store is not None:
+        endpoint = Endpoint(store.host, store.port, store.sslmode)
+        user, ref = store.provisioner_user, store.provisioner_password_ref
+    else:
+        endpoint = Endpoint(
+            warehouse.metadata_store_host,
+            warehouse.metadata_store_port or 5432,
+            warehouse.metadata_store_sslmode or "require",
+        )
+        user, ref = warehouse.metadata_store_user, warehouse.metadata_store_password_ref
+    conn = pgadmin.connect(
+        endpoint,
+        dbname=warehouse.metadata_store_database,
+        user=user,
+        password=secretrefs.resolve(ref),
+        application_name="duckgres-admin-submit",
+        connect_timeout=PROBE_TIMEOUT_SECONDS,
+    )
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def read_server_major(conn: identity.PgConnection) -> int:
+    row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
+    return pgclients.server_major(int(str(row[0]))) if row else 0
+
+
+def pg_dump_client_check(major: int) -> pgclients.PgClient:
+    """§6: a client for the source major, else 400 ``no pg_dump for PostgreSQL <major> …``."""
+    try:
+        return pgclients.choose_client(major)
+    except pgclients.NoPgClient as exc:
+        raise ServiceError(400, str(exc)) from None
+
+
+def _check_pg_dump_client(warehouse: Warehouse, store: MetadataStore | None) -> None:
+    """At submit: refuse when the source server's major has no client. A source that cannot be
+    read now is not refused here (the runner's own checks report it with context)."""
+    try:
+        with source_connection(warehouse, store) as conn:
+            major = read_server_major(conn)
+    except Exception:  # noqa: BLE001 - unreadable: not judged at submit
+        return
+    pg_dump_client_check(major)
+
+
 def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _Plan:
-    """Steps 2-6 of §5.1 (no dry run here); raises ``ServiceError`` (unscrubbed)."""
+    """Steps 2-6 of §5.1 plus the pg_dump client (§6); raises ``ServiceError`` (unscrubbed)."""
     warehouse = Warehouse.objects.filter(org_id=org_id).first()
     if warehouse is None:
         raise ServiceError(404, "org has no managed warehouse")
-    if warehouse.state != WarehouseState.READY:
-        raise ServiceError(
-            409, f"warehouse must be in ready state to reshard (currently {warehouse.state})"
-        )
-    # Re-checked under the per-org lock by the block step (§4.4 A).
-    if WarehouseTrino.objects.filter(warehouse_id=org_id, enabled=True).exists():
-        raise ServiceError(
-            409,
-            "disable Trino for this warehouse before resharding (Trino catalogs do not take "
-            "part in the drain yet)",
-            code="trino_enabled",
-        )
+    warehouse_ready_check(warehouse)
+    trino_disabled_check(org_id)
     source_fields, source_store, source_label = _check_source(warehouse)
     with suppress(Exception):
         if source_store is not None:
@@ -492,7 +620,8 @@ def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _P
     elif target.type == StoreKind.EXTERNAL:
         plan = _check_external_target(warehouse, source_store, target, scrubber)
     else:
-        raise ServiceError(400, "target.type must be cnpg or external")
+        raise ServiceError(400, TARGET_TYPE_MESSAGE)
+    _check_pg_dump_client(warehouse, source_store)
     plan.fields.update(source_fields)
     plan.fields.update(
         org_id=org_id,
@@ -503,6 +632,35 @@ def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _P
         f"org {org_id}: {source_fields['source_kind']} {source_label} → {plan.description}"
     )
     return plan
+
+
+TARGET_TYPE_MESSAGE = "target.type must be cnpg or external"
+
+
+def warehouse_ready_check(warehouse: Warehouse) -> None:
+    if warehouse.state != WarehouseState.READY:
+        raise ServiceError(
+            409, f"warehouse must be in ready state to reshard (currently {warehouse.state})"
+        )
+
+
+def trino_disabled_check(org_id: str) -> None:
+    # Re-checked under the per-org lock by the block step (§4.4 A).
+    if WarehouseTrino.objects.filter(warehouse_id=org_id, enabled=True).exists():
+        raise ServiceError(
+            409,
+            "disable Trino for this warehouse before resharding (Trino catalogs do not take "
+            "part in the drain yet)",
+            code="trino_enabled",
+        )
+
+
+def check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore | None, str]:
+    """Step 3 (public for the dry run)."""
+    return _check_source(warehouse)
+
+
+ACTIVE_OP_MESSAGE = "org already has an active reshard operation"
 
 
 @dataclass(frozen=True)
@@ -543,7 +701,7 @@ def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> Start
             )
     except IntegrityError as exc:
         if "reshard_one_active_op_per_org" in str(exc):
-            raise ServiceError(409, "org already has an active reshard operation") from None
+            raise ServiceError(409, ACTIVE_OP_MESSAGE) from None
         raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
     for warning in plan.warnings:
         oplog.append(op.id, f"target identity check: {warning}", level="warn", scrubber=scrubber)

@@ -29,6 +29,9 @@ from duckgres_admin.models import AuditRecord
 from reshard.services import ServiceError, api_scrubber
 
 _log = logging.getLogger("duckgres.api")
+DRY_RUN_ONLY_ON_START = (
+    "invalid body: dry_run: accepted only on POST /api/v1/warehouses/<org>/reshards"
+)
 
 
 def error_response(exc: ServiceError) -> Response:
@@ -48,6 +51,7 @@ class ApiView(APIView):
     audit_org: str = ""
     audit_detail: str = ""
     skip_audit: bool = False
+    accepts_dry_run: ClassVar[bool] = False
 
     def perform_authentication(self, request: Request) -> None:
         # DRF's own authentication would overwrite the session user with None; identities
@@ -64,6 +68,18 @@ class ApiView(APIView):
             enforce_csrf(django_request)
         if self.scope is Scope.OPERATOR:
             require_admin(self.identity, method)
+        if method in MUTATING_METHODS and not self.accepts_dry_run:
+            self._refuse_dry_run(request)
+
+    def _refuse_dry_run(self, request: Request) -> None:
+        """``dry_run`` exists only on the start route (spec §5.1); anywhere else a clear 400
+        instead of being ignored (cancel) or reported as a generic unknown field."""
+        # A malformed body raises ParseError here, answered exactly as the view would (DRF
+        # keeps an empty body after a parse error, so it must not be swallowed).
+        data = request.data
+        in_body = isinstance(data, dict) and "dry_run" in data
+        if in_body or "dry_run" in request.query_params:
+            raise ServiceError(400, DRY_RUN_ONLY_ON_START)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, ServiceError):

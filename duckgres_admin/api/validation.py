@@ -32,6 +32,10 @@ def reject_unknown(obj: Mapping[str, Any], allowed: Iterable[str], path: str = "
     allowed_set = set(allowed)
     for key in obj:
         if key not in allowed_set:
+            if key == "dry_run":
+                raise body_error(
+                    "dry_run", "accepted only on POST /api/v1/warehouses/<org>/reshards"
+                )
             # The key itself is named (it is not a value), truncated to keep errors bounded.
             raise body_error(join(path, str(key)[:64]), "unknown field")
 

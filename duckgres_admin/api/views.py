@@ -25,7 +25,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import leases, services
+from reshard import dryrun, leases, services
 from reshard.services import ServiceError, StartRequest, TargetRequest
 
 OBJ = OpenApiTypes.OBJECT
@@ -67,13 +67,18 @@ def _parse_start(data: Any) -> StartRequest:
 
 class ReshardStartView(ApiView):
     audit_action = "reshard.create"
+    accepts_dry_run = True
     parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
 
     @extend_schema(
         operation_id="reshard_start",
         request=OBJ,
-        responses={202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **ERRORS},
-        description="Start a reshard (spec §5.1). Internal secret or staff admin.",
+        responses={200: OBJ, 202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **ERRORS},
+        description=(
+            "Start a reshard (spec §5.1). Internal secret or staff admin. With "
+            '`"dry_run": true` the answer is 200 with the plan and every preflight result, '
+            "and nothing is created."
+        ),
     )
     def post(self, request: Request, org: str) -> Response:
         from reshard import stash
@@ -84,8 +89,9 @@ class ReshardStartView(ApiView):
             stash.prune()
             raise
         if start.dry_run:
+            # Not audited and creates nothing (spec §5.1); 404 for a missing warehouse.
             self.skip_audit = True
-            raise ServiceError(501, "dry run is not available yet")
+            return Response(dryrun.dry_run(org, start), status=200)
         assert self.identity is not None
         outcome = services.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
         self.audit_detail = f"reshard {outcome.description}"
