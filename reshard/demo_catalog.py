@@ -14,7 +14,7 @@ The content is deliberately awkward: NULLs in nullable columns, non-ASCII names 
 ``bytea`` with every byte value, and wide (TOASTed) rows.
 
 All rows are generated server-side (``generate_series``), so even large catalogs build in
-seconds. Everything runs in one transaction on the given connection.
+seconds.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ DECLARE
   t bigint;
   name text;
 BEGIN
-  FOR t IN SELECT g FROM generate_series(1, {tables}) g WHERE g % {every} = 0 LOOP
+  FOR t IN SELECT g FROM generate_series({first}, {last}) g WHERE g % {every} = 0 LOOP
     name := format('ducklake_inlined_data_%s_%s', {schemas} + t, t);
     EXECUTE format('CREATE TABLE %I (row_id bigint, begin_snapshot bigint, end_snapshot bigint,
         id bigint, "名前" varchar, payload bytea, note varchar, flag boolean,
@@ -263,7 +263,8 @@ def build_demo_catalog(
     files_per_table: int = 16,
     columns_per_table: int = 10,
 ) -> CatalogSummary:
-    """Create and fill the catalog in ``public`` of the connected database (one transaction).
+    """Create and fill the catalog in ``public`` of the connected database (the catalog tables
+    in one transaction, then the inlined-data tables in batches of 500 per transaction).
 
     Refuses a database that already holds ``ducklake_*`` tables. ``inlined_every`` = 0 makes
     no inlined-data tables."""
@@ -293,11 +294,20 @@ def build_demo_catalog(
             conn.execute(sql.SQL(ddl))
         for statement in _FILL:
             conn.execute(sql.SQL(statement), params)
-        if inlined_every > 0:
+    # Inlined-data tables in batches, each its own transaction: creating thousands of tables in
+    # one transaction would exhaust the server's lock table (max_locks_per_transaction).
+    batch = 500 * max(inlined_every, 1)
+    for first in range(1, tables + 1, batch) if inlined_every > 0 else ():
+        with conn.transaction():
+            conn.execute("SET LOCAL search_path = public")
             conn.execute(
                 sql.SQL(
                     _INLINED.format(
-                        tables=tables, every=inlined_every, schemas=schemas, rows=inlined_rows
+                        first=first,
+                        last=min(tables, first + batch - 1),
+                        every=inlined_every,
+                        schemas=schemas,
+                        rows=inlined_rows,
                     )
                 )
             )
