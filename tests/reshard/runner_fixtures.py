@@ -349,3 +349,88 @@ def role_can_login(cluster: Any, role: str) -> bool | None:
     with cluster.superuser_conn() as conn:
         row = conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [role]).fetchone()
     return None if row is None else bool(row[0])
+
+
+@contextlib.contextmanager
+def password_url(password: str) -> Iterator[str]:
+    """A tiny HTTP server answering every GET with ``{"password": …}`` (the stash's route)."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps({"password": password}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api/v1/reshards/1/password"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class ExternalTargetWorld:
+    """A cnpg→external op: the source catalog on 5433 (cnpg store), the external target an
+    empty tenant database on 5434 reached with the target tenant's credentials."""
+
+    source_store: MetadataStore
+    catalog: TenantCatalog
+    target: TenantCatalog
+    warehouse: Warehouse
+    op: ReshardOperation
+
+
+@pytest.fixture
+def external_target_world(
+    transactional_db: None,
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+) -> ExternalTargetWorld:
+    catalog = tenant_catalog(store_clusters.source)
+    target = tenant_catalog(store_clusters.target, with_tables=False)
+    source = new_store(store_clusters.source)
+    warehouse = new_warehouse(store=source, catalog=catalog, compaction_enabled=False)
+    op = new_op(
+        warehouse,
+        target_kind="external",
+        target_endpoint=store_clusters.target.host,
+        target_port=store_clusters.target.port,
+        target_sslmode=store_clusters.target.sslmode,
+        target_user=target.role,
+        target_database=target.database,
+        target_password_secret_ref=target.password_ref,
+    )
+    return ExternalTargetWorld(source, catalog, target, warehouse, op)
+
+
+@dataclass
+class ExternalSourceWorld:
+    target_store: MetadataStore
+    catalog: TenantCatalog
+    warehouse: Warehouse
+    op: ReshardOperation
+
+
+@pytest.fixture
+def external_source_world(
+    transactional_db: None,
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+) -> ExternalSourceWorld:
+    catalog = tenant_catalog(store_clusters.source)
+    target = new_store(store_clusters.target)
+    warehouse = new_warehouse(catalog=catalog, metadata_store_kind="external")
+    op = new_op(warehouse, to_store=target)
+    return ExternalSourceWorld(target, catalog, warehouse, op)

@@ -10,6 +10,11 @@ from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
+    ExternalSourceWorld,
+    ExternalTargetWorld,
+    external_source_world,
+    external_target_world,
+    password_url,
     RunnerS3,
     catalog_checksums,
     database_exists,
@@ -23,7 +28,12 @@ from tests.reshard.runner_fixtures import (
     warehouse_of,
 )
 
-__all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
+__all__ = [
+    "external_source_world",
+    "external_target_world",
+    "runner_moto_server",
+    "runner_s3",
+]  # fixtures used here
 
 CNPG_TO_CNPG = [
     "blocking",
@@ -104,3 +114,95 @@ def target_cluster(world: CnpgWorld):  # type: ignore[no-untyped-def]
     from tests.fixtures.stores import StoreCluster
 
     return StoreCluster("target", world.target_store.host, world.target_store.port)
+
+
+EXTERNAL_TO_CNPG = [
+    "blocking",
+    "draining",
+    "pausing_compaction",
+    "backup_catalog",
+    "cutover",
+    "copying",
+    "verifying",
+    "cleaning_up",
+    "finalizing",
+]
+CNPG_TO_EXTERNAL = [
+    "blocking",
+    "preparing_access",
+    "draining",
+    "fencing_source",
+    "pausing_compaction",
+    "backup_catalog",
+    "copying",
+    "verifying",
+    "orphaning_source",
+    "cutover",
+    "verifying_external",
+    "cleaning_up",
+    "finalizing",
+]
+
+
+def test_external_to_cnpg_end_to_end(
+    external_source_world: ExternalSourceWorld, runner_state_dir, runner_s3: RunnerS3
+):
+    world = external_source_world
+    _with_bucket(world.warehouse, runner_s3)
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    runner = run_runner(world.op.id, runner_state_dir, **runner_s3.env())
+    op = reload(world.op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
+    assert [s for s, _, _ in step_rows(op.id)] == EXTERNAL_TO_CNPG
+    from tests.fixtures.stores import StoreCluster
+
+    target = StoreCluster("target", world.target_store.host, world.target_store.port)
+    assert catalog_checksums(target, world.catalog.database) == before
+    # the external source is never touched
+    assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+    assert op.source_dropped_at is None and op.source_fence_requested_at is None
+    assert op.source_drop_committed_at is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_kind, wh.metadata_store_id) == (
+        "ready",
+        "cnpg",
+        world.target_store.name,
+    )
+    assert wh.metadata_store_host == ""
+    assert "external source left untouched (never deleted)" in lines
+    assert "external source: left untouched" in lines
+    assert "==== reshard report (succeeded) ====" in lines
+    assert op.backup_s3_uri
+
+
+def test_cnpg_to_external_end_to_end(
+    external_target_world: ExternalTargetWorld, runner_state_dir, runner_s3: RunnerS3
+):
+    world = external_target_world
+    _with_bucket(world.warehouse, runner_s3)
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    with password_url(world.target.password) as url:
+        runner = run_runner(
+            world.op.id, runner_state_dir, DUCKGRES_RESHARD_PASSWORD_URL=url, **runner_s3.env()
+        )
+    op = reload(world.op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
+    assert [s for s, _, _ in step_rows(op.id)] == CNPG_TO_EXTERNAL
+    assert catalog_checksums(world.target.cluster, world.target.database) == before
+    assert not database_exists(world.catalog.cluster, world.catalog.database)
+    assert op.external_verified_at is not None and op.source_dropped_at is not None
+    assert op.target_rendered_at is None  # no cnpg target to render
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_kind, wh.metadata_store_id) == ("ready", "external", None)
+    assert (wh.metadata_store_host, wh.metadata_store_port) == (
+        world.target.cluster.host,
+        world.target.cluster.port,
+    )
+    assert wh.metadata_store_database == world.target.database
+    assert wh.compaction_enabled is False  # prior false restored exactly
+    assert any(line.startswith("source catalog retained on ") for line in lines)
+    assert "==== reshard report (succeeded) ====" in lines
+    assert world.target.password not in "\n".join(lines) + runner.output()
