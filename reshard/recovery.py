@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import secrets
 import socket
@@ -301,7 +302,12 @@ def describe(op: ReshardOperation) -> list[str]:
         "milestones:",
         *(f"  {name}: {_ts(getattr(op, name))}" for name in MILESTONES),
         f"copied: {op.tables_copied} tables, {op.rows_copied} rows, {op.bytes_copied} bytes",
-        f"compaction_prior: {op.compaction_prior if op.compaction_prior is not None else 'NULL'}",
+        "compaction_prior: "
+        + (
+            json.dumps(op.compaction_prior, sort_keys=True)
+            if op.compaction_prior is not None
+            else "NULL (never paused)"
+        ),
         _binding_line(op.org_id) + f" — names {_binding_names(op)}",
         f"source fence: {fence_state(op, scrubber)}",
         f"backup: {op.backup_s3_uri or '<none>'}"
