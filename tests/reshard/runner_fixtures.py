@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -66,7 +66,9 @@ class RunnerProcess:
         return self.state_dir / f"op-{self.op_id}.exit"
 
 
-def start_runner(op_id: int, state_dir: Path, **extra_env: str) -> RunnerProcess:
+def start_runner(
+    op_id: int, state_dir: Path, *, env_extra: dict[str, str] | None = None, **extra_env: str
+) -> RunnerProcess:
     """Start ``manage.py reshard_runner`` for ``op_id`` like the local launcher would."""
     state_dir.mkdir(parents=True, exist_ok=True)
     pod_uid = f"local-{secrets.token_hex(4)}-{int(time.time())}"
@@ -75,6 +77,7 @@ def start_runner(op_id: int, state_dir: Path, **extra_env: str) -> RunnerProcess
         POD_NAME=f"duckgres-reshard-op-{op_id}",
         POD_UID=pod_uid,
         DUCKGRES_RESHARD_LOCAL_STATE_DIR=str(state_dir),
+        **(env_extra or {}),
         **extra_env,
     )
     log_path = state_dir / f"runner-{op_id}-{secrets.token_hex(3)}.log"
@@ -89,8 +92,15 @@ def start_runner(op_id: int, state_dir: Path, **extra_env: str) -> RunnerProcess
     return RunnerProcess(op_id, proc, log_path, state_dir, pod_uid)
 
 
-def run_runner(op_id: int, state_dir: Path, timeout: float = 90, **extra_env: str) -> RunnerProcess:
-    runner = start_runner(op_id, state_dir, **extra_env)
+def run_runner(
+    op_id: int,
+    state_dir: Path,
+    timeout: float = 90,
+    *,
+    env_extra: dict[str, str] | None = None,
+    **extra_env: str,
+) -> RunnerProcess:
+    runner = start_runner(op_id, state_dir, env_extra=env_extra, **extra_env)
     runner.wait(timeout)
     return runner
 
@@ -331,18 +341,18 @@ def catalog_checksums(cluster: Any, database: str) -> dict[str, str]:
         ]
         sums: dict[str, str] = {}
         for name in names:
-            row = conn.execute(
-                sql.SQL("SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {} t").format(
-                    sql.Identifier(name)
-                )
-            ).fetchone()
+            query = sql.SQL(
+                "SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {} t"
+            ).format(sql.Identifier(name))
+            row = conn.execute(query).fetchone()
             sums[name] = str(row[0]) if row else ""
     return sums
 
 
 def database_exists(cluster: Any, database: str) -> bool:
     with cluster.superuser_conn() as conn:
-        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone() is not None
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+    return row is not None
 
 
 def role_can_login(cluster: Any, role: str) -> bool | None:

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import steps as sequences
 from reshard.runner import oplog as oplog_module
 from reshard.runner.errors import StepError
@@ -82,6 +82,7 @@ def test_trino_enabled_after_submit_fails_the_block_and_leaves_the_warehouse_rea
 
 
 @pytest.mark.safeguard("reshard-3")
+@pytest.mark.safeguard("reshard-14")
 def test_external_source_records_the_binding_with_its_sslmode(
     transactional_db, store_clusters, tenant_catalog, runner_state_dir
 ):
@@ -89,14 +90,17 @@ def test_external_source_records_the_binding_with_its_sslmode(
     warehouse = new_warehouse(catalog=catalog, metadata_store_kind="external")
     target = new_store(store_clusters.target)
     op = new_op(warehouse, to_store=target)
+    # The target shard stops after submit (safeguard 14): a pre-flip failure.
+    MetadataStore.objects.filter(name=target.name).update(port=1)
     runner = run_runner(op.id, runner_state_dir)
     assert runner.proc.returncode == 0, runner.output()
     op = reload(op)
     assert op.state == "failed"
-    assert op.error == (
-        "step draining is not available in this build of Duckgres Admin; "
-        "the operation was rolled back"
+    assert op.error.startswith(
+        f"destination shard {target.name} stopped accepting PostgreSQL connections before cutover"
     )
+    wh = Warehouse.objects.get(org_id=op.org_id)
+    assert (wh.metadata_store_kind, wh.metadata_store_host) == ("external", catalog.cluster.host)
     assert (op.source_endpoint, op.source_port, op.source_sslmode) == (
         store_clusters.source.host,
         store_clusters.source.port,

@@ -22,10 +22,13 @@ from tests.reshard.runner_fixtures import (
     warehouse_of,
 )
 
-MISSING_STEP = (
-    "step preparing_access is not available in this build of Duckgres Admin; "
-    "the operation was rolled back"
-)
+
+def _grant_message(world: CnpgWorld) -> str:
+    role = world.catalog.role
+    return (
+        f"provisioner provisioner cannot act as tenant role {role} on store "
+        f"{world.source_store.name}: GRANT {role} TO provisioner"
+    )
 
 
 def _sql(query: str, params: list[int] | None = None) -> None:
@@ -33,17 +36,25 @@ def _sql(query: str, params: list[int] | None = None) -> None:
         cursor.execute(query, params or [])
 
 
-@pytest.mark.safeguard("reshard-4")
-def test_fresh_cnpg_op_fails_honestly_at_the_first_missing_step(
+@pytest.mark.safeguard("reshard-9")
+def test_missing_membership_fails_preparing_access_at_once_naming_the_grant(
     cnpg_world: CnpgWorld, runner_state_dir
 ):
+    """Also the process-level contract: report, marker line, exit file, structured log."""
     world = cnpg_world
+    with world.catalog.cluster.superuser_conn() as conn:
+        conn.execute(f'REVOKE "{world.catalog.role}" FROM provisioner')
     runner = run_runner(world.op.id, runner_state_dir)
     assert runner.proc.returncode == 0, runner.output()
 
     op = reload(world.op)
     assert op.state == "failed"
-    assert op.error == MISSING_STEP
+    assert op.error == _grant_message(world)
+    assert op.source_access_verified_at is None
+    assert op.source_fence_requested_at is None
+    assert op.finished_at is not None
+    assert op.started_at is not None
+    assert (op.finished_at - op.started_at).total_seconds() < 30  # at once, not a timeout
     assert op.runner_epoch == 1
     assert op.runner_id == f"duckgres-reshard-op-{op.id}"
     assert op.finished_at is not None
@@ -311,30 +322,49 @@ def test_takeover_with_cancel_reconstructs_progress_then_unblocks_and_restores_c
     assert "==== reshard report (cancelled) ====" in op_log(op.id)
 
 
-def test_takeover_past_what_this_build_can_undo_stays_blocked_with_recovery_required(
+@pytest.mark.safeguard("reshard-2")
+@pytest.mark.safeguard("reshard-19")
+def test_takeover_of_a_fenced_cnpg_source_with_cancel_un_fences_and_unblocks(
     cnpg_world: CnpgWorld, runner_state_dir
 ):
-    """cnpg→cnpg at backup_catalog: the source may be fenced (NOLOGIN) and this build cannot
-    un-fence it, so it must not unblock (invariant 9's carve-out); compaction is restored."""
-    op = cnpg_world.op
+    """A runner died after ALTER ROLE … NOLOGIN (``source_fence_requested_at`` set, no
+    ``source_fenced_at``) and was cancelled: the takeover re-enables LOGIN, verifies it on the
+    source store, restores compaction exactly and ends ``cancelled`` with the warehouse ready."""
+    world = cnpg_world
+    op = world.op
     Warehouse.objects.filter(org_id=op.org_id).update(
         state="resharding",
         status_message="metadata-store reshard in progress",
         compaction_enabled=False,
     )
-    _stale_takeover_state(op, "backup_catalog", compaction_prior={"present": True, "value": True})
+    with world.catalog.cluster.superuser_conn() as conn:
+        conn.execute(f'ALTER ROLE "{world.catalog.role}" NOLOGIN')
+    _stale_takeover_state(
+        op,
+        "backup_catalog",
+        compaction_prior={"present": True, "value": True},
+        cancel_requested=True,
+        source_endpoint=world.source_store.host,
+        source_port=world.source_store.port,
+        source_sslmode=world.source_store.sslmode,
+    )
+    _sql(
+        "UPDATE duckgres_reshard_operations SET source_fence_requested_at = now() WHERE id = %s",
+        [op.id],
+    )
     runner = run_runner(op.id, runner_state_dir)
     assert runner.proc.returncode == 0, runner.output()
     op = reload(op)
-    assert op.state == "failed"
-    assert op.recovery_required is True
-    assert op.unblocked_at is None
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator"), op_log(op.id)
+    assert op.recovery_required is False
+    assert op.unblocked_at is not None
     wh = warehouse_of(op)
-    assert wh.state == "resharding"
-    assert wh.compaction_enabled is True
+    assert (wh.state, wh.compaction_enabled) == ("ready", True)
+    assert wh.metadata_store_id == world.source_store.name
+    with world.catalog.cluster.superuser_conn() as conn:
+        row = conn.execute(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", [world.catalog.role]
+        ).fetchone()
+    assert row == (True,)
     lines = op_log(op.id)
-    assert any(
-        line.startswith("warehouse intentionally left in the resharding state: rollback needs")
-        and "un-fence" in line
-        for line in lines
-    )
+    assert any(line.startswith("rollback: source tenant access verified") for line in lines)

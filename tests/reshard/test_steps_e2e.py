@@ -3,27 +3,25 @@ the store clusters (5433 source, 5434 target) and a moto S3 server for the backu
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
 from duckgres_admin.models import Warehouse
-from tests.fixtures.rows import new_op, new_store, new_warehouse
-from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
     ExternalSourceWorld,
     ExternalTargetWorld,
-    external_source_world,
-    external_target_world,
-    password_url,
     RunnerS3,
     catalog_checksums,
     database_exists,
+    external_source_world,
+    external_target_world,
     op_log,
+    password_url,
     reload,
     role_can_login,
+    run_runner,
     runner_moto_server,
     runner_s3,
-    run_runner,
     step_rows,
     warehouse_of,
 )
@@ -59,7 +57,7 @@ def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner
     _with_bucket(world.warehouse, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
     assert before
-    runner = run_runner(world.op.id, runner_state_dir, **runner_s3.env())
+    runner = run_runner(world.op.id, runner_state_dir, env_extra=runner_s3.env())
     op = reload(world.op)
     lines = op_log(op.id)
     assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
@@ -89,7 +87,8 @@ def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner
     ):
         assert getattr(op, name) is not None, name
     assert op.tables_copied == len(before)
-    assert op.rows_copied > 0 and op.bytes_copied > 0
+    assert op.rows_copied > 0
+    assert op.bytes_copied > 0
     assert op.backup_s3_uri.startswith(f"s3://{runner_s3.bucket}/_reshard_catalog_backups/")
     assert op.backup_bytes > 0
     assert runner_s3.keys()
@@ -110,7 +109,7 @@ def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner
     assert world.catalog.password not in "\n".join(lines) + runner.output()
 
 
-def target_cluster(world: CnpgWorld):  # type: ignore[no-untyped-def]
+def target_cluster(world: CnpgWorld) -> Any:
     from tests.fixtures.stores import StoreCluster
 
     return StoreCluster("target", world.target_store.host, world.target_store.port)
@@ -150,7 +149,7 @@ def test_external_to_cnpg_end_to_end(
     world = external_source_world
     _with_bucket(world.warehouse, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
-    runner = run_runner(world.op.id, runner_state_dir, **runner_s3.env())
+    runner = run_runner(world.op.id, runner_state_dir, env_extra=runner_s3.env())
     op = reload(world.op)
     lines = op_log(op.id)
     assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
@@ -162,7 +161,8 @@ def test_external_to_cnpg_end_to_end(
     # the external source is never touched
     assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
     assert role_can_login(world.catalog.cluster, world.catalog.role) is True
-    assert op.source_dropped_at is None and op.source_fence_requested_at is None
+    assert op.source_dropped_at is None
+    assert op.source_fence_requested_at is None
     assert op.source_drop_committed_at is None
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_kind, wh.metadata_store_id) == (
@@ -185,7 +185,10 @@ def test_cnpg_to_external_end_to_end(
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
     with password_url(world.target.password) as url:
         runner = run_runner(
-            world.op.id, runner_state_dir, DUCKGRES_RESHARD_PASSWORD_URL=url, **runner_s3.env()
+            world.op.id,
+            runner_state_dir,
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+            env_extra=runner_s3.env(),
         )
     op = reload(world.op)
     lines = op_log(op.id)
@@ -193,7 +196,8 @@ def test_cnpg_to_external_end_to_end(
     assert [s for s, _, _ in step_rows(op.id)] == CNPG_TO_EXTERNAL
     assert catalog_checksums(world.target.cluster, world.target.database) == before
     assert not database_exists(world.catalog.cluster, world.catalog.database)
-    assert op.external_verified_at is not None and op.source_dropped_at is not None
+    assert op.external_verified_at is not None
+    assert op.source_dropped_at is not None
     assert op.target_rendered_at is None  # no cnpg target to render
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_kind, wh.metadata_store_id) == ("ready", "external", None)
