@@ -24,6 +24,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import math
+import mmap
 import os
 import queue
 import subprocess
@@ -340,8 +341,8 @@ class _Backup:
         self.stderr: _Stderr | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.futures: list[Future[Uploaded]] = []
-        self.free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        self.allocated = 0
+        self.free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        self.buffers: list[mmap.mmap] = []
         self.lock = threading.Lock()
         self.in_flight_bytes = 0
         self.peak_buffered = 0
@@ -353,15 +354,18 @@ class _Backup:
         self.last_progress = 0.0
 
     # -- buffers ----------------------------------------------------------------------------------
-    def _take_buffer(self) -> bytearray:
+    def _take_buffer(self) -> mmap.mmap:
         """A free part buffer; allocates up to CONCURRENCY + 1, else waits for an upload."""
         try:
             return self.free.get_nowait()
         except queue.Empty:
             pass
-        if self.allocated < CONCURRENCY + 1:
-            self.allocated += 1
-            return bytearray(self.part_size)
+        if len(self.buffers) < CONCURRENCY + 1:
+            # Anonymous mappings: pages are touched only as data arrives (a small last part
+            # costs only its size) and unmapped on close (no heap retention after the backup).
+            buf = mmap.mmap(-1, self.part_size)
+            self.buffers.append(buf)
+            return buf
         while True:
             self._check()
             try:
@@ -391,7 +395,7 @@ class _Backup:
             self.hooks.progress({"bytes_dumped": self.total, "backup_parts": self.parts_done})
 
     # -- part upload (worker threads) -------------------------------------------------------------
-    def _upload(self, number: int, buf: bytearray, length: int) -> Uploaded:
+    def _upload(self, number: int, buf: mmap.mmap, length: int) -> Uploaded:
         try:
             if self.stop.is_set():
                 raise BackupError("cancelled")
@@ -407,7 +411,7 @@ class _Backup:
                 self.in_flight_bytes -= length
             self.free.put(buf)
 
-    def _submit(self, buf: bytearray, length: int) -> None:
+    def _submit(self, buf: mmap.mmap, length: int) -> None:
         assert self.pool is not None
         self.parts_started += 1
         with self.lock:
@@ -432,7 +436,6 @@ class _Backup:
 
     # -- main -------------------------------------------------------------------------------------
     def run(self, argv: list[str], env: dict[str, str]) -> list[Uploaded]:
-        self.upload_id = self.s3.create_multipart_upload(self.bucket, self.key)
         self.pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="backup-part")
         watcher = threading.Thread(target=self._watch_stop, name="backup-stop", daemon=True)
         try:
@@ -453,6 +456,9 @@ class _Backup:
             stdout = self.proc.stdout
             with contextlib.suppress(OSError):
                 fcntl.fcntl(stdout.fileno(), _F_SETPIPE_SZ, PIPE_SIZE)
+            # Created while pg_dump connects and reads the catalog (its output waits in the
+            # pipe): the round trip is hidden instead of added to the backup's wall time.
+            self.upload_id = self.s3.create_multipart_upload(self.bucket, self.key)
             self._pump(stdout)
             self._check()  # a stop kills pg_dump: report the stop, not its exit status
             rc = self._reap()
@@ -484,9 +490,12 @@ class _Backup:
                 self.pool.shutdown(wait=True, cancel_futures=True)
             if self.proc is not None:
                 self.hooks.unregister_process(self.proc)
+            for buf in self.buffers:
+                with contextlib.suppress(BufferError):  # a view still alive: GC unmaps it
+                    buf.close()
 
     def _pump(self, stdout: Any) -> None:
-        buf: bytearray | None = None
+        buf: mmap.mmap | None = None
         view: memoryview | None = None
         filled = 0
         try:
@@ -574,11 +583,20 @@ def _delete_quietly(s3: S3, bucket: str, key: str, hooks: BackupHooks) -> None:
         hooks.log("error", f"could not delete s3://{bucket}/{key}: {exc} — delete it by hand")
 
 
-def abort_stale_uploads(s3: S3, bucket: str, op_id: int, hooks: BackupHooks) -> int:
-    """Abort open uploads left by an earlier runner of this op (killed mid-backup)."""
+class _Logger(Protocol):
+    def log(self, level: str, message: str) -> None: ...
+
+
+def abort_stale_uploads(
+    s3: S3, bucket: str, op_id: int, hooks: _Logger, *, skip_key: str = ""
+) -> int:
+    """Abort open uploads left by an earlier runner of this op (killed mid-backup), except
+    those of ``skip_key`` (the running attempt's own key)."""
     prefix = f"{KEY_PREFIX}op-{op_id}-"
     aborted = 0
     for key, upload_id in s3.list_multipart_uploads(bucket, prefix):
+        if key == skip_key:
+            continue
         s3.abort_multipart_upload(bucket, key, upload_id)
         hooks.log(
             "info", f"aborted multipart upload left by an earlier attempt: s3://{bucket}/{key}"
@@ -623,13 +641,59 @@ def run_backup(
             )
         except S3Error as exc:
             raise BackupError(f"S3 credentials for the backup: {exc}") from exc
+    key = backup_key(op_id, now)
+    # Earlier attempts' open uploads are aborted concurrently with the dump (off the critical
+    # path); their log lines are written by this thread once it is done.
+    stale = _StaleCleanup(s3, destination.bucket, op_id, key)
+    stale.start()
     try:
-        abort_stale_uploads(s3, destination.bucket, op_id, hooks)
-    except S3Error as exc:
-        # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
-        # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
-        hooks.log("warn", f"could not clean up earlier backup uploads of this operation: {exc}")
+        return _run(op_id, source, destination, hooks, s3, key, mandatory=mandatory,
+                    restore_to=restore_to, facts=facts, limit=limit, part_size=part_size,
+                    pg_bin_dirs=pg_bin_dirs)  # fmt: skip
+    finally:
+        for level, message in stale.join():
+            hooks.log(level, message)
 
+
+class _StaleCleanup(threading.Thread):
+    def __init__(self, s3: S3, bucket: str, op_id: int, current_key: str) -> None:
+        super().__init__(name="backup-stale-uploads", daemon=True)
+        self.s3, self.bucket, self.op_id, self.current_key = s3, bucket, op_id, current_key
+        self.lines: list[tuple[str, str]] = []
+
+    def run(self) -> None:
+        try:
+            abort_stale_uploads(self.s3, self.bucket, self.op_id, self, skip_key=self.current_key)
+        except S3Error as exc:
+            # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
+            # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
+            self.lines.append(
+                ("warn", f"could not clean up earlier backup uploads of this operation: {exc}")
+            )
+
+    def log(self, level: str, message: str) -> None:
+        self.lines.append((level, message))
+
+    def join(self, timeout: float | None = 120.0) -> list[tuple[str, str]]:  # type: ignore[override]
+        super().join(timeout)
+        return list(self.lines)
+
+
+def _run(
+    op_id: int,
+    source: BackupSource,
+    destination: BackupDestination,
+    hooks: BackupHooks,
+    s3: S3,
+    key: str,
+    *,
+    mandatory: bool,
+    restore_to: RestoreTarget | None,
+    facts: SourceFacts | None,
+    limit: int,
+    part_size: int | None,
+    pg_bin_dirs: str | None,
+) -> BackupResult:
     facts = facts or read_source_facts(source)
     try:
         client = choose_client(facts.server_major, pg_bin_dirs)
@@ -642,7 +706,6 @@ def run_backup(
                 "warn",
                 f"catalog size unreadable: using {format_mib(part_size)} MiB backup parts",
             )
-    key = backup_key(op_id, now)
     uri = f"s3://{destination.bucket}/{key}"
     hooks.log(
         "info",

@@ -486,3 +486,14 @@ def test_cleanup_of_earlier_uploads_is_best_effort(
     assert result.bytes > 0
     assert ("warn", "could not clean up earlier backup uploads of this operation: "
             "list multipart uploads: AccessDenied (HTTP 403)") in hooks.logs  # fmt: skip
+
+
+def test_stale_cleanup_never_aborts_the_running_attempt(moto_s3: MotoS3) -> None:
+    mine = f"{KEY_PREFIX}op-56-20260101T000001Z.dump"
+    old = f"{KEY_PREFIX}op-56-20260101T000000Z.dump"
+    own_upload = moto_s3.s3.create_multipart_upload(moto_s3.bucket, mine)
+    moto_s3.s3.create_multipart_upload(moto_s3.bucket, old)
+    logs = RecordingHooks()
+    assert backup_mod.abort_stale_uploads(moto_s3.s3, moto_s3.bucket, 56, logs, skip_key=mine) == 1
+    assert moto_s3.open_uploads() == [(mine, own_upload)]
+    moto_s3.s3.abort_multipart_upload(moto_s3.bucket, mine, own_upload)
