@@ -505,7 +505,7 @@ def _run(env: StepEnv, log: OpLogWriter, echo: Callable[[str], None]) -> Recover
     op = env.op
     kind, actions = plan(op)
     for n, action in enumerate(actions, 1):
-        log.info(f"recovery plan {n}. {action}")
+        _say(log, echo, "info", f"recovery plan {n}. {action}")
     if kind == "roll_forward":
         _say(log, echo, "info", "commit point passed: rolling forward (never re-pointing)")
         rb.roll_forward(env, rb.unblock_completed)

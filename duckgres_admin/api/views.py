@@ -83,8 +83,11 @@ class ReshardStartView(ApiView):
     def post(self, request: Request, org: str) -> Response:
         from reshard import stash
 
+        data = request.data
+        if isinstance(data, dict) and data.get("dry_run") is True:
+            self.skip_audit = True  # a dry run is never audited, even when refused (§5)
         try:
-            start = _parse_start(request.data)
+            start = _parse_start(data)
         except ServiceError:
             stash.prune()
             raise

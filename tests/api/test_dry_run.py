@@ -328,3 +328,20 @@ def test_pg_dump_client_not_run_when_the_source_is_unreadable(clients, published
         "rows_estimate": None,
     }
     assert body["backup"]["part_size_bytes"] is None
+
+
+def test_refused_dry_run_is_not_audited(clients, published):
+    response = clients.internal.post(
+        "/api/v1/warehouses/nobody/reshards",
+        {"target": {"type": "cnpg", "bogus": 1}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert AuditRecord.objects.count() == 0
+    response = clients.internal.post(
+        "/api/v1/warehouses/nobody/reshards",
+        {"target": {"type": "cnpg"}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 404
+    assert AuditRecord.objects.count() == 0

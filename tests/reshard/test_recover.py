@@ -405,3 +405,29 @@ def test_a_claim_lost_mid_recovery_stops_with_exit_2(fenced_failed, monkeypatch)
     assert op.recovery_owner == "carol pid 9 x"
     assert op.recovery_outcome == ""
     assert op.recovery_required is True
+
+
+@pytest.mark.safeguard("reshard-34")
+def test_unverifiable_source_ends_left_blocked_with_exit_3(fenced_failed):
+    """The source password reference no longer resolves: the un-fence cannot be verified, so
+    the warehouse stays resharding (compaction restored), recovery_required stays true, the
+    claim is released and the command exits 3."""
+    f = fenced_failed
+    ReshardOperation.objects.filter(id=f.op.id).update(
+        source_password_secret_ref="env:DUCKGRES_TEST_NO_SUCH_VARIABLE"
+    )
+    err = refused(f.op.id, "--execute")
+    assert err.returncode == 3
+    assert "recovery left the warehouse blocked" in str(err)
+    op, wh = f.refresh()
+    assert wh.state == "resharding"
+    assert wh.compaction_enabled is True
+    assert op.recovery_outcome == "left_blocked"
+    assert op.recovered_at is not None
+    assert op.recovery_required is True
+    assert op.recovery_owner == ""
+    assert op.recovery_claimed_at is None
+    text = "\n".join(
+        ReshardLogEntry.objects.filter(operation_id=f.op.id).values_list("message", flat=True)
+    )
+    assert "warehouse intentionally left in the resharding state" in text
