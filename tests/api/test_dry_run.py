@@ -345,3 +345,31 @@ def test_refused_dry_run_is_not_audited(clients, published):
     )
     assert response.status_code == 404
     assert AuditRecord.objects.count() == 0
+
+
+@pytest.mark.safeguard("reshard-53")
+def test_valid_external_to_cnpg_dry_run(clients, published, external_source):
+    s = external_source
+    response = dry(
+        clients,
+        s,
+        {
+            "type": "cnpg",
+            "cnpg_shard": s.target_store.name,
+            "password_secret_ref": s.catalog.password_ref,
+        },
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["direction"] == "external_to_cnpg"
+    assert body["source"]["kind"] == "external"
+    assert body["source"]["endpoint"] == f"{s.catalog.cluster.host}:{s.catalog.cluster.port}"
+    assert body["target"]["user"] == s.warehouse.database_name
+    assert body["catalog"]["ducklake_tables"] > 0
+    assert [e["check"] for e in body["preflight"]][3:6] == [
+        "target_valid",
+        "target_password",
+        "target_probe",
+    ]
+    assert all(e["ok"] for e in body["preflight"]), body["preflight"]
+    assert_nothing(published)
