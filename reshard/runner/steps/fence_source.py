@@ -25,6 +25,10 @@ _BACKENDS = (
 )
 
 
+def alter_nologin(conn: stores.PgConn, tenant: str) -> None:
+    conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(tenant)))
+
+
 def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     if op.source_access_verified_at is None and not ctx.progress.source_access_verified:
@@ -37,7 +41,7 @@ def run(env: StepEnv) -> None:
     try:
         with stores.provisioner_conn(ctx, prov) as conn:
             env.fence.pre_statement_heartbeat()
-            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(tenant)))
+            alter_nologin(conn, tenant)
             env.log.info(f"ALTER ROLE {tenant} NOLOGIN sent on store {prov.store.name} (direct)")
             testhooks.kill_point("after_nologin")
 
