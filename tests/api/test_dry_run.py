@@ -373,3 +373,21 @@ def test_valid_external_to_cnpg_dry_run(clients, published, external_source):
     ]
     assert all(e["ok"] for e in body["preflight"]), body["preflight"]
     assert_nothing(published)
+
+
+@pytest.mark.safeguard("reshard-53")
+def test_dry_run_agrees_with_the_start(transactional_db, clients, published, cnpg_source):
+    """All ok → the start is accepted; then the dry run reports the active op with the very
+    message the next start answers."""
+    target = {"type": "cnpg", "cnpg_shard": cnpg_source.target_store.name}
+    assert all(e["ok"] for e in dry(clients, cnpg_source, target).json()["preflight"])
+    assert ReshardOperation.objects.count() == 0
+    start = clients.internal.post(cnpg_source.path, {"target": target}, format="json")
+    assert start.status_code == 202, start.content
+    checks = by_check(dry(clients, cnpg_source, target).json())
+    failed = [name for name, entry in checks.items() if not entry["ok"]]
+    assert failed == ["no_active_operation"]
+    again = clients.internal.post(cnpg_source.path, {"target": target}, format="json")
+    assert again.status_code == 409
+    assert checks["no_active_operation"]["detail"].startswith(error(again))
+    assert ReshardOperation.objects.count() == 1
