@@ -22,8 +22,10 @@ from reshard.runner.oplog import OpLogWriter
 from reshard.runner.steps.base import StepEnv
 from reshard.scrub import process_scrubber
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
+from tests.reshard.janitor_support import FakeLauncher, age_op, janitor_env, make_janitor
 
 pytestmark = pytest.mark.django_db(transaction=True)
+assert janitor_env  # a fixture, used by name below
 
 
 @dataclass
@@ -431,3 +433,41 @@ def test_unverifiable_source_ends_left_blocked_with_exit_3(fenced_failed):
         ReshardLogEntry.objects.filter(operation_id=f.op.id).values_list("message", flat=True)
     )
     assert "warehouse intentionally left in the resharding state" in text
+
+
+@pytest.mark.safeguard("reshard-34")
+def test_janitor_force_fail_then_recover(janitor_env, store_clusters, tenant_catalog):
+    """The chain an operator meets: a blocked op whose runner died a 4th time is force-failed
+    by the janitor (recovery_required), then reshard_recover --execute returns it to ready."""
+    catalog = tenant_catalog(store_clusters.source)
+    source_store = new_store(store_clusters.source, name=unique("src"))
+    target_store = new_store(store_clusters.target, name=unique("tgt"))
+    warehouse = new_warehouse(store=source_store, catalog=catalog, state="resharding")
+    op = new_op(
+        warehouse,
+        to_store=target_store,
+        state="running",
+        step="draining",
+        runner_id="duckgres-reshard-op-x",
+        runner_epoch=1,
+        respawn_attempts=3,
+    )
+    age_op(op.id, created_at="20 minutes", heartbeat_at="10 minutes", blocked_at="15 minutes")
+    make_janitor(FakeLauncher()).reconcile()
+    op.refresh_from_db()
+    assert op.state == "failed"
+    assert op.recovery_required is True
+    assert f"reshard_recover {op.id}" in op.error
+
+    plan = run(op.id)
+    assert "plan (rollback; commit point not passed):" in plan
+    assert "un-fence" not in plan  # draining: the source was never fenced
+    out = run(op.id, "--execute")
+    assert "outcome rolled_back" in out
+    op.refresh_from_db()
+    warehouse.refresh_from_db()
+    assert warehouse.state == "ready"
+    assert warehouse.metadata_store_id == source_store.name
+    assert op.recovery_outcome == "rolled_back"
+    assert op.recovery_required is False
+    assert op.state == "failed"
