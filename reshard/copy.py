@@ -532,13 +532,33 @@ def _copy_sequential(
 
 
 def stream_table(
-    src: Connection, tgt: Connection, table: str, on_block: Callable[[int], None] | None = None
+    src: Connection,
+    tgt: Connection,
+    table: str,
+    on_block: Callable[[int], None] | None = None,
+    *,
+    pages: tuple[int, int | None] | None = None,
 ) -> TableCopy:
     """Binary ``COPY TO STDOUT`` of ``table`` on ``src`` streamed into ``COPY FROM STDIN`` on
-    ``tgt`` (the table must exist there). Compares the two command-tag row counts."""
+    ``tgt`` (the table must exist there). Compares the two command-tag row counts.
+
+    ``pages`` = ``(first, end)`` copies only the rows stored on heap pages ``first`` up to (not
+    including) ``end`` (``None``: to the end), through a TID range scan (PostgreSQL 14+): the
+    parallel copy splits large tables into such chunks."""
     ident = sql.Identifier(table)
-    try:
+    where = ""
+    if pages is None:
         out_sql = sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(ident)
+    else:
+        first, end = pages
+        cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)"))
+        if end is not None:
+            cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({end},0)"))
+        out_sql = sql.SQL("COPY (SELECT * FROM {} WHERE {}) TO STDOUT (FORMAT binary)").format(
+            ident, cond
+        )
+        where = f" (pages {first}..{'end' if end is None else end - 1})"
+    try:
         in_sql = sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(ident)
         with src.cursor() as scur, tgt.cursor() as tcur:
             with scur.copy(out_sql), tcur.copy(in_sql) as inp:
@@ -546,11 +566,11 @@ def stream_table(
             # Rows the target's COPY FROM command tag reported (psycopg: cursor.rowcount).
             target_rows = tcur.rowcount
     except psycopg.Error as exc:
-        raise _db_error(f"copying {table}", exc) from exc
+        raise _db_error(f"copying {table}{where}", exc) from exc
     if source_rows != target_rows:
         raise CopyError(
             f"COPY row count mismatch on {table}: source COPY TO reported {source_rows} rows, "
-            f"target COPY FROM reported {target_rows}"
+            f"target COPY FROM reported {target_rows}{where}"
         )
     return TableCopy(table, source_rows, nbytes)
 
@@ -611,6 +631,46 @@ def _pump(
     return rows, total
 
 
+# The parallel copy splits tables larger than this into chunks of about this size, so one big
+# table (ducklake_file_column_stats holds most of a large catalog) is streamed by every helper
+# instead of bounding the copy's wall time alone. PostgreSQL 14+ (TID range scans) only.
+CHUNK_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    table: str
+    pages: tuple[int, int | None] | None  # None: the whole table
+
+
+def plan_chunks(
+    src: Connection, tables: Sequence[str], chunk_bytes: int = CHUNK_BYTES
+) -> dict[str, list[_Chunk]]:
+    """Per table the work items of the parallel copy: the whole table, or page ranges of about
+    ``chunk_bytes`` covering it (the last one open-ended). Page counts are read under the write
+    fence, so no row can move to a page outside them."""
+    whole = {t: [_Chunk(t, None)] for t in tables}
+    if src.info.server_version < 140000:
+        return whole
+    rows = src.execute(
+        "SELECT c.relname::text, pg_relation_size(c.oid), current_setting('block_size')::bigint "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relname = ANY(%s)",
+        (list(tables),),
+    ).fetchall()
+    for name, size, block in rows:
+        if int(size) < 2 * chunk_bytes:
+            continue
+        pages = int(size) // int(block)
+        step = max(1, chunk_bytes // int(block))
+        starts = list(range(0, pages, step))
+        whole[str(name)] = [
+            _Chunk(str(name), (first, starts[i + 1] if i + 1 < len(starts) else None))
+            for i, first in enumerate(starts)
+        ]
+    return whole
+
+
 @dataclass
 class _Helper:
     src: Connection
@@ -637,9 +697,10 @@ def _copy_parallel(
     except psycopg.Error as exc:
         raise _db_error("exporting the source snapshot", exc) from exc
     snapshot = str(row[0]) if row else ""
+    chunks = plan_chunks(src, tables, CHUNK_BYTES)
     helpers: list[_Helper] = []
-    work: queue.Queue[str | None] = queue.Queue()
-    events: queue.Queue[tuple[str, TableCopy | BaseException]] = queue.Queue()
+    work: queue.Queue[_Chunk | None] = queue.Queue()
+    events: queue.Queue[tuple[_Chunk, TableCopy | BaseException]] = queue.Queue()
     abort = threading.Event()
     opened: list[Connection] = []
     try:
@@ -656,14 +717,20 @@ def _copy_parallel(
         def worker(helper: _Helper) -> None:
             try:
                 while not abort.is_set():
-                    table = work.get()
-                    if table is None:
+                    chunk = work.get()
+                    if chunk is None:
                         return
-                    done = stream_table(helper.src, helper.tgt, table, progress.add_bytes)
-                    progress.table_done(done.rows)
-                    events.put(("done", done))
+                    try:
+                        done = stream_table(
+                            helper.src, helper.tgt, chunk.table, progress.add_bytes,
+                            pages=chunk.pages,
+                        )  # fmt: skip
+                    except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                        events.put((chunk, exc))
+                        return
+                    events.put((chunk, done))
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-                events.put(("error", exc))
+                events.put((_Chunk("", None), exc))
 
         for helper in helpers:
             helper.thread = threading.Thread(
@@ -672,21 +739,27 @@ def _copy_parallel(
             helper.thread.start()
 
         copied: dict[str, TableCopy] = {}
+        partial: dict[str, list[TableCopy]] = {}
 
         def drain(timeout: float) -> None:
             try:
-                _, payload = events.get(timeout=timeout)
+                chunk, payload = events.get(timeout=timeout)
             except queue.Empty:
                 return
             while True:
                 if isinstance(payload, BaseException):
                     raise payload
-                assert isinstance(payload, TableCopy)
-                copied[payload.name] = payload
-                hooks.log("info", f"copied {payload.name}: {payload.rows} rows, "
-                                  f"{payload.bytes} bytes")  # fmt: skip
+                parts = partial.setdefault(chunk.table, [])
+                parts.append(payload)
+                if len(parts) == len(chunks[chunk.table]):
+                    done = TableCopy(
+                        chunk.table, sum(p.rows for p in parts), sum(p.bytes for p in parts)
+                    )
+                    copied[chunk.table] = done
+                    progress.table_done(done.rows)
+                    hooks.log("info", f"copied {done.name}: {done.rows} rows, {done.bytes} bytes")
                 try:
-                    _, payload = events.get_nowait()
+                    chunk, payload = events.get_nowait()
                 except queue.Empty:
                     return
 
@@ -694,7 +767,8 @@ def _copy_parallel(
             if hooks.stopped():
                 raise CopyError("copy interrupted: the runner is stopping")
             _recreate(tgt, table, columns[table], hooks)
-            work.put(table)
+            for chunk in chunks[table]:
+                work.put(chunk)
             drain(0)
             progress.maybe_emit()
         for _ in helpers:
@@ -762,7 +836,7 @@ def _durable_commit(tgt: Connection) -> None:
     transaction with an xid waits for the WAL up to its commit record, which follows them all."""
     try:
         tgt.execute("SET synchronous_commit = on")
-        tgt.execute("SELECT pg_current_xact_id()")
+        tgt.execute("SELECT txid_current()")  # assigns an xid on every server version
     except psycopg.Error as exc:
         raise _db_error("flushing the target's WAL", exc) from exc
 

@@ -35,15 +35,20 @@ class RecordingHooks:
         self.ever_registered: list[psycopg.Connection[Any]] = []
         self.stop = threading.Event()
         self.on_irreversible: Callable[[int], None] | None = None
+        # Threads that called log/progress/before_irreversible/stopped (must be one).
+        self.threads: set[int] = set()
         self._lock = threading.Lock()
 
     def log(self, level: str, message: str) -> None:
+        self.threads.add(threading.get_ident())
         self.logs.append((level, message))
 
     def progress(self, values: Mapping[str, int]) -> None:
+        self.threads.add(threading.get_ident())
         self.progress_calls.append((time.monotonic(), dict(values)))
 
     def before_irreversible(self) -> None:
+        self.threads.add(threading.get_ident())
         self.irreversible_calls += 1
         if self.on_irreversible is not None:
             self.on_irreversible(self.irreversible_calls)
@@ -58,6 +63,7 @@ class RecordingHooks:
             self.registered = [c for c in self.registered if c is not conn]
 
     def stopped(self) -> bool:
+        self.threads.add(threading.get_ident())
         return self.stop.is_set()
 
     def cancel_all(self) -> None:

@@ -58,8 +58,9 @@ def test_copy_moves_every_table_with_equal_checksums_indexes_and_constraints(
             f"applying constraints and indexes on the target ({len(before)} tables)…"
         )
         assert messages.index("constraints and indexes applied on target") > announce
-        # One pre-statement heartbeat per DROP TABLE.
+        # One pre-statement heartbeat per DROP TABLE; every hook ran in the calling thread.
         assert hooks.irreversible_calls == len(before)
+        assert hooks.threads == {threading.get_ident()}
         first = hooks.progress_calls[0][1]
         assert first == {
             "tables_total": len(before),
@@ -650,3 +651,32 @@ def test_parallel_copy_equals_sequential(catalog_pair: CatalogPairFactory) -> No
     _run(pair, RecordingHooks(), parallelism=4).release.release()
     assert (pair.checksums("target"), pair.schema_objects("target")) == sequential
     assert sequential[0] == pair.checksums("source")
+
+
+def test_parallel_copy_splits_large_tables_into_page_ranges(
+    catalog_pair: CatalogPairFactory, hooks: RecordingHooks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables above 2 x CHUNK_BYTES are streamed by several helpers as TID ranges; the rows
+    arrive exactly once and the table is logged once with its total."""
+    pair = catalog_pair(tables=40, inlined_every=0, files=8, columns=6)
+    monkeypatch.setattr(catalog_copy, "CHUNK_BYTES", 8 * 8192)
+    src = pair.source_factory()()
+    try:
+        plan = catalog_copy.plan_chunks(src, list(pair.source_tables), 8 * 8192)
+    finally:
+        src.close()
+    stats = plan["ducklake_file_column_stats"]
+    assert len(stats) > 3
+    assert stats[0].pages is not None
+    assert stats[0].pages[0] == 0
+    assert stats[-1].pages is not None
+    assert stats[-1].pages[1] is None
+    assert plan["ducklake_metadata"] == [catalog_copy._Chunk("ducklake_metadata", None)]
+    result = _run(pair, hooks, parallelism=3)
+    result.release.release()
+    assert pair.checksums("target") == pair.checksums("source")
+    rows = pair.checksums("source")["ducklake_file_column_stats"][0]
+    lines = [m for m in hooks.messages() if m.startswith("copied ducklake_file_column_stats:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"copied ducklake_file_column_stats: {rows} rows, ")
+    assert hooks.progress_calls[-1][1]["tables_done"] <= len(pair.source_tables)
