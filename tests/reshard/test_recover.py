@@ -471,3 +471,55 @@ def test_janitor_force_fail_then_recover(janitor_env, store_clusters, tenant_cat
     assert op.recovery_outcome == "rolled_back"
     assert op.recovery_required is False
     assert op.state == "failed"
+
+
+@pytest.mark.safeguard("reshard-34")
+def test_execute_rolls_back_cnpg_to_external_dropping_the_partial_copy(
+    store_clusters, tenant_catalog
+):
+    """cnpg→external force-failed in ``verifying`` (before the commit point): the copied
+    tables on the external target are dropped with the password resolved from the op's
+    reference, the source is un-fenced and the warehouse returns to ready on the source."""
+    from tests.fixtures.stores import ducklake_tables
+
+    source = tenant_catalog(store_clusters.source)
+    ext = tenant_catalog(store_clusters.target)
+    assert ducklake_tables(store_clusters.target, ext.database)
+    source_store = new_store(store_clusters.source, name=unique("src"))
+    warehouse = new_warehouse(store=source_store, catalog=source, state="resharding")
+    op = new_op(
+        warehouse,
+        state="failed",
+        target_kind="external",
+        target_endpoint=ext.cluster.host,
+        target_port=ext.cluster.port,
+        target_sslmode="require",
+        target_user=ext.role,
+        target_database=ext.database,
+        target_password_secret_ref=ext.password_ref,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_reshard_operations SET step = 'verifying', "
+            "blocked_at = now() - interval '10 minutes', "
+            "source_fence_requested_at = now() - interval '9 minutes', "
+            "source_fenced_at = now() - interval '9 minutes', tables_copied = 5, "
+            "source_endpoint = %s, source_port = %s, source_sslmode = %s, "
+            "recovery_required = true, runner_id = 'janitor', finished_at = now() WHERE id = %s",
+            [source_store.host, source_store.port, source_store.sslmode, op.id],
+        )
+    _set_login(store_clusters.source, source.role, False)
+    out = run(op.id, "--execute")
+    assert "outcome rolled_back" in out
+    op.refresh_from_db()
+    warehouse.refresh_from_db()
+    assert warehouse.state == "ready"
+    assert warehouse.metadata_store_id == source_store.name
+    assert op.recovery_outcome == "rolled_back"
+    assert ducklake_tables(store_clusters.target, ext.database) == []
+    assert _rolcanlogin(store_clusters.source, source.role)
+    text = "\n".join(
+        ReshardLogEntry.objects.filter(operation_id=op.id).values_list("message", flat=True)
+    )
+    assert "partial target tables" in text
+    assert ext.password not in text
