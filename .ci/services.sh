@@ -9,10 +9,12 @@
 #       whose password is $DUCKGRES_TEST_PROVISIONER_PASSWORD (default below; tests/testenv.py
 #       uses the same default).
 #   Redis                     127.0.0.1:6379
+#   Ceph RGW (S3)             http://127.0.0.1:7480, keys testing/testing (.ci/rgw.sh)
 #   etcd + kube-apiserver     https://127.0.0.1:16443, bearer token `ci-token` (.ci/kube-apiserver.sh)
 #
-# Env: CI_STATE_DIR (default /var/tmp/duckgres-ci), CI=true (a missing kube-apiserver binary is
-# built instead of skipped), DUCKGRES_SKIP_KUBE=1 (do not start the apiserver at all).
+# Env: CI_STATE_DIR (default /var/tmp/duckgres-ci), CI=true (missing Ceph packages are installed
+# and a missing kube-apiserver binary is built, instead of skipping them), DUCKGRES_SKIP_RGW=1 /
+# DUCKGRES_SKIP_KUBE=1 (do not start that service at all).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -123,6 +125,13 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     --dir "$STATE" --logfile "$STATE/redis.log" --pidfile "$STATE/redis.pid"
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.1; done
   log "redis started on 6379"
+fi
+
+# --- S3: Ceph RGW ----------------------------------------------------------------------------
+if [ "${DUCKGRES_SKIP_RGW:-}" = 1 ]; then
+  log "Ceph RGW not started (DUCKGRES_SKIP_RGW=1)"
+else
+  "$HERE/rgw.sh" start
 fi
 
 # --- Kubernetes API ---------------------------------------------------------------------------
