@@ -1,10 +1,35 @@
-"""Django admin registrations. Secrets are references only; no password field exists."""
+"""Django admin: the operator screens (issue 6 item 1; docs/admin.md).
+
+Everything is read-only through the admin's own forms: the control-plane rows are written by
+the API services, the runner and the janitor (guarded CAS updates), never by a model form.
+Operators act through the three reshard screens here — start (dry-run plan first), cancel and
+the ``reshard_recover`` dry run — which call the same services as the API and are refused on
+the server unless the user may act (``adminui.roles``). Secrets exist only as references
+(``*_ref`` columns); no password column exists, so none can be rendered.
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin
+import io
+from datetime import datetime
+from typing import Any
 
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+
+from duckgres_admin.adminui import roles
+from duckgres_admin.adminui.progress import status_json
 from duckgres_admin.models import (
+    EXTERNAL_SSLMODES,
+    TERMINAL_STATES,
     AuditRecord,
     ConnectionLease,
     Lease,
@@ -13,59 +38,577 @@ from duckgres_admin.models import (
     ReshardLogEntry,
     ReshardOperation,
     ReshardStepTiming,
+    TrinoPool,
+    TrinoPoolInstance,
     Warehouse,
+    WarehouseTrino,
+)
+from reshard import dryrun, services
+from reshard.services import ServiceError, StartRequest, TargetRequest
+
+MILESTONES = (
+    "source_access_verified_at",
+    "source_fence_requested_at",
+    "source_fenced_at",
+    "target_rendered_at",
+    "target_login_ready_at",
+    "external_verified_at",
+    "source_drop_committed_at",
+    "source_dropped_at",
 )
 
 
-@admin.register(ReshardOperation)
-class ReshardOperationAdmin(admin.ModelAdmin[ReshardOperation]):
-    list_display = ("id", "org_id", "state", "step", "source_kind", "target_kind", "created_at")
-    list_filter = ("state", "source_kind", "target_kind")
-    search_fields = ("org_id", "from_shard", "to_shard")
+def _ts(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    if value.year == 1:
+        return "-infinity"
+    if value.year == 9999:
+        return "infinity"
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False  # the op row belongs to the runner; operators act through the API
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Any active staff user reads; nobody adds, edits or deletes through a model form."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return roles.can_read(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return roles.can_read(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _audit(request: HttpRequest, action: str, org_id: str, status: int, detail: str) -> None:
+    """One audit row per admin action, as the API writes for its mutating requests (§2.11)."""
+    AuditRecord.objects.create(
+        actor=roles.user_email(request.user),
+        role=roles.role_label(request),
+        source="django",
+        method="POST",
+        path=request.path[:2000],
+        org_id=org_id,
+        status=status,
+        client_ip=str(request.META.get("REMOTE_ADDR", "")),
+        action=action,
+        detail=services.api_scrubber().scrub(detail)[:4000],
+    )
+
+
+# --- reshard operations -------------------------------------------------------------------------
+
+
+class StartForm(forms.Form):
+    """The start body of spec §5.1 as a form; the services validate everything past the shape."""
+
+    org_id = forms.CharField(max_length=200, label="Org")
+    target_type = forms.ChoiceField(
+        choices=[("cnpg", "cnpg (a registered shard)"), ("external", "external PostgreSQL")],
+        label="Target type",
+    )
+    cnpg_shard = forms.CharField(max_length=63, required=False, label="Target cnpg shard")
+    endpoint = forms.CharField(
+        max_length=1024, required=False, label="External endpoint (host[:port])"
+    )
+    user = forms.CharField(max_length=1024, required=False)
+    database = forms.CharField(max_length=1024, required=False)
+    sslmode = forms.ChoiceField(
+        choices=[("", "default (require)"), *((m, m) for m in EXTERNAL_SSLMODES)],
+        required=False,
+    )
+    password_secret_ref = forms.CharField(
+        max_length=1024,
+        required=False,
+        label="Password secret reference",
+        help_text="k8s:<namespace>/<secret>#<key> or env:<VARIABLE> — a reference, never a value",
+    )
+    password = forms.CharField(
+        max_length=1024,
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="external targets only; checked against the reference and never stored",
+    )
+    drain_timeout_seconds = forms.IntegerField(initial=1800, max_value=86400)
+    cutover_timeout_seconds = forms.IntegerField(initial=0, max_value=86400)
+
+    def start_request(self, *, dry_run: bool) -> StartRequest:
+        data = self.cleaned_data
+        drain = data["drain_timeout_seconds"]
+        return StartRequest(
+            target=TargetRequest(
+                type=data["target_type"],
+                cnpg_shard=data["cnpg_shard"].strip(),
+                endpoint=data["endpoint"].strip(),
+                user=data["user"].strip(),
+                database=data["database"].strip(),
+                sslmode=data["sslmode"],
+                password_secret_ref=data["password_secret_ref"].strip(),
+                password=data["password"],
+            ),
+            drain_timeout_seconds=drain if drain and drain > 0 else 1800,
+            cutover_timeout_seconds=max(data["cutover_timeout_seconds"] or 0, 0),
+            dry_run=dry_run,
+        )
+
+
+@admin.register(ReshardOperation)
+class ReshardOperationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "org_id",
+        "state",
+        "step",
+        "direction_label",
+        "source_label",
+        "target_label",
+        "cancel_requested",
+        "recovery_required",
+        "created_by",
+        "created_at",
+        "finished_at",
+    )
+    list_display_links = ("id", "org_id")
+    list_filter = ("state", "source_kind", "target_kind", "recovery_required", "launcher")
+    search_fields = (
+        "=id",
+        "org_id",
+        "from_shard",
+        "to_shard",
+        "target_endpoint",
+        "source_endpoint",
+        "created_by",
+        "error",
+    )
+    ordering = ("-id",)
+    list_per_page = 50
+    change_list_template = "admin/duckgres_admin/reshardoperation/change_list.html"
+
+    @admin.display(description="direction", ordering="target_kind")
+    def direction_label(self, op: ReshardOperation) -> str:
+        return f"{op.source_kind}→{op.target_kind}"
+
+    @admin.display(description="source")
+    def source_label(self, op: ReshardOperation) -> str:
+        if op.source_kind == "cnpg":
+            return op.from_shard
+        return f"{op.source_endpoint}:{op.source_port}"
+
+    @admin.display(description="target")
+    def target_label(self, op: ReshardOperation) -> str:
+        if op.target_kind == "cnpg":
+            return op.to_shard
+        return f"{op.target_endpoint}:{op.target_port}"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "can_act": roles.can_act(request)}
+        return super().changelist_view(request, extra_context=context)
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        own = [
+            path("start/", wrap(self.start_view), name="duckgres_reshard_start"),
+            path(
+                "<int:op_id>/status.json",
+                wrap(self.status_view),
+                name="duckgres_reshard_status",
+            ),
+            path("<int:op_id>/cancel/", wrap(self.cancel_view), name="duckgres_reshard_cancel"),
+            path("<int:op_id>/recover/", wrap(self.recover_view), name="duckgres_reshard_recover"),
+        ]
+        return own + super().get_urls()
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": title,
+            "can_act": roles.can_act(request),
+            **extra,
+        }
+
+    def _op(self, request: HttpRequest, op_id: int) -> ReshardOperation:
+        if not roles.can_read(request):
+            raise PermissionDenied
+        return get_object_or_404(ReshardOperation, pk=op_id)
+
+    # The detail page: live log tail, progress and step timeline (polling, no reload).
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        if not object_id.isdigit():
+            return super().change_view(request, object_id, form_url, extra_context)
+        op = self._op(request, int(object_id))
+        rows: list[tuple[str, Any]] = [
+            ("org", op.org_id),
+            ("direction", f"{op.source_kind} → {op.target_kind}"),
+            (
+                "source",
+                f"cnpg {op.from_shard}"
+                if op.source_kind == "cnpg"
+                else f"external {op.source_endpoint}:{op.source_port}",
+            ),
+            ("source tenant", f"{op.source_user} / {op.source_database}"),
+            ("source password reference", op.source_password_secret_ref or "—"),
+            (
+                "target",
+                f"cnpg {op.to_shard}"
+                if op.target_kind == "cnpg"
+                else f"external {op.target_endpoint}:{op.target_port}",
+            ),
+            ("target tenant", f"{op.target_user} / {op.target_database}"),
+            ("target password reference", op.target_password_secret_ref or "—"),
+            ("created by", op.created_by or "—"),
+            ("launcher", op.launcher),
+            ("runner", f"{op.runner_id or '—'} (epoch {op.runner_epoch})"),
+            ("respawn attempts", op.respawn_attempts),
+            ("drain timeout", f"{op.drain_timeout_seconds} s"),
+            ("created", _ts(op.created_at)),
+            ("started", _ts(op.started_at)),
+            ("finished", _ts(op.finished_at)),
+            ("maintenance window", f"{_ts(op.blocked_at)} → {_ts(op.unblocked_at)}"),
+            *((name.removesuffix("_at").replace("_", " "), _ts(getattr(op, name)))
+              for name in MILESTONES),
+            ("copied (on success)", f"{op.tables_copied} tables, {op.rows_copied} rows, "
+                                    f"{op.bytes_copied} bytes"),
+            ("backup", f"{op.backup_s3_uri} ({op.backup_bytes} bytes)"
+             if op.backup_s3_uri else "—"),
+            ("recovery", f"required={op.recovery_required} outcome={op.recovery_outcome or '—'}"
+                         f" owner={op.recovery_owner or '—'}"),
+        ]  # fmt: skip
+        context = self._context(
+            request,
+            f"Reshard operation {op.id}",
+            op=op,
+            rows=rows,
+            terminal=op.state in TERMINAL_STATES,
+            status_url=reverse("admin:duckgres_reshard_status", args=[op.id]),
+            log_url=reverse("reshard-log", args=[op.id]),
+            cancel_url=reverse("admin:duckgres_reshard_cancel", args=[op.id]),
+            recover_url=reverse("admin:duckgres_reshard_recover", args=[op.id]),
+            original=op,
+            **(extra_context or {}),
+        )
+        return TemplateResponse(
+            request, "admin/duckgres_admin/reshardoperation/detail.html", context
+        )
+
+    def status_view(self, request: HttpRequest, op_id: int) -> JsonResponse:
+        op = self._op(request, op_id)
+        response = JsonResponse(status_json(op))
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def cancel_view(self, request: HttpRequest, op_id: int) -> HttpResponse:
+        op = self._op(request, op_id)
+        roles.require_act(request)
+        detail_url = reverse("admin:duckgres_admin_reshardoperation_change", args=[op.id])
+        if request.method == "POST":
+            actor = roles.user_email(request.user)
+            try:
+                outcome = services.reshard_op_cancel(op_id=op.id, actor=actor)
+            except ServiceError as exc:
+                _audit(request, "reshard.cancel", op.org_id, exc.status, exc.message)
+                messages.error(request, f"cancel refused: {exc.message}")
+                return HttpResponseRedirect(detail_url)
+            detail = "cancelled before start" if outcome.status == 200 else "cancel requested"
+            _audit(request, "reshard.cancel", op.org_id, outcome.status, detail)
+            messages.success(request, f"operation {op.id}: {detail}")
+            return HttpResponseRedirect(detail_url)
+        return TemplateResponse(
+            request,
+            "admin/duckgres_admin/reshardoperation/confirm.html",
+            self._context(
+                request,
+                f"Cancel reshard operation {op.id}?",
+                op=op,
+                question=(
+                    f"Cancel operation {op.id} of org {op.org_id} (state {op.state}, step "
+                    f"{op.step or '—'})? A pending operation is cancelled at once; a running "
+                    "one rolls back at its next cancel check."
+                ),
+                confirm_label="Yes, cancel it",
+                back_url=detail_url,
+            ),
+        )
+
+    def recover_view(self, request: HttpRequest, op_id: int) -> HttpResponse:
+        op = self._op(request, op_id)
+        roles.require_act(request)
+        detail_url = reverse("admin:duckgres_admin_reshardoperation_change", args=[op.id])
+        if request.method != "POST":
+            return TemplateResponse(
+                request,
+                "admin/duckgres_admin/reshardoperation/confirm.html",
+                self._context(
+                    request,
+                    f"Recovery plan for operation {op.id}?",
+                    op=op,
+                    question=(
+                        f"Run `manage.py reshard_recover {op.id}` without --execute? It reads "
+                        "the durable progress and the live source fence and prints the plan; it "
+                        "changes nothing."
+                    ),
+                    confirm_label="Show the recovery plan",
+                    back_url=detail_url,
+                ),
+            )
+        out = io.StringIO()
+        error = ""
+        try:
+            call_command("reshard_recover", str(op.id), stdout=out)
+        except CommandError as exc:
+            error = services.api_scrubber().scrub(str(exc))
+        return TemplateResponse(
+            request,
+            "admin/duckgres_admin/reshardoperation/recover.html",
+            self._context(
+                request,
+                f"Recovery plan for operation {op.id} (dry run)",
+                op=op,
+                output=services.api_scrubber().scrub(out.getvalue()),
+                error=error,
+                back_url=detail_url,
+            ),
+        )
+
+    def start_view(self, request: HttpRequest) -> HttpResponse:
+        roles.require_act(request)
+        stage = request.POST.get("stage", "") if request.method == "POST" else ""
+        if request.method != "POST":
+            form = StartForm(initial={"org_id": request.GET.get("org", "")})
+            return self._start_page(request, form)
+        form = StartForm(request.POST)
+        if not form.is_valid():
+            return self._start_page(request, form)
+        org = form.cleaned_data["org_id"].strip()
+        if stage == "start":
+            actor = roles.user_email(request.user)
+            try:
+                outcome = services.reshard_op_start(
+                    org_id=org, request=form.start_request(dry_run=False), actor=actor
+                )
+            except ServiceError as exc:
+                _audit(request, "reshard.create", org, exc.status, exc.message)
+                form.add_error(None, f"start refused ({exc.status}): {exc.message}")
+                return self._start_page(request, form)
+            _audit(request, "reshard.create", org, 202, f"reshard {outcome.description}")
+            messages.success(request, f"reshard operation {outcome.op.id} started")
+            return HttpResponseRedirect(
+                reverse("admin:duckgres_admin_reshardoperation_change", args=[outcome.op.id])
+            )
+        try:
+            plan = dryrun.dry_run(org, form.start_request(dry_run=True))
+        except ServiceError as exc:
+            form.add_error(None, f"dry run refused ({exc.status}): {exc.message}")
+            return self._start_page(request, form)
+        return self._start_page(request, form, plan=plan)
+
+    def _start_page(
+        self, request: HttpRequest, form: StartForm, plan: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            targets = services.reshard_targets()
+        except Exception:  # noqa: BLE001 - the datalist is a convenience only
+            targets = {"shards": [], "external_stores": []}
+        all_ok = (
+            bool(plan) and all(entry.get("ok") for entry in plan["preflight"]) if plan else False
+        )
+        return TemplateResponse(
+            request,
+            "admin/duckgres_admin/reshardoperation/start.html",
+            self._context(
+                request,
+                "Start a reshard",
+                form=form,
+                plan=plan,
+                all_ok=all_ok,
+                hidden_fields=[f for f in form if f.name != "password"],
+                needs_password=bool(plan) and form.cleaned_data.get("target_type") == "external",
+                shards=targets.get("shards", []),
+                warehouses=list(
+                    Warehouse.objects.order_by("org_id").values_list("org_id", flat=True)[:500]
+                ),
+            ),
+        )
+
+
+@admin.register(ReshardLogEntry)
+class ReshardLogEntryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "operation_id", "ts", "level", "source", "runner_epoch", "message")
+    list_filter = ("level", "source")
+    search_fields = ("=operation_id", "message")
+    ordering = ("-id",)
+
+
+@admin.register(ReshardStepTiming)
+class ReshardStepTimingAdmin(ReadOnlyAdmin):
+    list_display = ("id", "operation_id", "step", "runner_epoch", "started_at", "ended_at",
+                    "outcome")  # fmt: skip
+    list_filter = ("step", "outcome")
+    search_fields = ("=operation_id",)
+    ordering = ("-id",)
+
+
+# --- warehouses, stores, leases -----------------------------------------------------------------
 
 
 @admin.register(Warehouse)
-class WarehouseAdmin(admin.ModelAdmin[Warehouse]):
+class WarehouseAdmin(ReadOnlyAdmin):
+    """Read-only: binding, compaction and state change through the API (its resharding guard)."""
+
     list_display = (
         "org_id",
         "state",
-        "metadata_store_kind",
-        "metadata_store",
+        "writable_flag",
+        "binding",
+        "password_reference",
         "compaction_enabled",
+        "max_connection_leases",
+        "status_message",
+        "reshard_link",
     )
-    list_filter = ("state", "metadata_store_kind")
-    search_fields = ("org_id",)
+    list_filter = ("state", "metadata_store_kind", "compaction_enabled")
+    search_fields = ("org_id", "database_name", "metadata_store_host")
+    exclude = ()
+
+    @admin.display(description="writable", boolean=True)
+    def writable_flag(self, w: Warehouse) -> bool:
+        return w.writable
+
+    @admin.display(description="binding")
+    def binding(self, w: Warehouse) -> str:
+        if w.metadata_store_kind == "cnpg":
+            where = f"cnpg {w.metadata_store_id}"
+        elif w.metadata_store_kind == "external":
+            where = f"external {w.metadata_store_host}:{w.metadata_store_port}"
+        else:
+            return "— (identity incomplete)"
+        return f"{where} db {w.metadata_store_database} user {w.metadata_store_user}"
+
+    @admin.display(description="password reference")
+    def password_reference(self, w: Warehouse) -> str:
+        return w.metadata_store_password_ref or "—"
+
+    @admin.display(description="")
+    def reshard_link(self, w: Warehouse) -> str:
+        url = reverse("admin:duckgres_reshard_start") + f"?org={w.org_id}"
+        return format_html('<a href="{}">reshard…</a>', url)
 
 
 @admin.register(MetadataStore)
-class MetadataStoreAdmin(admin.ModelAdmin[MetadataStore]):
-    list_display = ("name", "kind", "host", "port", "sslmode", "pooler_host")
+class MetadataStoreAdmin(ReadOnlyAdmin):
+    list_display = (
+        "name",
+        "kind",
+        "host",
+        "port",
+        "sslmode",
+        "pooler_host",
+        "pooler_port",
+        "provisioner_user",
+        "provisioner_password_ref",
+        "tenants",
+    )
+    list_filter = ("kind",)
+    search_fields = ("name", "host")
+
+    @admin.display(description="tenants")
+    def tenants(self, store: MetadataStore) -> int:
+        return Warehouse.objects.filter(metadata_store=store).count()
 
 
 @admin.register(ConnectionLease)
-class ConnectionLeaseAdmin(admin.ModelAdmin[ConnectionLease]):
-    list_display = ("id", "org_id", "holder", "purpose", "state", "expires_at")
+class ConnectionLeaseAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "holder", "purpose", "state", "requested_at", "granted_at",
+                    "expires_at", "released_at")  # fmt: skip
     list_filter = ("state", "purpose")
+    search_fields = ("org_id", "holder")
+    ordering = ("-id",)
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin[Lease]):
-    """Read-only: leases are written only by the lease protocol (SQL on the database clock)."""
+class LeaseAdmin(ReadOnlyAdmin):
+    """Leader leases (janitor, trino): written only by the lease protocol on the DB clock."""
 
-    list_display = ("name", "holder", "epoch", "renewed_at", "expires_at")
+    list_display = ("name", "holder", "epoch", "acquired", "renewed", "expires")
 
-    def has_add_permission(self, request: object) -> bool:
-        return False
+    @admin.display(description="acquired at")
+    def acquired(self, lease: Lease) -> str:
+        return _ts(lease.acquired_at)
 
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
+    @admin.display(description="renewed at")
+    def renewed(self, lease: Lease) -> str:
+        return _ts(lease.renewed_at)
 
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False
+    @admin.display(description="expires at")
+    def expires(self, lease: Lease) -> str:
+        return _ts(lease.expires_at)
 
 
-for _model in (ReshardLogEntry, ReshardStepTiming, Operator, AuditRecord):
-    admin.site.register(_model)
+# --- Trino pools ---------------------------------------------------------------------------------
+
+
+@admin.register(TrinoPool)
+class TrinoPoolAdmin(ReadOnlyAdmin):
+    list_display = ("pool_id", "public_id", "api_mode", "desired_instances", "min_serving",
+                    "desired_generation", "authority_epoch", "authority_owner",
+                    "publication_revision", "admitted_revision", "frozen",
+                    "updated_at")  # fmt: skip
+    list_filter = ("api_mode", "frozen")
+
+
+@admin.register(TrinoPoolInstance)
+class TrinoPoolInstanceAdmin(ReadOnlyAdmin):
+    list_display = ("instance_id", "pool", "phase", "phase_changed_at", "release_id",
+                    "owner_epoch", "repair", "endpoint_url", "gateway_state",
+                    "last_error")  # fmt: skip
+    list_filter = ("phase", "pool", "repair")
+    search_fields = ("instance_id", "endpoint_url")
+
+
+@admin.register(WarehouseTrino)
+class WarehouseTrinoAdmin(ReadOnlyAdmin):
+    list_display = ("warehouse", "enabled", "tier", "state", "trino_cell_id", "backend",
+                    "status_message", "updated_at")  # fmt: skip
+    list_filter = ("enabled", "state", "tier")
+
+
+# --- operators and audit -------------------------------------------------------------------------
+
+
+@admin.register(Operator)
+class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Roles are managed by superusers (Django model permissions); staff viewers read them."""
+
+    list_display = ("email", "role", "disabled", "created_at")
+    list_filter = ("role", "disabled")
+    search_fields = ("email",)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return roles.can_read(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return roles.can_read(request)
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(ReadOnlyAdmin):
+    list_display = ("id", "at", "actor", "role", "source", "method", "path", "org_id", "status",
+                    "action", "detail")  # fmt: skip
+    list_filter = ("action", "source", "status")
+    search_fields = ("actor", "org_id", "path", "detail")
+    ordering = ("-id",)

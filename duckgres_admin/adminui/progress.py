@@ -1,0 +1,137 @@
+"""Live progress of an operation for the admin detail page (spec reshard §2.5, §2.8).
+
+Progress comes only from the op's ``progress`` JSON (written by the runner at most every 2 s),
+never from the success-only ``*_copied`` columns. The ETA is derived from the progress rate:
+``tables_done`` over the time since the current ``copying`` step started (its step-timing row),
+extrapolated to ``tables_total``. A backup has no known total, so it shows a throughput only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
+
+PROGRESS_KEYS = (
+    "bytes_dumped",
+    "backup_parts",
+    "tables_done",
+    "tables_total",
+    "rows_copied",
+    "bytes_copied",
+)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.year in (1, 9999):  # -infinity / infinity as loaded by pgtypes
+        return None
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    return None
+
+
+def _when(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    parsed = parse_datetime(value)
+    if parsed is None:
+        return None
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, timezone.get_current_timezone())
+    return parsed
+
+
+def _step_start(steps: list[ReshardStepTiming], name: str) -> datetime | None:
+    for row in reversed(steps):
+        if row.step == name:
+            return row.started_at
+    return None
+
+
+def progress_view(
+    op: ReshardOperation, steps: list[ReshardStepTiming], now: datetime | None = None
+) -> dict[str, Any]:
+    """The progress block: the counters, rates and an ETA (seconds from ``now``) when derivable."""
+    now = now or timezone.now()
+    raw = op.progress if isinstance(op.progress, dict) else {}
+    out: dict[str, Any] = {key: _int(raw.get(key)) for key in PROGRESS_KEYS}
+    updated = _when(raw.get("updated_at"))
+    out["updated_at"] = _iso(updated)
+    out["eta_seconds"] = None
+    out["eta_basis"] = ""
+    out["tables_per_second"] = None
+    out["dump_bytes_per_second"] = None
+    active = op.state not in TERMINAL_STATES
+    done, total = out["tables_done"], out["tables_total"]
+    copy_start = _step_start(steps, "copying")
+    if updated is not None and copy_start is not None and done is not None and total:
+        elapsed = (updated - copy_start).total_seconds()
+        if done >= total:
+            out["eta_seconds"] = 0
+            out["eta_basis"] = "all tables copied"
+        elif done > 0 and elapsed > 0:
+            rate = done / elapsed
+            out["tables_per_second"] = round(rate, 3)
+            if active:
+                remaining = (total - done) / rate - (now - updated).total_seconds()
+                out["eta_seconds"] = max(round(remaining), 0)
+                out["eta_basis"] = (
+                    f"{done}/{total} tables in {int(elapsed)} s since copying started"
+                )
+    dumped = out["bytes_dumped"]
+    backup_start = _step_start(steps, "backup_catalog")
+    if updated is not None and backup_start is not None and dumped:
+        elapsed = (updated - backup_start).total_seconds()
+        if elapsed > 0:
+            out["dump_bytes_per_second"] = int(dumped / elapsed)
+    return out
+
+
+def step_json(row: ReshardStepTiming) -> dict[str, Any]:
+    return {
+        "step": row.step,
+        "runner_epoch": row.runner_epoch,
+        "started_at": _iso(row.started_at),
+        "ended_at": _iso(row.ended_at),
+        "outcome": row.outcome,
+    }
+
+
+def status_json(op: ReshardOperation, now: datetime | None = None) -> dict[str, Any]:
+    """What the detail page polls: state, progress, step timings and the maintenance window."""
+    now = now or timezone.now()
+    steps = list(ReshardStepTiming.objects.filter(operation_id=op.id).order_by("started_at", "id"))
+    return {
+        "id": op.id,
+        "org_id": op.org_id,
+        "state": op.state,
+        "step": op.step,
+        "error": op.error,
+        "cancel_requested": op.cancel_requested,
+        "terminal": op.state in TERMINAL_STATES,
+        "runner_epoch": op.runner_epoch,
+        "created_at": _iso(op.created_at),
+        "started_at": _iso(op.started_at),
+        "finished_at": _iso(op.finished_at),
+        "heartbeat_at": _iso(op.heartbeat_at),
+        "blocked_at": _iso(op.blocked_at),
+        "unblocked_at": _iso(op.unblocked_at),
+        "now": _iso(now),
+        "progress": progress_view(op, steps, now),
+        "steps": [step_json(row) for row in steps],
+        "recovery_required": op.recovery_required,
+    }
