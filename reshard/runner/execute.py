@@ -325,6 +325,7 @@ def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
     for step in steps:
         _boundary(env)
         env.fence.stamp_step(step)
+        env.op.step = step  # the cancel cutoff reads the in-memory op (§4.5)
         testhooks.kill_point(f"step:{step}")
         fn = lookup(step)
         if fn is None:

@@ -5,12 +5,17 @@
 stamped, before it does anything), ``after_nologin`` (``ALTER ROLE … NOLOGIN`` sent, before
 ``source_fenced_at``), ``after_source_drop`` (``DROP DATABASE`` done, before
 ``source_dropped_at``), ``after_flip`` (binding switched, before the cutover wait).
+
+``DUCKGRES_RESHARD_TEST_PAUSE_AT=<point>`` with ``DUCKGRES_RESHARD_TEST_PAUSE_SECONDS=<s>``
+(default 3) sleeps there instead (the heartbeat keeps running), so a test can act mid-step
+(e.g. set the cancel flag while the runner is in ``orphaning_source``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def kill_point(point: str) -> None:
@@ -18,3 +23,5 @@ def kill_point(point: str) -> None:
         return
     if os.environ.get("DUCKGRES_RESHARD_TEST_KILL_AT", "") == point:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("DUCKGRES_RESHARD_TEST_PAUSE_AT", "") == point:
+        time.sleep(float(os.environ.get("DUCKGRES_RESHARD_TEST_PAUSE_SECONDS", "3")))

@@ -101,9 +101,12 @@ def poll_until(
             raise Interrupted()
         if cancel_aware and not rollback and cancel_requested(ctx.op_id):
             raise Cancelled()
+        previous = last
         done, last = observe()
         if done:
             return last
+        if last != previous:
+            oplog.info(f"observation ({purpose}): {last}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise StepError(f"{timeout_message}; last observation: {last}")

@@ -1,0 +1,416 @@
+"""Kills, takeovers and cancels of real runner processes (spec §4.5-§4.8; safeguards 2, 10, 16,
+18, 19, 22, 44, 45, 52). Kills use the test-only hooks of ``reshard.runner.testhooks``; a
+takeover backdates ``heartbeat_at`` past the stale window and starts a new runner."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from duckgres_admin.models import MetadataStore, ReshardLogEntry, ReshardOperation, Warehouse
+from tests.fixtures.rows import new_warehouse
+from tests.fixtures.stores import StoreCluster
+from tests.reshard.runner_fixtures import (
+    CnpgWorld,
+    ExternalTargetWorld,
+    RunnerS3,
+    catalog_checksums,
+    database_exists,
+    external_target_world,
+    op_log,
+    password_url,
+    reload,
+    role_can_login,
+    run_runner,
+    runner_moto_server,
+    runner_s3,
+    start_runner,
+    wait_until,
+    warehouse_of,
+)
+
+__all__ = ["external_target_world", "runner_moto_server", "runner_s3"]
+
+pytestmark = pytest.mark.faults
+
+LATE_CANCEL = "cancel requested after the point of no return; the operation will complete"
+
+
+def hooks(point: str, **extra: str) -> dict[str, str]:
+    return {"DUCKGRES_RESHARD_TEST_HOOKS": "1", "DUCKGRES_RESHARD_TEST_KILL_AT": point, **extra}
+
+
+def pause(point: str, seconds: float = 4) -> dict[str, str]:
+    return {
+        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
+        "DUCKGRES_RESHARD_TEST_PAUSE_AT": point,
+        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": str(seconds),
+    }
+
+
+def with_bucket(org_id: str, s3: RunnerS3) -> dict[str, str]:
+    """Give the warehouse a bucket (cnpg→external needs its backup); the runner's S3 env."""
+    Warehouse.objects.filter(org_id=org_id).update(data_bucket=s3.bucket)
+    return s3.env()
+
+
+def killed_at(op_id: int, state_dir: Any, point: str, **extra: str) -> None:
+    runner = run_runner(op_id, state_dir, env_extra=hooks(point, **extra))
+    assert runner.proc.returncode == -signal.SIGKILL, runner.output()
+
+
+def backdate(op_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_reshard_operations SET heartbeat_at = now() - interval '10 minutes' "
+            "WHERE id = %s",
+            [op_id],
+        )
+
+
+def lines_of_epoch(op_id: int, epoch: int) -> list[str]:
+    return list(
+        ReshardLogEntry.objects.filter(operation_id=op_id, runner_epoch=epoch)
+        .order_by("id")
+        .values_list("message", flat=True)
+    )
+
+
+def target_cluster(world: CnpgWorld) -> StoreCluster:
+    return StoreCluster("target", world.target_store.host, world.target_store.port)
+
+
+# --- 16: a crash between the drop and its acknowledgement rolls forward ----------------------
+@pytest.mark.safeguard("reshard-16")
+def test_cnpg_kill_after_drop_before_dropped_at_takeover_rolls_forward(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    killed_at(world.op.id, runner_state_dir, "after_source_drop")
+    op = reload(world.op)
+    assert op.source_drop_committed_at is not None
+    assert op.source_dropped_at is None
+    backdate(op.id)
+    runner = run_runner(op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(op)
+    assert op.state == "succeeded", op_log(op.id)
+    assert op.source_dropped_at is not None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.target_store.name)
+    assert catalog_checksums(target_cluster(world), world.catalog.database) == before
+    second = lines_of_epoch(op.id, 2)
+    assert any("after the commit point: rolling forward" in line for line in second)
+    assert not any("flipped back" in line for line in second)
+
+
+@pytest.mark.safeguard("reshard-16")
+def test_external_kill_after_drop_before_dropped_at_takeover_rolls_forward(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    with password_url(world.target.password) as url:
+        killed_at(
+            world.op.id,
+            runner_state_dir,
+            "after_source_drop",
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+            **with_bucket(world.op.org_id, runner_s3),
+        )
+    op = reload(world.op)
+    assert op.external_verified_at is not None
+    assert op.source_dropped_at is None
+    backdate(op.id)
+    runner = run_runner(op.id, runner_state_dir)  # no password needed past the commit point
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(op)
+    assert op.state == "succeeded", op_log(op.id)
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_kind) == ("ready", "external")
+    assert wh.metadata_store_database == world.target.database
+
+
+@pytest.mark.safeguard("reshard-16")
+def test_a_finalize_failure_after_the_drop_stays_running_and_exits_non_zero(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    op_id = cnpg_world.op.id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION test_no_success() RETURNS trigger AS $$ BEGIN "
+            "IF NEW.state = 'succeeded' THEN RAISE EXCEPTION 'injected finalize failure'; END IF; "
+            "RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_no_success BEFORE UPDATE ON duckgres_reshard_operations "
+            "FOR EACH ROW EXECUTE FUNCTION test_no_success()"
+        )
+    try:
+        runner = run_runner(op_id, runner_state_dir)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_no_success ON duckgres_reshard_operations")
+            cursor.execute("DROP FUNCTION test_no_success()")
+    assert runner.proc.returncode != 0
+    op = reload(cnpg_world.op)
+    assert op.state == "running"
+    assert op.source_dropped_at is not None
+    assert warehouse_of(op).state == "resharding"
+    lines = op_log(op_id)
+    assert "refusing rollback; retrying cleanup/finalization" in lines
+    assert not any(line.startswith("rollback:") for line in lines)
+    # the janitor's relaunch (a takeover) finishes it
+    backdate(op_id)
+    assert run_runner(op_id, runner_state_dir).proc.returncode == 0
+    assert reload(cnpg_world.op).state == "succeeded"
+
+
+# --- 18: a takeover after cutover copies from the durable source ------------------------------
+@pytest.mark.safeguard("reshard-18")
+def test_kill_at_copying_takeover_copies_from_the_source_store(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    killed_at(world.op.id, runner_state_dir, "step:copying")
+    assert warehouse_of(world.op).metadata_store_id == world.target_store.name  # flipped
+    backdate(world.op.id)
+    runner = run_runner(world.op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "succeeded", op_log(op.id)
+    assert catalog_checksums(target_cluster(world), world.catalog.database) == before
+    second = lines_of_epoch(op.id, 2)
+    assert not any(line.startswith("source recorded: ") for line in second)
+    assert any(line.startswith("takeover at step copying: resuming at copying") for line in second)
+    assert not any("dropped" in line and "on the target" in line for line in second)
+
+
+# --- 19: a crash after NOLOGIN, before source_fenced_at ---------------------------------------
+@pytest.mark.safeguard("reshard-19")
+def test_kill_after_nologin_takeover_re_enables_login(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    killed_at(world.op.id, runner_state_dir, "after_nologin")
+    op = reload(world.op)
+    assert op.source_fence_requested_at is not None
+    assert op.source_fenced_at is None
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is False
+    backdate(op.id)
+    assert run_runner(op.id, runner_state_dir).proc.returncode == 0
+    op = reload(op)
+    assert op.state == "failed"
+    assert op.error == (
+        "takeover at step fencing_source cannot be resumed safely; rolling back from durable "
+        "progress"
+    )
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+    assert warehouse_of(op).state == "ready"
+
+
+# --- 2: takeover at backup_catalog with cancel (real kill) ------------------------------------
+@pytest.mark.safeguard("reshard-2")
+def test_kill_at_backup_with_cancel_is_cancelled_ready_login_and_prior_restored(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    killed_at(world.op.id, runner_state_dir, "step:backup_catalog")
+    assert warehouse_of(world.op).compaction_enabled is False
+    ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+    backdate(world.op.id)
+    assert run_runner(world.op.id, runner_state_dir).proc.returncode == 0
+    op = reload(world.op)
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator")
+    wh = warehouse_of(op)
+    assert (wh.state, wh.compaction_enabled) == ("ready", True)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+
+
+# --- 52: cancel after the point of no return ---------------------------------------------------
+@pytest.mark.safeguard("reshard-52")
+def test_cancel_during_cnpg_copying_is_recorded_not_acted_on(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    runner = start_runner(world.op.id, runner_state_dir, env_extra=pause("step:copying"))
+    wait_until(lambda: reload(world.op).step == "copying", 60, "step copying")
+    ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+    assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert (op.state, op.cancel_requested) == ("succeeded", True)
+    lines = op_log(op.id)
+    assert lines.count(LATE_CANCEL) == 1
+    assert "cancel requested: after the point of no return" in lines
+
+
+@pytest.mark.safeguard("reshard-52")
+def test_cancel_during_orphaning_source_of_cnpg_to_external_completes(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    with password_url(world.target.password) as url:
+        runner = start_runner(
+            world.op.id,
+            runner_state_dir,
+            env_extra={
+                **pause("step:orphaning_source"),
+                **with_bucket(world.op.org_id, runner_s3),
+            },
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+        )
+        wait_until(lambda: reload(world.op).step == "orphaning_source", 60, "orphaning_source")
+        ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+        assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "succeeded", op_log(op.id)
+    assert op_log(op.id).count(LATE_CANCEL) == 1
+
+
+@pytest.mark.safeguard("reshard-52")
+def test_cancel_during_backup_of_cnpg_to_external_is_cancelled(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    Warehouse.objects.filter(org_id=world.op.org_id).update(data_bucket=runner_s3.bucket)
+    with password_url(world.target.password) as url:
+        runner = start_runner(
+            world.op.id,
+            runner_state_dir,
+            env_extra={**pause("step:backup_catalog"), **runner_s3.env()},
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+        )
+        wait_until(lambda: reload(world.op).step == "backup_catalog", 60, "backup_catalog")
+        ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+        assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator"), op_log(op.id)
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+    assert "==== reshard report (cancelled) ====" in op_log(op.id)
+
+
+@pytest.mark.safeguard("reshard-52")
+def test_cancel_during_the_cnpg_cutover_wait_flips_back(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    runner = start_runner(world.op.id, runner_state_dir, env_extra=pause("after_flip"))
+    wait_until(
+        lambda: warehouse_of(world.op).metadata_store_id == world.target_store.name, 60, "flip"
+    )
+    ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+    assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator"), op_log(op.id)
+    assert op.target_login_ready_at is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+    assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
+
+
+# --- 22 and 10: a rollback that cannot restore the source must not unblock --------------------
+@pytest.mark.safeguard("reshard-22")
+@pytest.mark.safeguard("reshard-10")
+def test_rollback_with_a_wrong_source_password_stays_blocked(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    wrong = "wrong-" + world.catalog.password[:12]
+    # the target stops after submit: pre-flip failure after the source was fenced
+    MetadataStore.objects.filter(name=world.target_store.name).update(port=1)
+    runner = run_runner(
+        world.op.id,
+        runner_state_dir,
+        env_extra={
+            world.catalog.password_var: wrong,
+            "DUCKGRES_RESHARD_FLIP_TIMEOUT": "4",
+        },
+    )
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "failed"
+    assert op.recovery_required is True
+    assert op.unblocked_at is None
+    assert warehouse_of(op).state == "resharding"
+    lines = op_log(op.id)
+    classified = [line for line in lines if "authentication failed for role" in line]
+    assert len(classified) >= 2, lines
+    assert any("<the password in secret" in line for line in classified)
+    assert any(
+        line.startswith("source tenant access recovery failed:") and "last observation" in line
+        for line in lines
+    )
+    text = "\n".join(lines) + runner.output() + op.error
+    assert wrong not in text
+    assert world.catalog.password not in text
+
+
+# --- 44 and 45: target identity re-checked in the runner ----------------------------------------
+@pytest.mark.safeguard("reshard-44")
+def test_external_target_bound_to_another_warehouse_after_submit_fails_before_writes(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    other = new_warehouse(
+        catalog=world.target,
+        metadata_store_kind="external",
+    )
+    with password_url(world.target.password) as url:
+        runner = run_runner(
+            world.op.id,
+            runner_state_dir,
+            env_extra=with_bucket(world.op.org_id, runner_s3),
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+        )
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "failed"
+    assert op.error == (
+        f"target database {world.target.database} on {world.target.cluster.host}:"
+        f"{world.target.cluster.port} is the catalog of another warehouse ({other.org_id})"
+    )
+    assert op.step == "copying"
+    assert catalog_checksums(world.target.cluster, world.target.database) == {}
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+
+
+@pytest.mark.safeguard("reshard-45")
+def test_cnpg_target_database_created_by_another_owner_after_submit_is_refused(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    target = target_cluster(world)
+    with target.superuser_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{world.catalog.database}" OWNER postgres')
+    try:
+        runner = run_runner(world.op.id, runner_state_dir)
+        assert runner.proc.returncode == 0, runner.output()
+        op = reload(world.op)
+        assert op.state == "failed"
+        assert op.error == (
+            f"target database {world.catalog.database} on store {world.target_store.name} "
+            f"already exists and is owned by postgres, not the tenant role {world.catalog.role} "
+            "— refusing to adopt it"
+        )
+        assert op.target_rendered_at is None
+        wh = warehouse_of(op)
+        assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+        with target.superuser_conn() as conn:
+            row = conn.execute(
+                "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s",
+                [world.catalog.database],
+            ).fetchone()
+        assert row == ("postgres",)
+    finally:
+        with target.superuser_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{world.catalog.database}" WITH (FORCE)')
+    assert database_exists(world.catalog.cluster, world.catalog.database)
