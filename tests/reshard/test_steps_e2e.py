@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from duckgres_admin.models import Warehouse
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
@@ -52,6 +54,7 @@ def _with_bucket(warehouse: Warehouse, s3: RunnerS3) -> None:
     Warehouse.objects.filter(id=warehouse.id).update(data_bucket=s3.bucket)
 
 
+@pytest.mark.safeguard("reshard-55")
 def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner_s3: RunnerS3):
     world = cnpg_world
     _with_bucket(world.warehouse, runner_s3)
@@ -92,6 +95,10 @@ def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner
     assert op.backup_s3_uri.startswith(f"s3://{runner_s3.bucket}/_reshard_catalog_backups/")
     assert op.backup_bytes > 0
     assert runner_s3.keys()
+    # live progress of the long steps (safeguard 55): backup and copy keys, database time
+    assert op.progress["bytes_dumped"] > 0
+    assert op.progress["tables_total"] == op.tables_copied
+    assert op.progress["updated_at"]
     # source dropped, its tenant role stays NOLOGIN; target tenant logs in
     assert not database_exists(world.catalog.cluster, world.catalog.database)
     assert role_can_login(world.catalog.cluster, world.catalog.role) is False

@@ -414,3 +414,69 @@ def test_cnpg_target_database_created_by_another_owner_after_submit_is_refused(
         with target.superuser_conn() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{world.catalog.database}" WITH (FORCE)')
     assert database_exists(world.catalog.cluster, world.catalog.database)
+
+
+# --- 12: keep the source until verified; recover by re-pointing, never copy back --------------
+@pytest.mark.safeguard("reshard-12")
+def test_external_target_failing_after_the_flip_re_points_at_the_intact_source(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    org = world.op.org_id
+    before = world.catalog.row_counts()
+    ReshardOperation.objects.filter(id=world.op.id).update(cutover_timeout_seconds=3)
+    Warehouse.objects.filter(org_id=org).update(compaction_enabled=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE test_binding_writes (id bigserial, kind text, compaction boolean)"
+        )
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION test_binding_write() RETURNS trigger AS $$ BEGIN "
+            "INSERT INTO test_binding_writes (kind, compaction) "
+            "VALUES (NEW.metadata_store_kind, NEW.compaction_enabled); RETURN NEW; END $$ "
+            "LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_binding_write AFTER UPDATE ON duckgres_managed_warehouses "
+            "FOR EACH ROW WHEN (OLD.metadata_store_kind IS DISTINCT FROM NEW.metadata_store_kind "
+            "OR OLD.compaction_enabled IS DISTINCT FROM NEW.compaction_enabled) "
+            "EXECUTE FUNCTION test_binding_write()"
+        )
+    try:
+        with password_url(world.target.password) as url:
+            runner = start_runner(
+                world.op.id,
+                runner_state_dir,
+                env_extra={**pause("after_flip", 3), **with_bucket(org, runner_s3)},
+                DUCKGRES_RESHARD_PASSWORD_URL=url,
+            )
+            wait_until(lambda: warehouse_of(world.op).metadata_store_kind == "external", 60, "flip")
+            # the external target stops accepting the tenant (its password changed)
+            with world.target.cluster.superuser_conn() as conn:
+                conn.execute(f"ALTER ROLE \"{world.target.role}\" PASSWORD 'rotated-elsewhere'")
+            assert runner.wait(120) == 0, runner.output()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT kind, compaction FROM test_binding_writes ORDER BY id")
+            writes = cursor.fetchall()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_binding_write ON duckgres_managed_warehouses")
+            cursor.execute("DROP FUNCTION test_binding_write()")
+            cursor.execute("DROP TABLE test_binding_writes")
+    op = reload(world.op)
+    assert op.state == "failed", op_log(op.id)
+    assert op.error.startswith("external target did not accept the new binding within 3 s")
+    assert op.external_verified_at is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_kind, wh.metadata_store_id) == (
+        "ready",
+        "cnpg",
+        world.source_store.name,
+    )
+    assert database_exists(world.catalog.cluster, world.catalog.database)  # no DROP on the source
+    assert world.catalog.row_counts() == before
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+    lines = op_log(op.id)
+    assert sum(line.startswith("copy complete: ") for line in lines) == 1  # exactly one copy
+    # binding writes: pause compaction, external, source, restore compaction
+    assert writes == [("cnpg", False), ("external", False), ("cnpg", False), ("cnpg", True)]
