@@ -27,6 +27,7 @@ from duckgres_admin.api.auth import (
 )
 from duckgres_admin.models import AuditRecord
 from reshard.services import ServiceError, api_scrubber
+from trino_pools.placement import PlacementError
 
 _log = logging.getLogger("duckgres.api")
 DRY_RUN_ONLY_ON_START = (
@@ -39,6 +40,14 @@ def error_response(exc: ServiceError) -> Response:
     if exc.code:
         body["code"] = exc.code
     return Response(body, status=exc.status, headers=exc.headers or None)
+
+
+def placement_error_response(exc: PlacementError) -> Response:
+    """A Trino placement refusal: ``{"error", "code"?}`` plus its listed extras (spec
+    trino-pools §5, e.g. ``"assigned": true``), the message scrubbed like every error."""
+    body = exc.body()
+    body["error"] = api_scrubber().scrub(exc.message)
+    return Response(body, status=exc.status)
 
 
 class ApiView(APIView):
@@ -85,6 +94,9 @@ class ApiView(APIView):
         if isinstance(exc, ServiceError):
             self.audit_detail = self.audit_detail or exc.message
             return error_response(exc)
+        if isinstance(exc, PlacementError):
+            self.audit_detail = self.audit_detail or exc.message
+            return placement_error_response(exc)
         if isinstance(exc, exceptions.ParseError):
             return error_response(ServiceError(400, "invalid body: body: malformed JSON"))
         if isinstance(exc, exceptions.UnsupportedMediaType):
@@ -109,11 +121,17 @@ class ApiView(APIView):
         response = super().finalize_response(request, response, *args, **kwargs)
         assert isinstance(response, Response)
         method = (request.method or "").upper()
-        if method in MUTATING_METHODS and self.audit_action and not self.skip_audit:
-            self._audit(request._request, method, response.status_code)
+        action = self.audit_action_for(request._request) if method in MUTATING_METHODS else ""
+        if action and not self.skip_audit:
+            self._audit(request._request, method, response.status_code, action)
         return response
 
-    def _audit(self, request: HttpRequest, method: str, status: int) -> None:
+    def audit_action_for(self, request: HttpRequest) -> str:
+        """The audit action of this request (a view whose action depends on the body overrides
+        this; it must not touch ``request.data``, whose parse errors belong to the view)."""
+        return self.audit_action
+
+    def _audit(self, request: HttpRequest, method: str, status: int, action: str) -> None:
         ident = self.identity
         AuditRecord.objects.create(
             actor=ident.actor if ident else "",
@@ -124,7 +142,7 @@ class ApiView(APIView):
             org_id=self.audit_org,
             status=status,
             client_ip=str(request.META.get("REMOTE_ADDR", "")),
-            action=self.audit_action,
+            action=action,
             detail=api_scrubber().scrub(self.audit_detail)[:4000],
         )
 

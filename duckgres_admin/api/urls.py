@@ -1,8 +1,8 @@
-"""API routes under /api/v1/ (spec reshard §5)."""
+"""API routes under /api/v1/ (spec reshard §5; Trino: spec trino-pools §5)."""
 
 from django.urls import URLPattern, URLResolver, path
 
-from duckgres_admin.api import views
+from duckgres_admin.api import trino_views, views
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("reshards", views.ReshardListView.as_view(), name="reshard-list"),
@@ -18,6 +18,24 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("warehouses", views.WarehouseListView.as_view(), name="warehouse-list"),
     path("warehouses/<str:org>", views.WarehouseDetailView.as_view(), name="warehouse-detail"),
     path("warehouses/<str:org>/reshards", views.ReshardStartView.as_view(), name="reshard-start"),
+    path(
+        "warehouses/<str:org>/trino",
+        trino_views.WarehouseTrinoView.as_view(),
+        name="warehouse-trino",
+    ),
+    path(
+        "warehouses/<str:org>/trino/cell",
+        trino_views.WarehouseTrinoCellView.as_view(),
+        name="warehouse-trino-cell",
+    ),
+    path(
+        "warehouses/<str:org>/trino/cell/move",
+        trino_views.WarehouseTrinoMoveView.as_view(),
+        name="warehouse-trino-cell-move",
+    ),
+    path("trino/cells", trino_views.TrinoCellsView.as_view(), name="trino-cells"),
+    path("trino/orgs", trino_views.TrinoOrgsView.as_view(), name="trino-orgs"),
+    path("trino/instances", trino_views.TrinoInstancesView.as_view(), name="trino-instances"),
     path("warehouses/<str:org>/leases", views.LeaseCreateView.as_view(), name="lease-create"),
     path(
         "warehouses/<str:org>/leases/<int:lease_id>",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from duckgres_admin.api import trino_views
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import Scope, describe_caller
 from duckgres_admin.api.base import ApiView
@@ -27,6 +29,7 @@ from duckgres_admin.models import (
 )
 from reshard import dryrun, leases, services
 from reshard.services import ServiceError, StartRequest, TargetRequest
+from trino_pools import config
 
 OBJ = OpenApiTypes.OBJECT
 ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
@@ -296,9 +299,32 @@ _WAREHOUSE_KEYS = (
 )
 
 
+_TRINO_NOT_WIRED = "Trino is not configured on this control plane"
+
+
+def _parse_trino(data: Any) -> tuple[bool, str | None] | None:
+    """The warehouse body's optional ``"trino": {"enabled", "tier"}`` (trino-pools §4.2)."""
+    body = v.as_object(data)
+    if "trino" not in body:
+        return None
+    parsed = trino_views.parse_trino_key(body["trino"], "trino")
+    if not config.current().wired:
+        raise v.body_error("trino", _TRINO_NOT_WIRED)
+    return parsed
+
+
+def _apply_trino(org_id: str, trino: tuple[bool, str | None] | None) -> str:
+    """Enable/disable inside the request's transaction; returns the audit detail part."""
+    if trino is None:
+        return ""
+    enabled, tier = trino
+    result = trino_views.apply_trino(org_id, enabled, tier, config.current())
+    return "; " + trino_views.describe_trino_change(enabled, result)
+
+
 def _parse_warehouse(data: Any, *, partial: bool) -> dict[str, Any]:
     body = v.as_object(data)
-    v.reject_unknown(body, _WAREHOUSE_KEYS)
+    v.reject_unknown(body, (*_WAREHOUSE_KEYS, "trino"))
     out: dict[str, Any] = {}
     if partial and "org_id" in body:
         raise v.body_error("org_id", "immutable")
@@ -346,13 +372,28 @@ class WarehouseListView(ApiView):
             {"warehouses": [warehouse_json(w) for w in Warehouse.objects.order_by("org_id")]}
         )
 
-    @extend_schema(operation_id="warehouse_create", request=OBJ, responses={201: OBJ, **ERRORS})
+    @extend_schema(
+        operation_id="warehouse_create",
+        request=OBJ,
+        responses={201: OBJ, 500: OBJ, **ERRORS},
+        description=(
+            'Create a warehouse. With `"trino": {"enabled", "tier"}` Trino is provisioned in the '
+            "same transaction (enablement gate of trino-pools §4.2: the warehouse must be "
+            "created `ready`); any refusal creates nothing."
+        ),
+    )
     def post(self, request: Request) -> Response:
         values = _parse_warehouse(request.data, partial=False)
         self.audit_org = str(values["org_id"])
-        warehouse = services.warehouse_create(values=values)
-        self.audit_detail = f"warehouse {warehouse.org_id} created"
-        return Response(warehouse_json(warehouse), status=201)
+        trino = _parse_trino(request.data)
+        # One transaction: a later failure of this request rolls back the warehouse, the
+        # Trino enable and its default placement together (trino-pools §4.2).
+        with transaction.atomic():
+            warehouse = services.warehouse_create(values=values)
+            detail = _apply_trino(warehouse.org_id, trino)
+            body = warehouse_json(warehouse)
+        self.audit_detail = f"warehouse {warehouse.org_id} created{detail}"
+        return Response(body, status=201)
 
 
 class WarehouseDetailView(ApiView):
@@ -366,12 +407,26 @@ class WarehouseDetailView(ApiView):
             raise ServiceError(404, "org has no managed warehouse")
         return Response(warehouse_json(warehouse))
 
-    @extend_schema(operation_id="warehouse_update", request=OBJ, responses={200: OBJ, **ERRORS})
+    @extend_schema(
+        operation_id="warehouse_update",
+        request=OBJ,
+        responses={200: OBJ, 500: OBJ, **ERRORS},
+        description=(
+            'Partial update. With `"trino": {"enabled", "tier"}` Trino is enabled or disabled in '
+            "the same transaction, after the other changes (the warehouse must be `ready` as "
+            "the request leaves it); any refusal changes nothing."
+        ),
+    )
     def patch(self, request: Request, org: str) -> Response:
         changes = _parse_warehouse(request.data, partial=True)
-        warehouse = services.warehouse_update(org_id=org, changes=changes)
-        self.audit_detail = "updated " + ", ".join(sorted(changes)) if changes else "no change"
-        return Response(warehouse_json(warehouse))
+        trino = _parse_trino(request.data)
+        with transaction.atomic():
+            warehouse = services.warehouse_update(org_id=org, changes=changes)
+            detail = _apply_trino(org, trino)
+            body = warehouse_json(warehouse)
+        summary = "updated " + ", ".join(sorted(changes)) if changes else "no change"
+        self.audit_detail = summary + detail
+        return Response(body)
 
 
 def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:

@@ -103,3 +103,44 @@ def published() -> Iterator[Published]:
 
 def error(response: Any) -> str:
     return str(response.json()["error"])
+
+
+# --- Trino (spec trino-pools §5) --------------------------------------------------------------
+
+
+@dataclass
+class TrinoEnv:
+    """Installs a Trino configuration into this process for one test (restored afterwards)."""
+
+    tmp: Any
+
+    def install(self, *cell_ids: str, default: str | None = "pool-a") -> Any:
+        from tests.trino.helpers import cell, full_env, registry, write
+        from trino_pools import config
+
+        cells = write(self.tmp, "api-cells.json", registry(*(cell(c) for c in cell_ids)))
+        loaded = config.load(
+            full_env(self.tmp, DUCKGRES_TRINO_CELLS_FILE=cells, DUCKGRES_TRINO_DEFAULT_CELL=default),
+            service_account_token="/nonexistent",
+        )
+        config.install_for_tests(loaded)
+        return loaded
+
+    def unwire(self) -> None:
+        from trino_pools import config
+
+        config.install_for_tests(config.TrinoSettings())
+
+
+@pytest.fixture
+def trino(tmp_path: Any) -> Iterator[TrinoEnv]:
+    """Two pools, ``pool-a`` (the default cell) and ``pool-b``; ``trino.install(...)`` for
+    another layout, ``trino.unwire()`` for a process without Trino."""
+    from trino_pools import config
+
+    env = TrinoEnv(tmp_path)
+    env.install("pool-a", "pool-b")
+    try:
+        yield env
+    finally:
+        config.install_for_tests(None)
