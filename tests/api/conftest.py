@@ -120,7 +120,9 @@ class TrinoEnv:
 
         cells = write(self.tmp, "api-cells.json", registry(*(cell(c) for c in cell_ids)))
         loaded = config.load(
-            full_env(self.tmp, DUCKGRES_TRINO_CELLS_FILE=cells, DUCKGRES_TRINO_DEFAULT_CELL=default),
+            full_env(
+                self.tmp, DUCKGRES_TRINO_CELLS_FILE=cells, DUCKGRES_TRINO_DEFAULT_CELL=default
+            ),
             service_account_token="/nonexistent",
         )
         config.install_for_tests(loaded)

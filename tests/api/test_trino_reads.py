@@ -74,7 +74,9 @@ def test_reads_accept_internal_and_every_staff_role_only(clients, trino, path):
         ("?cell=registered:pool-a", 404, "unknown Trino cell"),
     ],
 )
-def test_cell_scoped_reads_need_an_explicit_known_cell(clients, trino, path, query, status, message):
+def test_cell_scoped_reads_need_an_explicit_known_cell(
+    clients, trino, path, query, status, message
+):
     response = clients.admin.get(path + query)
     assert response.status_code == status
     assert response.json() == {"error": message}
