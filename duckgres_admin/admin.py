@@ -11,7 +11,6 @@ the server unless the user may act (``adminui.roles``). Secrets exist only as re
 from __future__ import annotations
 
 import io
-from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -26,7 +25,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from duckgres_admin.adminui import roles
-from duckgres_admin.adminui.progress import status_json
+from duckgres_admin.adminui.progress import display_ts, status_json, summary_rows
 from duckgres_admin.models import (
     EXTERNAL_SSLMODES,
     TERMINAL_STATES,
@@ -46,26 +45,7 @@ from duckgres_admin.models import (
 from reshard import dryrun, services
 from reshard.services import ServiceError, StartRequest, TargetRequest
 
-MILESTONES = (
-    "source_access_verified_at",
-    "source_fence_requested_at",
-    "source_fenced_at",
-    "target_rendered_at",
-    "target_login_ready_at",
-    "external_verified_at",
-    "source_drop_committed_at",
-    "source_dropped_at",
-)
-
-
-def _ts(value: datetime | None) -> str:
-    if value is None:
-        return "—"
-    if value.year == 1:
-        return "-infinity"
-    if value.year == 9999:
-        return "infinity"
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+_ts = display_ts
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -252,43 +232,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         if not object_id.isdigit():
             return super().change_view(request, object_id, form_url, extra_context)
         op = self._op(request, int(object_id))
-        rows: list[tuple[str, Any]] = [
-            ("org", op.org_id),
-            ("direction", f"{op.source_kind} → {op.target_kind}"),
-            (
-                "source",
-                f"cnpg {op.from_shard}"
-                if op.source_kind == "cnpg"
-                else f"external {op.source_endpoint}:{op.source_port}",
-            ),
-            ("source tenant", f"{op.source_user} / {op.source_database}"),
-            ("source password reference", op.source_password_secret_ref or "—"),
-            (
-                "target",
-                f"cnpg {op.to_shard}"
-                if op.target_kind == "cnpg"
-                else f"external {op.target_endpoint}:{op.target_port}",
-            ),
-            ("target tenant", f"{op.target_user} / {op.target_database}"),
-            ("target password reference", op.target_password_secret_ref or "—"),
-            ("created by", op.created_by or "—"),
-            ("launcher", op.launcher),
-            ("runner", f"{op.runner_id or '—'} (epoch {op.runner_epoch})"),
-            ("respawn attempts", op.respawn_attempts),
-            ("drain timeout", f"{op.drain_timeout_seconds} s"),
-            ("created", _ts(op.created_at)),
-            ("started", _ts(op.started_at)),
-            ("finished", _ts(op.finished_at)),
-            ("maintenance window", f"{_ts(op.blocked_at)} → {_ts(op.unblocked_at)}"),
-            *((name.removesuffix("_at").replace("_", " "), _ts(getattr(op, name)))
-              for name in MILESTONES),
-            ("copied (on success)", f"{op.tables_copied} tables, {op.rows_copied} rows, "
-                                    f"{op.bytes_copied} bytes"),
-            ("backup", f"{op.backup_s3_uri} ({op.backup_bytes} bytes)"
-             if op.backup_s3_uri else "—"),
-            ("recovery", f"required={op.recovery_required} outcome={op.recovery_outcome or '—'}"
-                         f" owner={op.recovery_owner or '—'}"),
-        ]  # fmt: skip
+        rows = summary_rows(op)
         context = self._context(
             request,
             f"Reshard operation {op.id}",

@@ -34,6 +34,78 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z")
 
 
+MILESTONES = (
+    "source_access_verified_at",
+    "source_fence_requested_at",
+    "source_fenced_at",
+    "target_rendered_at",
+    "target_login_ready_at",
+    "external_verified_at",
+    "source_drop_committed_at",
+    "source_dropped_at",
+)
+
+
+def display_ts(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    if value.year == 1:
+        return "-infinity"
+    if value.year == 9999:
+        return "infinity"
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def summary_rows(op: ReshardOperation) -> list[tuple[str, str]]:
+    """The operation table of the detail page (re-sent by the status JSON). References only:
+    the op has no password column."""
+    source = (
+        f"cnpg {op.from_shard}"
+        if op.source_kind == "cnpg"
+        else f"external {op.source_endpoint}:{op.source_port}"
+    )
+    target = (
+        f"cnpg {op.to_shard}"
+        if op.target_kind == "cnpg"
+        else f"external {op.target_endpoint}:{op.target_port}"
+    )
+    rows = [
+        ("org", op.org_id),
+        ("direction", f"{op.source_kind} → {op.target_kind}"),
+        ("source", source),
+        ("source tenant", f"{op.source_user} / {op.source_database}"),
+        ("source password reference", op.source_password_secret_ref or "—"),
+        ("target", target),
+        ("target tenant", f"{op.target_user} / {op.target_database}"),
+        ("target password reference", op.target_password_secret_ref or "—"),
+        ("created by", op.created_by or "—"),
+        ("launcher", op.launcher),
+        ("runner", f"{op.runner_id or '—'} (epoch {op.runner_epoch})"),
+        ("heartbeat", display_ts(op.heartbeat_at)),
+        ("respawn attempts", str(op.respawn_attempts)),
+        ("drain timeout", f"{op.drain_timeout_seconds} s"),
+        ("created", display_ts(op.created_at)),
+        ("started", display_ts(op.started_at)),
+        ("finished", display_ts(op.finished_at)),
+        ("maintenance window", f"{display_ts(op.blocked_at)} → {display_ts(op.unblocked_at)}"),
+        *(
+            (name.removesuffix("_at").replace("_", " "), display_ts(getattr(op, name)))
+            for name in MILESTONES
+        ),
+        (
+            "copied (on success)",
+            f"{op.tables_copied} tables, {op.rows_copied} rows, {op.bytes_copied} bytes",
+        ),
+        ("backup", f"{op.backup_s3_uri} ({op.backup_bytes} bytes)" if op.backup_s3_uri else "—"),
+        (
+            "recovery",
+            f"required={op.recovery_required} outcome={op.recovery_outcome or '—'} "
+            f"owner={op.recovery_owner or '—'}",
+        ),
+    ]
+    return [(label, str(value)) for label, value in rows]
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -62,6 +134,14 @@ def _step_start(steps: list[ReshardStepTiming], name: str) -> datetime | None:
     return None
 
 
+def _step_state(steps: list[ReshardStepTiming], name: str) -> str:
+    """``''`` (not reached), ``running`` (open row) or the last row's outcome."""
+    for row in reversed(steps):
+        if row.step == name:
+            return row.outcome or "running"
+    return ""
+
+
 def progress_view(
     op: ReshardOperation, steps: list[ReshardStepTiming], now: datetime | None = None
 ) -> dict[str, Any]:
@@ -75,6 +155,8 @@ def progress_view(
     out["eta_basis"] = ""
     out["tables_per_second"] = None
     out["dump_bytes_per_second"] = None
+    out["backup_step"] = _step_state(steps, "backup_catalog")
+    out["copy_step"] = _step_state(steps, "copying")
     active = op.state not in TERMINAL_STATES
     done, total = out["tables_done"], out["tables_total"]
     copy_start = _step_start(steps, "copying")
@@ -134,4 +216,5 @@ def status_json(op: ReshardOperation, now: datetime | None = None) -> dict[str, 
         "progress": progress_view(op, steps, now),
         "steps": [step_json(row) for row in steps],
         "recovery_required": op.recovery_required,
+        "summary": summary_rows(op),
     }

@@ -218,11 +218,11 @@ def test_the_status_json_carries_steps_window_and_progress(viewer_client, op):
     assert data["progress"]["eta_seconds"] is not None
 
 
-def _op_stub(progress, state="running"):
+def _op_stub(progress: dict[str, object], state: str = "running") -> ReshardOperation:
     return ReshardOperation(id=1, state=state, progress=progress)
 
 
-def _steps(copy_start):
+def _steps(copy_start: datetime) -> list[ReshardStepTiming]:
     return [ReshardStepTiming(step="copying", runner_epoch=1, started_at=copy_start)]
 
 
