@@ -38,6 +38,7 @@ from trino_pools.placement import PlacementError, TrinoPlacement
 OBJ = OpenApiTypes.OBJECT
 ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
 NOT_WIRED = "Trino is not configured"
+TIER_RULE = 'must be one of "", free, growth, scale'
 INSTANCES_IDENTITY = "an admin identity with an email is required"
 CELL_PARAM = OpenApiParameter(
     "cell", str, required=True, description="the pool's public id (no default: required)"
@@ -95,7 +96,9 @@ def parse_trino_key(data: Any, path: str = "") -> tuple[bool, str | None]:
     enabled = bool(v.boolean(body, "enabled"))
     tier: str | None = None
     if "tier" in body:
-        tier = v.string(body, "tier", path, choices=TrinoTier.values)
+        tier = v.string(body, "tier", path)
+        if tier not in TrinoTier.values:
+            raise v.body_error(v.join(path, "tier"), TIER_RULE)
         if not enabled:
             raise v.body_error(v.join(path, "tier"), "accepted only with enabled true")
     return enabled, tier
