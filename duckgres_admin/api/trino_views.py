@@ -93,7 +93,7 @@ def parse_trino_key(data: Any, path: str = "") -> tuple[bool, str | None]:
     v.reject_unknown(body, ("enabled", "tier"), path)
     if "enabled" not in body:
         raise v.body_error(v.join(path, "enabled"), "required")
-    enabled = bool(v.boolean(body, "enabled"))
+    enabled = bool(v.boolean(body, "enabled", path))
     tier: str | None = None
     if "tier" in body:
         tier = v.string(body, "tier", path)
