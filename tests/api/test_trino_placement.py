@@ -3,9 +3,12 @@ maintenance move, enable/disable with the enablement gate; roles and audit (spec
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -583,11 +586,11 @@ def _reshard_block(org: str) -> str:
         connection.close()
 
 
-def _race(workers):
+def _race(workers: list[Callable[[], Any]]) -> list[Any]:
     barrier = threading.Barrier(len(workers))
     outcomes: list[object] = [None] * len(workers)
 
-    def run(i, fn):
+    def run(i: int, fn: Callable[[], Any]) -> None:
         try:
             barrier.wait()
             outcomes[i] = fn()
@@ -612,7 +615,7 @@ def test_an_api_enable_racing_a_reshard_block_exactly_one_wins(transactional_db,
             response = _set(clients.internal, org, {"enabled": True})
             return response.status_code, response.json()
 
-        enabled, blocked = _race([enable, lambda org=org: _reshard_block(org)])
+        enabled, blocked = _race([enable, functools.partial(_reshard_block, org)])
         state = Warehouse.objects.get(org_id=org).state
         row = _maybe_row(org)
         assert isinstance(enabled, tuple)
@@ -652,7 +655,7 @@ def test_twenty_concurrent_api_selections_and_default_enables_keep_one_owner(
     outcomes = _race([select if i % 2 else enable for i in range(20)])
     owner = _row(org).trino_cell_id
     assert owner in ("registered:pool-a", "registered:pool-b")
-    for status, body in outcomes:  # type: ignore[misc]
+    for status, body in outcomes:
         if status == 409:
             assert json.loads(body) == {"error": SELECTION_CLOSED}
         else:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.utils import timezone
 
@@ -13,7 +15,7 @@ from tests.fixtures.rows import new_warehouse
 CELL_SCOPED = ["/api/v1/trino/orgs", "/api/v1/trino/instances"]
 
 
-def _cells(client):
+def _cells(client: Any) -> Any:
     return client.get("/api/v1/trino/cells")
 
 
