@@ -1,0 +1,93 @@
+"""The trino worker's manifest (k8s/trino-worker.yaml): its metrics exporter and the Trino
+variables (spec trino-pools §6.1, §7). The strict schema check and the server-side dry run of
+every manifest are in ``test_manifests.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.k8s.test_manifests import K8S_DIR, env_of, one
+from trino_pools import config
+
+TRINO_VARIABLES = {
+    "DUCKGRES_TRINO_CELLS_FILE",
+    "DUCKGRES_TRINO_DEFAULT_CELL",
+    "DUCKGRES_TRINO_POOL_ENABLED",
+    "DUCKGRES_TRINO_POOL_OPERATOR_ENABLED",
+    "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED",
+    "DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE",
+    "DUCKGRES_TRINO_POOL_CATALOG_SCHEMA",
+    "DUCKGRES_TRINO_POOL_CATALOG_BOOTSTRAP",
+    "DUCKGRES_TRINO_POOL_GATEWAY_URL",
+    "DUCKGRES_TRINO_MANAGED_GATEWAY_URL",
+    "DUCKGRES_TRINO_MANAGED_GATEWAY_SERVER_NAME",
+    "DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME",
+    "DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE",
+    "DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP",
+    "DUCKGRES_TRINO_POOL_CONFIG_NAMESPACE",
+    "DUCKGRES_TRINO_POOL_CONFIG_REGISTRY_KEY",
+    "DUCKGRES_TRINO_POOL_PUBLISHER_IMAGE",
+    "DUCKGRES_TRINO_POOL_NODE_DISRUPTION_ENABLED",
+    "DUCKGRES_TRINO_AWS_REGION",
+    "DUCKGRES_TRINO_TENANT_SECRET_MOUNT_PATH",
+    "DUCKGRES_TRINO_S3_MAX_CONNECTIONS",
+    "DUCKGRES_TRINO_FILESYSTEM_CACHE_ENABLED",
+    "DUCKGRES_TRINO_MANAGED_HOGLAKE_URI",
+    "DUCKGRES_TRINO_HOGLAKE_DATA_PATH",
+    "DUCKGRES_TRINO_HOGLAKE_NAMESPACE",
+    "DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE",
+}
+
+
+def _trino_worker() -> dict:  # type: ignore[type-arg]
+    return one("Deployment", "duckgres-admin-trino-worker")
+
+
+def test_the_exporter_port_is_named_scraped_and_matches_the_configured_default():
+    deployment = _trino_worker()
+    template = deployment["spec"]["template"]
+    [container] = template["spec"]["containers"]
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": config.DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    ]
+    env = env_of(deployment)
+    assert env["DUCKGRES_TRINO_METRICS_PORT"] == {
+        "name": "DUCKGRES_TRINO_METRICS_PORT",
+        "value": str(config.DEFAULT_METRICS_PORT),
+    }
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(config.DEFAULT_METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    # Its own port: the control worker's exporter (9108) never shows the Trino metrics.
+    control = one("Deployment", "duckgres-admin-control-worker")["spec"]["template"]["spec"]
+    assert control["containers"][0]["ports"][0]["containerPort"] != config.DEFAULT_METRICS_PORT
+    service = one("Service", "duckgres-admin-trino-worker")["spec"]
+    assert service["selector"] == template["metadata"]["labels"]
+    assert service["ports"] == [
+        {
+            "name": "metrics",
+            "port": config.DEFAULT_METRICS_PORT,
+            "targetPort": "metrics",
+            "protocol": "TCP",
+        }
+    ]
+
+
+def test_every_trino_variable_comes_from_the_configmap_optionally():
+    env = env_of(_trino_worker())
+    for name in TRINO_VARIABLES:
+        assert env[name]["valueFrom"] == {
+            "configMapKeyRef": {"name": "duckgres-admin", "key": name, "optional": True}
+        }, name
+    declared = {n for n in env if n.startswith("DUCKGRES_TRINO_")}
+    assert declared == TRINO_VARIABLES | {"DUCKGRES_TRINO_METRICS_PORT"}
+
+
+def test_no_manifest_carries_a_retired_trino_variable():
+    retired = set(config.RETIRED_VARIABLES) | set(config.OLDER_RETIRED_VARIABLES)
+    for path in sorted(Path(K8S_DIR).glob("*.yaml")):
+        text = path.read_text()
+        for name in retired:
+            assert name not in text, f"{path.name} mentions the retired {name}"
