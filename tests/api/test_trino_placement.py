@@ -667,3 +667,27 @@ def test_twenty_concurrent_api_selections_and_default_enables_keep_one_owner(
     assert _set(clients.internal, org, {"enabled": True}).status_code == 202
     assert _row(org).trino_cell_id == owner
     assert AuditRecord.objects.filter(action__startswith="trino.").count() == 22
+
+
+def test_a_config_store_error_is_cannot_verify(clients, trino, monkeypatch):
+    """Spec §4.2: a DB error while checking the assignment → 500 "cannot verify Trino cell
+    assignment" (PUT cell and enable), never the driver's text."""
+    from django.db import DatabaseError
+
+    from trino_pools import placement
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("connection to 10.0.0.9 lost")
+
+    new_warehouse(org_id="db-err")
+    monkeypatch.setattr(placement, "select_cell", broken)
+    monkeypatch.setattr(placement, "enable_trino", broken)
+    for response in (
+        _select(clients.admin, "db-err", {"cell": "pool-a"}),
+        _set(clients.admin, "db-err", {"enabled": True}),
+    ):
+        assert (response.status_code, response.json()) == (
+            500,
+            {"error": "cannot verify Trino cell assignment"},
+        )
+    assert [a.status for a in AuditRecord.objects.order_by("id")] == [500, 500]
