@@ -504,6 +504,15 @@ def _recreate(tgt: Connection, table: str, columns: Sequence[Column], hooks: Cop
         raise _db_error(f"recreating {table} on the target", exc) from exc
 
 
+def _drop(tgt: Connection, table: str, hooks: CopyHooks) -> None:
+    """Pre-statement heartbeat, then ``DROP TABLE IF EXISTS … CASCADE``."""
+    hooks.before_irreversible()
+    try:
+        tgt.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table)))
+    except psycopg.Error as exc:
+        raise _db_error(f"dropping {table} on the target", exc) from exc
+
+
 def _copy_sequential(
     src: Connection,
     tgt: Connection,
@@ -641,6 +650,9 @@ CHUNK_BYTES = 64 * 1024 * 1024
 class _Chunk:
     table: str
     pages: tuple[int, int | None] | None  # None: the whole table
+    # For a whole table in the parallel copy: the CREATE TABLE the helper runs first (the
+    # primary target connection has dropped the table after the heartbeat).
+    create: sql.Composed | None = None
 
 
 def plan_chunks(
@@ -689,9 +701,10 @@ def _copy_parallel(
     progress: _Progress,
     n: int,
 ) -> list[TableCopy]:
-    """The primary target creates each table (heartbeat first) and hands it to N helper pairs
-    importing the primary's snapshot; helper targets take no lock and are committed and closed
-    before this returns. Any helper error fails the copy."""
+    """The primary target connection drops each table (heartbeat first) and hands it to N helper
+    pairs importing the primary's snapshot, which create and fill it (tables split into page
+    ranges are created by the primary before their ranges are handed out). Helper targets take
+    no lock and are committed and closed before this returns. Any helper error fails the copy."""
     try:
         row = src.execute("SELECT pg_export_snapshot()").fetchone()
     except psycopg.Error as exc:
@@ -721,6 +734,13 @@ def _copy_parallel(
                     if chunk is None:
                         return
                     try:
+                        if chunk.create is not None:
+                            try:
+                                helper.tgt.execute(chunk.create)
+                            except psycopg.Error as exc:
+                                raise _db_error(
+                                    f"creating {chunk.table} on the target", exc
+                                ) from exc
                         done = stream_table(
                             helper.src, helper.tgt, chunk.table, progress.add_bytes,
                             pages=chunk.pages,
@@ -766,9 +786,15 @@ def _copy_parallel(
         for table in tables:
             if hooks.stopped():
                 raise CopyError("copy interrupted: the runner is stopping")
-            _recreate(tgt, table, columns[table], hooks)
-            for chunk in chunks[table]:
-                work.put(chunk)
+            if len(chunks[table]) > 1:
+                _recreate(tgt, table, columns[table], hooks)
+                for chunk in chunks[table]:
+                    work.put(chunk)
+            else:
+                # CREATE TABLE costs milliseconds (catalog rows, files): done by the helpers in
+                # parallel; the irreversible DROP stays here, after the heartbeat.
+                _drop(tgt, table, hooks)
+                work.put(_Chunk(table, None, create_table_sql(table, columns[table])))
             drain(0)
             progress.maybe_emit()
         for _ in helpers:

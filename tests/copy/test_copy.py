@@ -331,7 +331,6 @@ def test_announce_precedes_first_apply_and_completion_is_absent_on_failure(
     assert all(c.closed for c in hooks.ever_registered)
 
 
-@pytest.mark.safeguard("reshard-7")
 def test_share_locks_block_source_writes_until_release(
     catalog_pair: CatalogPairFactory, hooks: RecordingHooks
 ) -> None:
