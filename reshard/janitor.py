@@ -2,8 +2,8 @@
 
 Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
 
-1. Renew or take the ``janitor`` lease (``reshard.leadership``); not leader → return. List the
-   active ops (an error skips the tick).
+1. Renew or take the ``janitor`` lease (``duckgres_admin.leadership``); not leader → return.
+   List the active ops (an error skips the tick).
 2. For each op that **needs a runner** (``NEEDS_RUNNER_SQL``: ``pending`` past the pending grace,
    or ``running`` with a null heartbeat or one older than the stale window; always judged by the
    database clock), read its runner's phase. A live runner spawned within the spawn grace is
@@ -41,6 +41,8 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, DateTimeField
 from django.db.models.expressions import RawSQL
 
+from duckgres_admin.leadership import LeaderLease
+from duckgres_admin.leadership import lease as process_lease
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from reshard import metrics, oplog
@@ -51,8 +53,6 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
 )
-from reshard.leadership import LeaderLease
-from reshard.leadership import lease as process_lease
 from reshard.scrub import process_scrubber
 
 _log = logging.getLogger("duckgres.reshard.janitor")

@@ -2,7 +2,8 @@
 
 Invariant (§1.5): after the block step commits (``ready → resharding`` under the per-org
 advisory lock), no lease can be granted. Every grant therefore runs in one transaction that
-takes the same lock (``reshard.locks.lock_org``) and re-reads the warehouse state under it; the
+takes the same lock (``duckgres_admin.orglock.lock_org``) and re-reads the warehouse state
+under it; the
 ``queued → granted`` move is a guarded UPDATE on ``state='queued'``.
 
 The lease row has no TTL column: while a lease is ``queued`` its ``expires_at`` holds
@@ -30,7 +31,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard.locks import lock_org
+from duckgres_admin.orglock import lock_org
 from reshard.services import ServiceError
 
 RETRY_AFTER_SECONDS = 5

@@ -34,8 +34,8 @@ from duckgres_admin.models import (
     WarehouseState,
     WarehouseTrino,
 )
+from duckgres_admin.orglock import lock_org
 from reshard import identity, oplog, pgclients, stash
-from reshard.locks import lock_org
 from reshard.scrub import Scrubber, process_scrubber
 
 PROBE_TIMEOUT_SECONDS = 8

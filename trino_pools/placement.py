@@ -27,6 +27,7 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 
 from duckgres_admin.models import TrinoTier, WarehouseTrino
+from duckgres_admin.orglock import lock_org, org_lock_key
 from trino_pools.config import TrinoSettings
 from trino_pools.registry import STORED_PREFIX
 
@@ -40,28 +41,8 @@ CELL_REQUIRED = "a configured Trino cell is required"
 WAREHOUSE_NOT_FOUND = "managed warehouse not found"
 CANNOT_VERIFY = "cannot verify Trino cell assignment"
 
-# --- the per-org advisory lock (reshard spec §4.4 A) ---------------------------------------------
-# Key: 64-bit FNV-1a of ``duckgres:org-connections:<org>`` with the sign bit masked. This is a
-# cross-domain contract (the reshard block step and the lease grant path take the same lock);
-# the domains may not import each other, so the formula is restated here and a test pins it to
-# ``reshard.locks.org_lock_key``.
-_FNV_OFFSET = 0xCBF29CE484222325
-_FNV_PRIME = 0x100000001B3
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-def org_lock_key(org_id: str) -> int:
-    value = _FNV_OFFSET
-    for byte in f"duckgres:org-connections:{org_id}".encode():
-        value = ((value ^ byte) * _FNV_PRIME) & _MASK64
-    return value & 0x7FFFFFFFFFFFFFFF
-
-
-def lock_org(org_id: str) -> None:
-    if not connection.in_atomic_block:
-        raise RuntimeError("lock_org must be called inside transaction.atomic()")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [org_lock_key(org_id)])
+# The per-org advisory lock (reshard spec §4.4 A) is a cross-domain contract: the reshard block
+# step and the lease grant path take the very same lock (``duckgres_admin.orglock``).
 
 
 @dataclass

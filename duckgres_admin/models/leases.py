@@ -60,7 +60,7 @@ class ConnectionLease(models.Model):
 
 
 class Lease(models.Model):
-    """A leadership lease row (`janitor`, `trino`); see reshard.leadership for the protocol."""
+    """A leadership lease row (`janitor`, `trino`); protocol in duckgres_admin.leadership."""
 
     name = models.TextField(primary_key=True)
     holder = models.TextField(default="", blank=True)

@@ -35,10 +35,10 @@ from django.db import transaction
 from django.db.models.functions import Now
 from psycopg import sql
 
+from duckgres_admin import orglock as locks
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import copy as catalog_copy
-from reshard import locks
 from reshard.runner import binding, stores, waits
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks

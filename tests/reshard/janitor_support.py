@@ -22,11 +22,11 @@ import pytest
 from django.db import connection
 from prometheus_client import REGISTRY
 
+from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation
 from reshard import janitor as janitor_module
 from reshard.janitor import Janitor
 from reshard.launchers.base import RunnerObject, RunnerStatus, StillTerminating
-from reshard.leadership import LeaderLease
 
 _uids = itertools.count(1)
 _orgs = itertools.count(1)

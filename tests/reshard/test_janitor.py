@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings
 
+from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
 from reshard.janitor import CAPTURE_HEADER, force_fail_message
-from reshard.leadership import LeaderLease
 from tests.reshard.janitor_support import (
     FakeClock,
     FakeLauncher,
@@ -322,7 +323,7 @@ def test_pod_log_is_captured_before_the_reap_unless_the_marker_is_there() -> Non
     captured = new_op("failed")
     launcher.put(captured.id, "Failed", uid="uid-cap")
     launcher.logs[captured.id] = (
-        "line one\nline two with secret test-runner-secret-0123456789abcdefghijklmno\n"
+        f"line one\nline two with secret {settings.DUCKGRES_RUNNER_SECRET}\n"
     )
     marked = new_op("succeeded")
     launcher.put(marked.id, "Succeeded", uid="uid-marked")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from duckgres_admin.leadership import LeaderLease
 from reshard.janitor import CAPTURE_HEADER, Janitor
 from reshard.launchers.local import LocalLauncher
-from reshard.leadership import LeaderLease
 from tests.reshard.janitor_support import (
     age_op,
     janitor_env,

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.lib import k8s
 from reshard.janitor import Janitor
 from reshard.launchers.base import SPAWNED_AT_ANNOTATION
 from reshard.launchers.pod import PodLauncher
-from reshard.leadership import LeaderLease
 from tests.reshard.janitor_support import janitor_env, op_log, refresh, stale_running
 from tests.reshard.test_launcher_pod import (
     OWN_POD,

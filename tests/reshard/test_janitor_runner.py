@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from duckgres_admin.leadership import LeaderLease
 from reshard.janitor import CAPTURE_HEADER, Janitor
 from reshard.launchers.local import LocalLauncher
-from reshard.leadership import LeaderLease
 from tests.fixtures.processes import child_config_store_dsn
 from tests.reshard.janitor_support import age_op, janitor_env, op_log, refresh
 from tests.reshard.runner_fixtures import CnpgWorld, wait_until, warehouse_of

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from reshard import leadership
-from reshard.leadership import LeaderLease, holder_identity, read_lease
+from duckgres_admin import leadership
+from duckgres_admin.leadership import LeaderLease, holder_identity, read_lease
 from tests.reshard.janitor_support import FakeClock, expire_lease, janitor_env, reset_leases, sql
 
 pytestmark = pytest.mark.usefixtures("janitor_env")

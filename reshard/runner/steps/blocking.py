@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Coalesce, Now
 
+from duckgres_admin import orglock as locks
 from duckgres_admin.models import Warehouse
-from reshard import locks
 from reshard.runner import waits
 from reshard.runner.errors import StepError
 from reshard.runner.steps import record_source

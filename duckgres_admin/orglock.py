@@ -1,8 +1,9 @@
-"""The per-org advisory lock shared by the lease grant path, the block step and warehouse PATCH.
+"""The per-org advisory lock: lease grants, the reshard block, warehouse PATCH, Trino enablement.
 
 Key: the 64-bit FNV-1a hash of ``duckgres:org-connections:<org>`` with the sign bit masked
 (spec reshard §4.4 A). Taken with ``pg_advisory_xact_lock`` inside the caller's transaction,
-so it is released exactly when that transaction commits or rolls back.
+so it is released exactly when that transaction commits or rolls back. It lives below both
+domains (reshard, trino_pools) because both must take the very same lock.
 """
 
 from __future__ import annotations
