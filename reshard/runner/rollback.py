@@ -274,6 +274,13 @@ def _restore_source_access(env: StepEnv) -> bool:
             return True, "source role LOGIN, database present, tenant SELECT 1 succeeded"
 
         where = f"on source store {op.from_shard}"
+        if not stores.binding_names_source(op):
+            # A login that works against the target is never source recovery: no point waiting.
+            log.error(
+                "source tenant access recovery failed: the binding names "
+                f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
+            )
+            return False
     else:
         endpoint = pgadmin.Endpoint(
             op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
@@ -300,6 +307,12 @@ def _restore_source_access(env: StepEnv) -> bool:
             return True, "binding names the source and tenant SELECT 1 succeeded"
 
         where = f"on external source {op.source_endpoint}:{op.source_port}"
+        if not stores.binding_names_source(op):
+            log.error(
+                "source tenant access recovery failed: the binding names "
+                f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
+            )
+            return False
     try:
         waits.poll_until(
             ctx,

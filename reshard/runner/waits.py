@@ -109,6 +109,12 @@ def poll_until(
             oplog.info(f"observation ({purpose}): {last}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if rollback and ctx.sigterm_at is not None:
+                # §4.2: out of the SIGTERM budget — no verdict, no terminal write; a takeover
+                # re-runs the (idempotent) rollback.
+                raise Interrupted(
+                    f"rollback ran out of the SIGTERM budget {purpose}; last observation: {last}"
+                )
             raise StepError(f"{timeout_message}; last observation: {last}")
         if time.monotonic() >= next_observation:
             oplog.info(f"still waiting {purpose}: {remaining:.0f} s left; observed: {last}")

@@ -480,3 +480,26 @@ def test_external_target_failing_after_the_flip_re_points_at_the_intact_source(
     assert sum(line.startswith("copy complete: ") for line in lines) == 1  # exactly one copy
     # binding writes: pause compaction, external, source, restore compaction
     assert writes == [("cnpg", False), ("external", False), ("cnpg", False), ("cnpg", True)]
+
+
+# --- 7 (runner part): no pulled password → fails at copying, nothing flipped -------------------
+@pytest.mark.safeguard("reshard-7")
+def test_cnpg_to_external_without_the_password_fails_at_copying(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    world = external_target_world
+    runner = run_runner(
+        world.op.id, runner_state_dir, env_extra=with_bucket(world.op.org_id, runner_s3)
+    )
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(world.op)
+    assert (op.state, op.step) == ("failed", "copying")
+    assert op.error == (
+        "external target password is not available to this runner (takeover after a crash?) "
+        "— cancel and re-run the operation"
+    )
+    assert op.tables_copied == 0
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert catalog_checksums(world.target.cluster, world.target.database) == {}
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
