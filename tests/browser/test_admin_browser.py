@@ -39,7 +39,7 @@ from tests.reshard.runner_fixtures import (
 
 __all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+pytestmark = pytest.mark.browser
 
 OPS = "/admin/duckgres_admin/reshardoperation/"
 PASSWORD = "browser-pw-for-tests"
