@@ -47,9 +47,6 @@ from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
 
-# kept for callers of the previous build
-_prior_to_flag = prior_to_flag
-
 
 @dataclass(frozen=True)
 class RollbackOutcome:
@@ -385,9 +382,6 @@ def restore_compaction_only(env: StepEnv) -> None:
         )
         env.fence.update()
     env.log.info(f"compaction_enabled restored to {value}")
-
-
-_restore_compaction_only = restore_compaction_only
 
 
 def roll_forward(env: StepEnv, finish: Callable[[StepEnv], Any]) -> None:

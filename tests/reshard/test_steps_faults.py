@@ -503,3 +503,23 @@ def test_cnpg_to_external_without_the_password_fails_at_copying(
     assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
     assert catalog_checksums(world.target.cluster, world.target.database) == {}
     assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+
+
+# --- takeover at cleaning_up before the commit point: finalize, never drop ----------------------
+def test_takeover_at_cleaning_up_without_the_commit_point_finalizes_without_dropping(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    killed_at(world.op.id, runner_state_dir, "step:cleaning_up")
+    assert reload(world.op).source_drop_committed_at is None
+    backdate(world.op.id)
+    assert run_runner(world.op.id, runner_state_dir).proc.returncode == 0
+    op = reload(world.op)
+    assert op.state == "succeeded", op_log(op.id)
+    assert op.source_dropped_at is None
+    assert database_exists(world.catalog.cluster, world.catalog.database)  # cruft, not dropped
+    assert warehouse_of(op).metadata_store_id == world.target_store.name
+    assert (
+        f"source database {world.catalog.database} on store {world.source_store.name} was not "
+        "dropped; drop it manually"
+    ) in lines_of_epoch(op.id, 2)
