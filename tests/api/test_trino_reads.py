@@ -278,3 +278,22 @@ def test_the_old_org_routes_do_not_exist(clients, trino):
         assert clients.admin.get(path).status_code == 404
         assert clients.admin.post(path, {"enabled": True}, format="json").status_code == 404
     assert not WarehouseTrino.objects.exists()
+
+
+def test_the_schema_documents_every_trino_route():
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    paths = schema["paths"]
+    expected = {
+        "/api/v1/trino/cells": {"get"},
+        "/api/v1/trino/orgs": {"get"},
+        "/api/v1/trino/instances": {"get"},
+        "/api/v1/warehouses/{org}/trino": {"get", "post"},
+        "/api/v1/warehouses/{org}/trino/cell": {"put"},
+        "/api/v1/warehouses/{org}/trino/cell/move": {"post"},
+    }
+    for path, methods in expected.items():
+        assert set(paths[path]) >= methods, path
+    cell = [p for p in paths["/api/v1/trino/orgs"]["get"]["parameters"] if p["name"] == "cell"]
+    assert cell and cell[0]["required"] is True
