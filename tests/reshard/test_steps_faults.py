@@ -523,3 +523,33 @@ def test_takeover_at_cleaning_up_without_the_commit_point_finalizes_without_drop
         f"source database {world.catalog.database} on store {world.source_store.name} was not "
         "dropped; drop it manually"
     ) in lines_of_epoch(op.id, 2)
+
+
+# --- 13: the per-op cutover timeout bounds only the target waits --------------------------------
+@pytest.mark.safeguard("reshard-13")
+def test_short_cutover_timeout_fails_a_slow_target_but_fence_waits_keep_the_default(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    ReshardOperation.objects.filter(id=world.op.id).update(cutover_timeout_seconds=1)
+    # tenant logins on the target go through a pooler that is not there: never ready
+    MetadataStore.objects.filter(name=world.target_store.name).update(
+        pooler_host="127.0.0.1", pooler_port=1
+    )
+    runner = run_runner(world.op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "failed"
+    assert op.error.startswith(
+        f"target shard {world.target_store.name} did not become ready within 1 s; last "
+        "observation: probe of store"
+    )
+    lines = op_log(op.id)
+    assert any(
+        line.startswith("waiting up to 900 s for tenant role") and "NOLOGIN" in line
+        for line in lines
+    )
+    assert any(line.startswith("waiting up to 900 s for source tenant access") for line in lines)
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
