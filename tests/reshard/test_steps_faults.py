@@ -15,10 +15,12 @@ from tests.fixtures.rows import new_warehouse
 from tests.fixtures.stores import StoreCluster
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
+    ExternalSourceWorld,
     ExternalTargetWorld,
     RunnerS3,
     catalog_checksums,
     database_exists,
+    external_source_world,
     external_target_world,
     op_log,
     password_url,
@@ -32,7 +34,12 @@ from tests.reshard.runner_fixtures import (
     warehouse_of,
 )
 
-__all__ = ["external_target_world", "runner_moto_server", "runner_s3"]
+__all__ = [
+    "external_source_world",
+    "external_target_world",
+    "runner_moto_server",
+    "runner_s3",
+]
 
 pytestmark = pytest.mark.faults
 
@@ -552,4 +559,31 @@ def test_short_cutover_timeout_fails_a_slow_target_but_fence_waits_keep_the_defa
     assert any(line.startswith("waiting up to 900 s for source tenant access") for line in lines)
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+
+
+@pytest.mark.safeguard("reshard-52")
+def test_cancel_during_the_cutover_wait_of_external_to_cnpg_flips_back_to_the_external_source(
+    external_source_world: ExternalSourceWorld, runner_state_dir: Any
+) -> None:
+    world = external_source_world
+    runner = start_runner(world.op.id, runner_state_dir, env_extra=pause("after_flip"))
+    wait_until(lambda: warehouse_of(world.op).metadata_store_kind == "cnpg", 60, "flip")
+    ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+    assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert (op.state, op.error) == ("cancelled", "cancelled by operator"), op_log(op.id)
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_kind, wh.metadata_store_host) == (
+        "ready",
+        "external",
+        world.catalog.cluster.host,
+    )
+    assert wh.metadata_store_port == world.catalog.cluster.port
+    lines = op_log(op.id)
+    assert "rollback: binding flipped back to the source" in lines
+    assert any(line.startswith("rollback: source tenant access verified") for line in lines)
+    # the rendered target tenant is NOLOGIN again; the external source was never touched
+    target = StoreCluster("target", world.target_store.host, world.target_store.port)
+    assert role_can_login(target, world.catalog.role) is False
     assert role_can_login(world.catalog.cluster, world.catalog.role) is True
