@@ -3,6 +3,7 @@ source drop, progress, stale writes and the rollback's partial-target rule."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -317,3 +318,45 @@ def test_classified_auth_failure_names_the_remedy_with_a_placeholder() -> None:
     assert pgadmin.is_auth_failure(exc)
     refused = psycopg.OperationalError("connection refused")
     assert stores.classify(refused, role="t", ref="env:X", where="s").startswith("probe of s")
+
+
+@pytest.mark.safeguard("reshard-48")
+def test_a_store_error_on_the_pre_statement_heartbeat_sends_no_alter_role(
+    cnpg_world: CnpgWorld, claimed_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    env = _blocked(claimed_env(cnpg_world.op))
+    access.run(env)
+
+    def broken() -> None:
+        raise OperationalError("injected store error")
+
+    monkeypatch.setattr(env.fence, "pre_statement_heartbeat", broken)
+    with pytest.raises(OperationalError):
+        fence_source.run(env)
+    assert role_can_login(cnpg_world.catalog.cluster, cnpg_world.catalog.role) is True
+
+
+def test_a_rollback_wait_past_the_sigterm_budget_leaves_no_verdict(
+    cnpg_world: CnpgWorld, claimed_env: Any, settings: Any
+) -> None:
+    from reshard.runner import waits
+    from reshard.runner.errors import Interrupted
+
+    settings.DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS = 1
+    env = claimed_env(cnpg_world.op)
+    env.ctx.request_stop("SIGTERM")
+    started = time.monotonic()
+    with pytest.raises(Interrupted, match="rollback ran out of the SIGTERM budget"):
+        waits.poll_until(
+            env.ctx,
+            env.log,
+            900,
+            lambda: (False, "not yet"),
+            purpose="for a test",
+            timeout_message="never",
+            cancel_aware=False,
+            rollback=True,
+        )
+    assert time.monotonic() - started < 10
