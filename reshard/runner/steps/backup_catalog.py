@@ -10,7 +10,7 @@ from __future__ import annotations
 from duckgres_admin.models import Warehouse
 from reshard import backup
 from reshard.runner import stores
-from reshard.runner.errors import StepError
+from reshard.runner.errors import Interrupted, StepError
 from reshard.runner.hooks import RunnerHooks
 from reshard.runner.steps import preflight
 from reshard.runner.steps.base import StepEnv
@@ -54,7 +54,7 @@ def run_backup_step(env: StepEnv) -> None:
         )
     except (backup.BackupError, StepError) as exc:
         if env.ctx.stop.is_set():
-            raise
+            raise Interrupted() from None
         text = backup.gated_failure(str(exc), mandatory=mandatory)
         if mandatory:
             raise StepError(text) from None

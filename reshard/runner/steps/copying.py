@@ -18,7 +18,7 @@ from django.conf import settings
 from reshard import copy as catalog_copy
 from reshard import verify
 from reshard.runner import stores
-from reshard.runner.errors import StepError
+from reshard.runner.errors import Interrupted, StepError
 from reshard.runner.hooks import RunnerHooks
 from reshard.runner.steps import preflight
 from reshard.runner.steps.base import StepEnv
@@ -54,6 +54,8 @@ def run(env: StepEnv) -> None:
             parallelism=int(settings.DUCKGRES_RESHARD_COPY_PARALLELISM),
         )
     except catalog_copy.CopyError as exc:
+        if ctx.stop.is_set():
+            raise Interrupted() from None
         raise StepError(str(exc)) from None
     ctx.release_handle = result.release
     env.fence.update(
