@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.rows",
     "tests.fixtures.processes",
     "tests.fixtures.kube",
+    "tests.fixtures.s3",
 ]
 
 

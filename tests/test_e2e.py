@@ -1,18 +1,20 @@
 """End to end: the API (in ``live_server``, so the password stash lives in this process), a
 real Celery worker subprocess, the local launcher and a real runner child process, against
-the real config store (the pytest-django test database) and the two metadata-store clusters.
+the real config store (the pytest-django test database), the two metadata-store clusters and
+an S3 endpoint over HTTP (moto server).
 
-While the step machine is being built, the runner fails at its first unbuilt step with a
-"not available in this build" message and rolls back; these tests pin that the whole chain
-up to there is real and consistent: op ``failed``, warehouse ``ready``, binding unchanged,
-op log complete, step timings recorded, and no secret anywhere. Once every step exists the
-same tests assert the move instead (binding on the target, rows equal, source dropped).
+Each test asserts whichever terminal outcome the run reached, consistently: succeeded (the
+binding names the target, rows equal, source dropped, the backup restores with stock
+pg_restore) or failed and rolled back (binding unchanged; for cnpg->cnpg only a step this build
+does not have is an acceptable cause). Both: warehouse ``ready``, op log complete and ordered,
+step timings recorded, runner exit 0, and no secret anywhere.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,7 @@ def _assert_terminal_and_consistent(
         f"--- runner logs ---\n{worker.runner_logs()}\n--- worker log (tail) ---\n"
         f"{worker.log_text()[-3000:]}"
     )
+    print(f"e2e outcome: op {op_id} {op['state']} at step {op['step']}: {op['error']!r}")
     assert op["state"] in ("failed", "succeeded"), context
     failed = op["state"] == "failed"
     for key in ("blocked_at", "unblocked_at", "started_at", "finished_at"):
@@ -155,15 +158,29 @@ def _assert_terminal_and_consistent(
 
 
 def test_cnpg_to_cnpg_through_api_worker_and_runner(
-    request, transactional_db, store_clusters, tenant_catalog, make_store, make_warehouse, api
+    request,
+    transactional_db,
+    store_clusters,
+    tenant_catalog,
+    make_store,
+    make_warehouse,
+    api,
+    s3_bucket,
 ):
     catalog = tenant_catalog(store_clusters.source, rows=5)
     rows_before = catalog.row_counts()
     source = make_store(store_clusters.source)
     target = make_store(store_clusters.target)
-    warehouse = make_warehouse(store=source, catalog=catalog, compaction_enabled=True)
+    warehouse = make_warehouse(
+        store=source,
+        catalog=catalog,
+        compaction_enabled=True,
+        data_bucket=s3_bucket.bucket,
+        data_region=s3_bucket.region,
+    )
     binding_before = _binding(warehouse.org_id)
-    worker = request.getfixturevalue("celery_worker_proc")  # after the env: secrets exist
+    # Started after the env: secrets exist; its runners reach the S3 endpoint.
+    worker = request.getfixturevalue("celery_worker_factory")(extra_env=s3_bucket.env())
 
     resp = api.start_reshard(
         warehouse.org_id, {"target": {"type": "cnpg", "cnpg_shard": target.name}}
@@ -221,6 +238,33 @@ def test_cnpg_to_cnpg_through_api_worker_and_runner(
         assert conn.execute(
             "SELECT count(*) FROM pg_database WHERE datname = %s", (catalog.database,)
         ).fetchone() == (0,)
+    # The pre-flip backup landed in S3 and restores with stock pg_restore.
+    prefix = f"s3://{s3_bucket.bucket}/"
+    assert op["backup_s3_uri"].startswith(prefix), op
+    assert op["backup_bytes"] > 0, op
+    dump = s3_bucket.get(op["backup_s3_uri"][len(prefix) :])
+    assert dump.startswith(b"PGDMP")
+    assert _restored_row_counts(store_clusters.target, dump) == rows_before
+
+
+def _restored_row_counts(cluster: Any, dump: bytes) -> dict[str, int]:
+    """Restore a custom-format dump with stock pg_restore into a scratch database, with the
+    flags of the restore command the runner logs (--no-owner --clean --if-exists)."""
+    scratch = f"restore_{secrets.token_hex(4)}"
+    with cluster.superuser_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{scratch}"')
+    try:
+        done = subprocess.run(
+            ["pg_restore", "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres",
+             "--no-owner", "--clean", "--if-exists", "--format=custom", "--exit-on-error",
+             "-d", scratch],
+            input=dump, capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        return TenantCatalog(cluster, "postgres", scratch, "", "").row_counts()
+    finally:
+        with cluster.superuser_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
 
 
 def _pg_log_path(cluster_name: str) -> Path:
@@ -236,17 +280,20 @@ def test_external_target_password_is_never_at_rest(
     make_warehouse,
     api,
     caplog,
+    s3_bucket,
 ):
-    """Safeguard 39 (the part that exists in this build): a unique 40-character password of an
-    external target travels API -> in-process stash -> runner pull, and no form of it lands in
-    the config store, the op log, process logs, Celery messages or the server logs."""
+    """Safeguard 39: a unique 40-character password of an external target travels API ->
+    in-process stash -> runner pull -> copy and cutover, and no form of it lands in the config
+    store, the op log, process logs, Celery messages, the backup or the server logs."""
     from celery.signals import before_task_publish
 
     password = unique_password()
     catalog = tenant_catalog(store_clusters.source, rows=3)
     external = tenant_catalog(store_clusters.target, password=password, with_tables=False)
     source = make_store(store_clusters.source)
-    warehouse = make_warehouse(store=source, catalog=catalog)
+    warehouse = make_warehouse(
+        store=source, catalog=catalog, data_bucket=s3_bucket.bucket, data_region=s3_bucket.region
+    )
     binding_before = _binding(warehouse.org_id)
 
     # Statement logging for this test's tenant roles only (role-level settings, superuser).
@@ -272,7 +319,7 @@ def test_external_target_password_is_never_at_rest(
     before_task_publish.connect(record, weak=False)
     caplog.set_level("DEBUG")
     try:
-        worker = request.getfixturevalue("celery_worker_proc")
+        worker = request.getfixturevalue("celery_worker_factory")(extra_env=s3_bucket.env())
         resp = api.start_reshard(
             warehouse.org_id,
             {
@@ -347,6 +394,7 @@ def test_external_target_password_is_never_at_rest(
     assert external.role.encode() in server_logs.get(external.cluster.name, b""), (
         "statement logging did not capture the external target's sessions"
     )
+    sources += [(f"s3 object {key}", s3_bucket.get(key)) for key in s3_bucket.object_keys()]
     broker = _redis_dump(str(django_settings.CELERY_BROKER_URL))
     sources.append(("redis broker db", broker))
     hits = scan(password, sources)

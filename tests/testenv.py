@@ -2,15 +2,60 @@
 
 Every value is a test default (``setdefault``), so CI or a developer can point the suite at
 other services. Thresholds are shortened through the spec's settings, never by sleeping.
+
+Concurrent pytest runs on one machine (developers, agents) are isolated: each process gets its
+own test database (``test_duckgres_admin_<pid>``) and its own Redis db for the Celery broker.
 """
 
 import os
+
+# One Redis db per pytest process (unless DUCKGRES_BROKER_URL is set): a Celery worker of a
+# concurrent run must never take this run's launch messages. A db is claimed with an owner key
+# (SET NX); the claim of a dead process is taken over. Redis down: db 5.
+BROKER_OWNER_KEY = "duckgres-tests:broker-owner"
+BROKER_DBS = range(5, 16)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _claim_broker_db() -> int:
+    try:
+        import redis
+    except ImportError:
+        return 5
+    me = str(os.getpid())
+    for db in BROKER_DBS:
+        client = redis.Redis(host="127.0.0.1", port=6379, db=db, socket_timeout=1)
+        try:
+            if client.set(BROKER_OWNER_KEY, me, nx=True):
+                return db
+            owner = client.get(BROKER_OWNER_KEY)
+            stale = owner is not None and owner.isdigit() and not _alive(int(owner))
+            if stale and client.getset(BROKER_OWNER_KEY, me) == owner:
+                client.flushdb()
+                client.set(BROKER_OWNER_KEY, me)
+                return db
+        except redis.RedisError:
+            return 5
+        finally:
+            client.close()
+    return 5
+
 
 TEST_ENV = {
     "DJANGO_SETTINGS_MODULE": "duckgres_admin.settings",
     "DJANGO_SECRET_KEY": "test-only-django-secret-key-0123456789abcdef",
     "DUCKGRES_CONFIG_STORE": "postgresql://postgres@127.0.0.1:5432/duckgres_admin?sslmode=prefer",
-    "DUCKGRES_BROKER_URL": "redis://127.0.0.1:6379/5",
+    "DUCKGRES_BROKER_URL": os.environ.get("DUCKGRES_BROKER_URL")
+    or f"redis://127.0.0.1:6379/{_claim_broker_db()}",
     "DUCKGRES_INTERNAL_SECRET": "test-internal-secret-0123456789abcdefghijkl",
     "DUCKGRES_RUNNER_SECRET": "test-runner-secret-0123456789abcdefghijklmno",
     "DUCKGRES_DATAPLANE_SECRET": "test-dataplane-secret-0123456789abcdefghijk",
@@ -29,6 +74,6 @@ TEST_ENV = {
 for _key, _value in TEST_ENV.items():
     os.environ.setdefault(_key, _value)
 
-# One test database per pytest process, so that concurrent runs on one machine (developers,
-# agents) never drop each other's database. Stale ones are dropped by tests/conftest.py.
+# One test database per pytest process, so that concurrent runs never drop each other's
+# database. Databases of dead processes are dropped by tests/conftest.py at session start.
 os.environ.setdefault("DUCKGRES_TEST_DATABASE", f"test_duckgres_admin_{os.getpid()}")
