@@ -25,6 +25,7 @@ from tests.fixtures.api_client import TERMINAL, ApiClient  # noqa: E402
 from tests.fixtures.stores import StoreCluster, create_tenant_catalog, drop_tenant  # noqa: E402
 
 ORG = "demo-org"
+BUCKET = "demo-org-data"
 TENANT = "demo_org"
 SOURCE = StoreCluster("ci_source", "127.0.0.1", 5433)
 TARGET = StoreCluster("ci_target", "127.0.0.1", 5434)
@@ -67,6 +68,20 @@ def _wait_api(api: ApiClient, timeout: float = 60) -> None:
     raise SystemExit(f"demo: the API did not answer within {timeout:.0f} s; last: {last}")
 
 
+def _create_bucket() -> None:
+    """The org's data bucket on the demo S3 endpoint (moto): backups land under it."""
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=os.environ["DUCKGRES_S3_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+    ).create_bucket(Bucket=BUCKET)
+    say(f"S3 bucket {BUCKET} at {os.environ['DUCKGRES_S3_ENDPOINT_URL']} (moto server)")
+
+
 def run() -> int:
     api = ApiClient.internal(os.environ["DEMO_API_URL"], os.environ["DUCKGRES_INTERNAL_SECRET"])
     _wait_api(api)
@@ -93,7 +108,10 @@ def run() -> int:
         "metadata_store_user": TENANT,
         "metadata_store_password_ref": "env:DEMO_TENANT_PASSWORD",
         "compaction_enabled": True,
+        "data_bucket": BUCKET,
+        "data_region": "us-east-1",
     }
+    _create_bucket()
     _check(api.post("warehouses", warehouse), 201, "POST /warehouses")
     say(f"warehouse {ORG}: ready, bound to cnpg demo-source/{TENANT}")
 
@@ -148,6 +166,8 @@ def run() -> int:
     if wh["state"] != "ready":
         say("FAILED: the warehouse is not back to ready")
         return 1
+    if op.get("backup_s3_uri"):
+        say(f"pre-flip catalog backup: {op['backup_s3_uri']} ({op['backup_bytes']} bytes)")
     if op["state"] == "succeeded":
         say("the catalog moved to demo-target and the warehouse is ready")
     else:

@@ -3,20 +3,22 @@
 #
 # 1. a fresh demo config store (database duckgres_demo on 5432), migrated;
 # 2. a tenant catalog demo_org (role, database, ducklake_* tables) on the source store (5433);
-# 3. starts the Celery default worker, the control worker (janitor), beat (DatabaseScheduler)
-#    and the API (gunicorn, 1 process with threads: the password stash is in-process);
+# 3. starts an S3 endpoint (moto server) for the pre-flip catalog backup, the Celery default
+#    worker, the control worker (janitor), beat (DatabaseScheduler) and the API (gunicorn,
+#    1 process with threads: the password stash is in-process);
 # 4. registers the stores demo-source (5433) and demo-target (5434) and the warehouse demo-org
 #    through the API, starts a reshard demo-source -> demo-target with the internal secret and
 #    follows the op log until the op is terminal; prints the outcome and the report;
 # 5. stops every process it started (also on Ctrl-C or error).
 # Exit 0 only when the op reached a terminal state AND the warehouse is back to `ready`. Until
-# every reshard step is built the honest outcome is "failed, rolled back, warehouse ready".
-# Requires the services (`make services`); logs in var/demo/logs/. Env: DEMO_PORT (8080).
+# Requires the services (`make services`); logs in var/demo/logs/. Env: DEMO_PORT (8080),
+# DEMO_S3_PORT (9010).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PY=${PY:-$ROOT/.venv/bin/python}
 PORT=${DEMO_PORT:-8080}
+S3_PORT=${DEMO_S3_PORT:-9010}
 VAR=$ROOT/var/demo
 LOGS=$VAR/logs
 rm -rf "$VAR"; mkdir -p "$LOGS" "$VAR/runners"
@@ -43,6 +45,10 @@ export DUCKGRES_TEST_PROVISIONER_PASSWORD=${DUCKGRES_TEST_PROVISIONER_PASSWORD:-
 export DEMO_PROVISIONER_PASSWORD_VAR=DUCKGRES_TEST_PROVISIONER_PASSWORD
 export DEMO_TENANT_PASSWORD; DEMO_TENANT_PASSWORD=$(openssl rand -hex 16)
 export DEMO_API_URL=http://127.0.0.1:$PORT
+# The backup's S3 endpoint: moto server with its fixed test keys (not secrets).
+export DUCKGRES_S3_ENDPOINT_URL=http://127.0.0.1:$S3_PORT
+export DUCKGRES_AWS_REGION=us-east-1 DUCKGRES_S3_ADDRESSING_STYLE=path
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
 export PYTHONUNBUFFERED=1
 
 # --- process management --------------------------------------------------------------------------
@@ -80,9 +86,11 @@ wait_for() {  # description, seconds, command...
 }
 
 # --- 1. config store -----------------------------------------------------------------------------
-if (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null; then
-  say "port $PORT is in use; set DEMO_PORT to a free port"; exit 1
-fi
+for p in "$PORT" "$S3_PORT"; do
+  if (exec 3<>/dev/tcp/127.0.0.1/"$p") 2>/dev/null; then
+    say "port $p is in use; set DEMO_PORT / DEMO_S3_PORT to free ports"; exit 1
+  fi
+done
 PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U postgres -d postgres -qAtc \
   'DROP DATABASE IF EXISTS duckgres_demo WITH (FORCE)'
 psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'CREATE DATABASE duckgres_demo'
@@ -94,6 +102,7 @@ redis-cli -h 127.0.0.1 -n 3 flushdb >/dev/null
 "$PY" scripts/demo.py prepare
 
 # --- 3. processes --------------------------------------------------------------------------------
+start s3 "$ROOT/.venv/bin/moto_server" -H 127.0.0.1 -p "$S3_PORT"
 CELERY=("$PY" -m celery -A duckgres_admin)
 start worker "${CELERY[@]}" worker -Q duckgres.default -P solo -n demo-default@%h \
   --without-gossip --without-mingle -l INFO
@@ -105,6 +114,7 @@ start api "$ROOT/.venv/bin/gunicorn" duckgres_admin.wsgi:application -w 1 --thre
   -b "127.0.0.1:$PORT" --access-logfile - --graceful-timeout 5
 wait_for "celery default worker" 60 grep -q ' ready\.' "$LOGS/worker.log"
 wait_for "celery control worker" 60 grep -q ' ready\.' "$LOGS/control.log"
+wait_for "S3 endpoint (moto)" 30 curl -s -o /dev/null "$DUCKGRES_S3_ENDPOINT_URL"
 
 # --- 4. the reshard ------------------------------------------------------------------------------
 "$PY" scripts/demo.py run
