@@ -50,6 +50,12 @@ def placement_error_response(exc: PlacementError) -> Response:
     return Response(body, status=exc.status)
 
 
+def _text(value: str) -> str:
+    """PostgreSQL text cannot hold NUL: a NUL that reached the request (a body key, a
+    percent-encoded path) is written as the two characters ``\\0`` so the audit row still lands."""
+    return value.replace("\x00", "\\0")
+
+
 class ApiView(APIView):
     scope: ClassVar[Scope] = Scope.OPERATOR
     audit_action: ClassVar[str] = ""
@@ -72,6 +78,10 @@ class ApiView(APIView):
         django_request: HttpRequest = request._request
         self.audit_org = str(kwargs.get("org", ""))
         self.identity = authenticate(django_request, self.scope)
+        if any(isinstance(value, str) and "\x00" in value for value in kwargs.values()):
+            # No name in the config store can hold a NUL (PostgreSQL text cannot): nothing by
+            # that name exists, and the query must not reach the driver (it would be a 500).
+            raise ServiceError(404, "not found: the path contains a NUL character")
         method = (request.method or "").upper()
         if self.identity.kind is Kind.STAFF and method in MUTATING_METHODS:
             enforce_csrf(django_request)
@@ -134,16 +144,16 @@ class ApiView(APIView):
     def _audit(self, request: HttpRequest, method: str, status: int, action: str) -> None:
         ident = self.identity
         AuditRecord.objects.create(
-            actor=ident.actor if ident else "",
-            role=ident.role if ident else "",
-            source=ident.source if ident else "",
-            method=method,
-            path=request.path[:2000],
-            org_id=self.audit_org,
+            actor=_text(ident.actor if ident else ""),
+            role=_text(ident.role if ident else ""),
+            source=_text(ident.source if ident else ""),
+            method=_text(method),
+            path=_text(request.path)[:2000],
+            org_id=_text(self.audit_org),
             status=status,
-            client_ip=str(request.META.get("REMOTE_ADDR", "")),
+            client_ip=_text(str(request.META.get("REMOTE_ADDR", ""))),
             action=action,
-            detail=api_scrubber().scrub(self.audit_detail)[:4000],
+            detail=_text(api_scrubber().scrub(self.audit_detail))[:4000],
         )
 
     def request_body(self, request: Request) -> Any:
