@@ -26,6 +26,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +42,21 @@ from reshard import copy as catalog_copy
 from reshard.demo_catalog import build_demo_catalog, create_database
 
 HOST = "127.0.0.1"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a process in seconds (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def own_cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 class NoHooks:
@@ -61,6 +77,62 @@ class NoHooks:
 
     def stopped(self) -> bool:
         return False
+
+
+class CpuHooks(NoHooks):
+    """Adds up the CPU time of every server backend the copy used, read just before each
+    connection is closed (the copy unregisters a connection right before closing it)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, int] = {}
+        self.backend_cpu = 0.0
+
+    def register_connection(self, conn: Any) -> None:
+        self.pids[id(conn)] = conn.info.backend_pid
+
+    def unregister_connection(self, conn: Any) -> None:
+        pid = self.pids.pop(id(conn), None)
+        if pid is not None:
+            self.backend_cpu += proc_cpu(pid)
+
+
+class BackendSampler:
+    """Samples the CPU time of the pg_dump / pg_restore backends while they run."""
+
+    def __init__(self, ports: tuple[int, int]) -> None:
+        self.ports = ports
+        self.seen: dict[tuple[int, int], float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        conns = [admin(p) for p in self.ports]
+        try:
+            while not self.stop.is_set():
+                for port, conn in zip(self.ports, conns, strict=True):
+                    for (pid,) in conn.execute(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE application_name IN ('pg_dump', 'pg_restore')"
+                    ).fetchall():
+                        cpu = proc_cpu(int(str(pid)))
+                        key = (port, int(str(pid)))
+                        self.seen[key] = max(self.seen.get(key, 0.0), cpu)
+                time.sleep(0.02)
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def __enter__(self) -> BackendSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    @property
+    def total(self) -> float:
+        return sum(self.seen.values())
 
 
 def conninfo(port: int, db: str) -> str:
@@ -161,10 +233,35 @@ def main() -> None:
     print(f"# custom-format dump: {int(dump_size) / 1048576:.1f} MiB", flush=True)
 
     results: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
 
-    def record(name: str, seconds: float) -> None:
+    def record(name: str, seconds: float, cpu_seconds: float | None = None) -> None:
         results.setdefault(name, []).append(seconds)
-        print(f"#   {name} run {len(results[name])}: {seconds:.2f} s", flush=True)
+        extra = ""
+        if cpu_seconds is not None:
+            cpu.setdefault(name, []).append(cpu_seconds)
+            extra = f", {cpu_seconds:.2f} CPU-s (client + server backends)"
+        print(f"#   {name} run {len(results[name])}: {seconds:.2f} s{extra}", flush=True)
+
+    def ours(n: int) -> tuple[float, float]:
+        hooks = CpuHooks()
+        before = own_cpu(resource.RUSAGE_SELF)
+        wall = timed(
+            lambda: catalog_copy.copy_catalog(
+                factory(sport, src_db), factory(tport, tgt_db), hooks, parallelism=n
+            ).release.release()
+        )
+        return wall, own_cpu(resource.RUSAGE_SELF) - before + hooks.backend_cpu
+
+    def baseline() -> tuple[float, float]:
+        before = own_cpu(resource.RUSAGE_CHILDREN)
+        with BackendSampler((sport, tport)) as sampler:
+            wall = timed(lambda: subprocess.run(
+                f"pg_dump -Fc '{conninfo(sport, src_db)}' | "
+                f"pg_restore --exit-on-error -d '{conninfo(tport, tgt_db)}'",
+                shell=True, check=True,
+            ))  # fmt: skip
+        return wall, own_cpu(resource.RUSAGE_CHILDREN) - before + sampler.total
 
     for _ in range(args.runs):
         record(
@@ -174,14 +271,7 @@ def main() -> None:
             )),
         )  # fmt: skip
         fresh_db(tport, tgt_db)
-        record(
-            "pg_dump -Fc | pg_restore",
-            timed(lambda: subprocess.run(
-                f"pg_dump -Fc '{conninfo(sport, src_db)}' | "
-                f"pg_restore --exit-on-error -d '{conninfo(tport, tgt_db)}'",
-                shell=True, check=True,
-            )),
-        )  # fmt: skip
+        record("pg_dump -Fc | pg_restore", *baseline())
         if not args.skip_naive:
             fresh_db(tport, tgt_db)
             with patched_stream(naive_stream):
@@ -193,12 +283,7 @@ def main() -> None:
                 )  # fmt: skip
         for n in levels:
             fresh_db(tport, tgt_db)
-            record(
-                f"copy_catalog parallelism={n}",
-                timed(lambda n=n: catalog_copy.copy_catalog(  # type: ignore[misc]
-                    factory(sport, src_db), factory(tport, tgt_db), NoHooks(), parallelism=n
-                ).release.release()),
-            )  # fmt: skip
+            record(f"copy_catalog parallelism={n}", *ours(n))
 
     base = statistics.median(results["pg_dump -Fc | pg_restore"])
     print(f"# medians of {args.runs} runs; baseline = pg_dump -Fc | pg_restore {sport} → {tport}")
@@ -210,6 +295,10 @@ def main() -> None:
     for name, values in results.items():
         best = min(values)
         print(f"{name} (best run): {best:.2f} s ({best / best_base:.2f}x baseline best run)")
+    base_cpu = statistics.median(cpu["pg_dump -Fc | pg_restore"])
+    for name, values in cpu.items():
+        median = statistics.median(values)
+        print(f"{name} CPU: {median:.2f} CPU-s ({median / base_cpu:.2f}x baseline)")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"benchmark process peak RSS: {peak:.0f} MiB (all variants, one process)")
     drop_db(tport, tgt_db)

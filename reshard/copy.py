@@ -874,9 +874,9 @@ def drop_ducklake_tables(target_conn: Connection, hooks: CopyHooks) -> list[str]
     """Drop every ``ducklake_*`` table of the target's ``public`` schema (``CASCADE``), each
     after the pre-statement heartbeat, logging each (rollback, spec §4.6 step 3). The caller
     opens and closes ``target_conn`` (autocommit is switched on here). Returns the names."""
-    target_conn.autocommit = True
     dropped: list[str] = []
     try:
+        target_conn.autocommit = True
         names = [
             str(row[0])
             for row in target_conn.execute(
