@@ -38,8 +38,20 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def browser_page(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A page in a fresh context; on a failure its screenshot is saved in test-artifacts/."""
     sync_api = pytest.importorskip("playwright.sync_api")
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_api.sync_playwright() as pw:
@@ -50,5 +62,8 @@ def browser_page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         try:
             yield page
         finally:
+            if request.node.stash.get(_FAILED, False):
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"))
             context.close()
             browser.close()

@@ -10,6 +10,7 @@ runner processes on the store clusters (5433 source, 5434 target) with a moto S3
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -176,6 +177,9 @@ def test_start_watch_the_log_and_timeline_fill_until_it_succeeds(
     assert page.locator("#op-cancel").is_hidden()
     page.screenshot(path=str(artifacts / f"admin-op-{op_id}-succeeded.png"), full_page=True)
     assert Warehouse.objects.get(org_id=warehouse.org_id).metadata_store_id == shard
+    # The runner's process log is JSON lines bound with the op id and the epoch (item 5).
+    records = [json.loads(line) for line in runner_output.splitlines() if line.startswith("{")]
+    assert any(r.get("op_id") == op_id and r.get("epoch") == 1 for r in records), runner_output
 
 
 def test_cancel_a_draining_op_from_its_page(
