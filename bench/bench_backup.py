@@ -202,6 +202,17 @@ def dump_bytes(db: Db) -> int:
     return total
 
 
+def cpu_seconds(pid: str) -> float:
+    """user + system CPU of a process (``self`` or a pid) from /proc, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.3f}" for v in values)
+
+
 def backup_once(db: Db, s3: S3, bucket: str, op_id: int) -> tuple[float, Any]:
     started = time.monotonic()
     result = run_backup(op_id, db.source(), BackupDestination(bucket), Hooks(), s3=s3)
@@ -216,8 +227,10 @@ def memory_child(args: argparse.Namespace) -> None:
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     s3 = S3(region="us-east-1", endpoint_url=args.endpoint, addressing_style="path")
     db = Db(args.port, args.memory_child)
+    cpu0 = cpu_seconds("self")
     with RssSampler() as sampler:
         elapsed, result = backup_once(db, s3, args.bucket, 3000)
+    cpu = cpu_seconds("self") - cpu0
     print(
         json.dumps(
             {
@@ -229,6 +242,7 @@ def memory_child(args: argparse.Namespace) -> None:
                 "part_size": result.part_size,
                 "parts": result.parts,
                 "peak_buffered": result.peak_buffered_bytes,
+                "cpu": cpu,
             }
         )
     )
@@ -284,14 +298,23 @@ def main() -> None:
             f"database, dump {dump_bytes(db) / MIB:.2f} MiB (built in "
             f"{time.monotonic() - started:.1f} s)"
         )
-        base, ours = [], []
+        base: list[float] = []
+        ours: list[float] = []
+        cpu_self: list[float] = []
+        cpu_moto: list[float] = []
         baseline_seconds(db)  # warm the cache for both
         for i in range(args.runs):
             base.append(baseline_seconds(db))
+            self0, moto0 = cpu_seconds("self"), cpu_seconds(str(moto.pid))
             ours.append(backup_once(db, s3, bucket, 1000 + i)[0])
+            cpu_self.append(cpu_seconds("self") - self0)
+            cpu_moto.append(cpu_seconds(str(moto.pid)) - moto0)
         b, o = statistics.median(base), statistics.median(ours)
+        print(f"# runs (s): baseline {fmt(base)}; backup {fmt(ours)}")
         line(f"pg_dump_devnull_{args.tables}_tables", b, "s")
         line(f"backup_to_s3_{args.tables}_tables", o, "s", f"{b / o:.2f}x throughput vs baseline")
+        line(f"backup_cpu_runner_{args.tables}_tables", statistics.median(cpu_self), "s")
+        line(f"backup_cpu_moto_{args.tables}_tables", statistics.median(cpu_moto), "s")
 
         # --- memory on large incompressible dumps ---------------------------------------------
         for mib in [int(x) for x in args.large_mib.split(",") if x.strip()]:
@@ -353,6 +376,7 @@ def main() -> None:
                 f"{m['peak_buffered'] / (3 * m['part_size']):.2f}x of 3 x part size",
             )
             line(f"backup_parts_{label}", m["parts"], "parts")
+            line(f"backup_cpu_runner_{label}", m["cpu"], "s")
             drop_db(big)
             dbs.remove(big)
         line("vm_hwm_process", status_kib("VmHWM") / 1024, "MiB")

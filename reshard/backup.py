@@ -409,6 +409,10 @@ class _Backup:
         finally:
             with self.lock:
                 self.in_flight_bytes -= length
+            # Give the uploaded part's pages back: resident memory then follows the bytes
+            # actually buffered, not the high-water mark of three full buffers.
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                buf.madvise(mmap.MADV_DONTNEED)
             self.free.put(buf)
 
     def _submit(self, buf: mmap.mmap, length: int) -> None:
