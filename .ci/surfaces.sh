@@ -8,9 +8,9 @@
 #                                   (the browser tests use /usr/bin/chromium through pip
 #                                   playwright; `playwright install` is never used)
 #
-# Needs `make install` (the .venv) and `make services` (the config store) before the contract
-# run. The same contract test is part of `make test`; call --install-only before `make test` if
-# the suite runs anyway.
+# The contract run first makes sure of the .venv and the services (`make install services`, both
+# idempotent). The same contract test is also part of `make test`; a CI that runs the suite
+# anyway can call --install-only before `make test` instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -25,6 +25,7 @@ fi
 log "chromium: $(/usr/bin/chromium --version 2>/dev/null | head -1)"
 [ "${1:-}" = "--install-only" ] && exit 0
 
+make -s install services
 log "OpenAPI schema: manage.py spectacular --fail-on-warn"
 mkdir -p test-artifacts
 $PY scripts/with_test_env.py manage.py spectacular --fail-on-warn --file test-artifacts/openapi.yaml

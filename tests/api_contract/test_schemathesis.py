@@ -81,7 +81,9 @@ def _st(schema: Path, base_url: str, header: str, *filters: str, report: Path) -
         "SCHEMATHESIS_HOOKS": "tests.api_contract.st_hooks",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        command, cwd=report.parent, capture_output=True, text=True, timeout=600, env=env
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-20000:]
     return output
