@@ -587,3 +587,31 @@ def test_cancel_during_the_cutover_wait_of_external_to_cnpg_flips_back_to_the_ex
     target = StoreCluster("target", world.target_store.host, world.target_store.port)
     assert role_can_login(target, world.catalog.role) is False
     assert role_can_login(world.catalog.cluster, world.catalog.role) is True
+
+
+# --- 3(c): never write a binding the data plane cannot use --------------------------------------
+@pytest.mark.safeguard("reshard-3")
+def test_source_store_row_removed_mid_op_leaves_the_warehouse_blocked(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    world = cnpg_world
+    runner = start_runner(world.op.id, runner_state_dir, env_extra=pause("after_flip"))
+    wait_until(
+        lambda: warehouse_of(world.op).metadata_store_id == world.target_store.name, 60, "flip"
+    )
+    MetadataStore.objects.filter(name=world.source_store.name).delete()
+    ReshardOperation.objects.filter(id=world.op.id).update(cancel_requested=True)
+    assert runner.wait(90) == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "cancelled"
+    assert op.recovery_required is True
+    assert op.unblocked_at is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("resharding", world.target_store.name)
+    lines = op_log(op.id)
+    assert any(
+        line.startswith("rollback: not re-pointing the binding (source store") for line in lines
+    )
+    assert any(
+        line.startswith("warehouse intentionally left in the resharding state: ") for line in lines
+    )
