@@ -253,6 +253,7 @@ def test_wrong_provisioner_password_is_503(clients, published, cnpg_source, monk
     assert_nothing_created(published)
 
 
+@pytest.mark.safeguard("reshard-46")
 def test_target_that_is_the_source_server_under_an_alias_is_400(clients, published, cnpg_source):
     source = cnpg_source.clusters.source
     alias = new_store(source, name=unique("alias"), host="localhost")
