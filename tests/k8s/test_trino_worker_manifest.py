@@ -75,14 +75,44 @@ def test_the_exporter_port_is_named_scraped_and_matches_the_configured_default()
     ]
 
 
-def test_every_trino_variable_comes_from_the_configmap_optionally():
-    env = env_of(_trino_worker())
-    for name in TRINO_VARIABLES:
-        assert env[name]["valueFrom"] == {
-            "configMapKeyRef": {"name": "duckgres-admin", "key": name, "optional": True}
+CONTROL_PLANE = (
+    "duckgres-admin-api",
+    "duckgres-admin-worker",
+    "duckgres-admin-control-worker",
+    "duckgres-admin-beat",
+    "duckgres-admin-trino-worker",
+)
+
+
+def test_every_control_plane_process_gets_the_same_trino_configuration():
+    """Each process validates Trino at start, so all of them read the same optional sources."""
+    for name in CONTROL_PLANE:
+        spec = one("Deployment", name)["spec"]["template"]["spec"]
+        [container] = spec["containers"]
+        assert container["envFrom"] == [
+            {"configMapRef": {"name": "duckgres-admin-trino", "optional": True}}
+        ], name
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["trino-registry"]["mountPath"] == "/etc/duckgres/trino/registry", name
+        assert mounts["trino-secrets"]["mountPath"] == "/etc/duckgres/trino/secrets", name
+        assert all(m["readOnly"] for m in mounts.values()), name
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["trino-registry"]["configMap"] == {
+            "name": "duckgres-admin-trino-registry",
+            "optional": True,
         }, name
-    declared = {n for n in env if n.startswith("DUCKGRES_TRINO_")}
-    assert declared == TRINO_VARIABLES | {"DUCKGRES_TRINO_METRICS_PORT"}
+        assert volumes["trino-secrets"]["secret"] == {
+            "secretName": "duckgres-admin-trino",
+            "optional": True,
+        }, name
+    declared = {n for n in env_of(_trino_worker()) if n.startswith("DUCKGRES_TRINO_")}
+    assert declared == {"DUCKGRES_TRINO_METRICS_PORT"}, "Trino variables come only via envFrom"
+
+
+def test_the_shipped_trino_configmap_example_names_every_variable():
+    example = (Path(K8S_DIR) / "configmap.yaml").read_text()
+    missing = sorted(name for name in TRINO_VARIABLES if f"#   {name}:" not in example)
+    assert missing == []
 
 
 def test_no_manifest_carries_a_retired_trino_variable():
