@@ -271,3 +271,10 @@ def test_the_admin_never_renders_a_password_or_secret_value(
     ):
         assert scan(secret, pages) == []
     assert b"env:SOME_TENANT_PASSWORD" in pages[f"{OPS}{op.id}/change/"]  # the reference only
+
+
+def test_leader_leases_show_holder_epoch_and_a_readable_infinite_expiry(viewer_client):
+    body = viewer_client.get("/admin/duckgres_admin/lease/").content.decode()
+    assert "janitor" in body
+    assert "trino" in body
+    assert "-infinity" in body  # the seeded expires_at, loaded as datetime.min
