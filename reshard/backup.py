@@ -678,7 +678,7 @@ class _StaleCleanup(threading.Thread):
     def log(self, level: str, message: str) -> None:
         self.lines.append((level, message))
 
-    def join(self, timeout: float | None = 120.0) -> list[tuple[str, str]]:  # type: ignore[override]
+    def join(self, timeout: float | None = 15.0) -> list[tuple[str, str]]:  # type: ignore[override]
         super().join(timeout)
         return list(self.lines)
 

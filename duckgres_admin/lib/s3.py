@@ -152,6 +152,11 @@ class S3:
             core = botocore.session.get_session()
             core._credentials = creds  # the documented-by-practice way to inject refreshables
         self._session = boto3.Session(botocore_session=core)
+        if not role_arn and self._session.get_credentials() is None:
+            raise S3Error(
+                "no AWS credentials found (environment, web identity, shared config or "
+                "instance profile)"
+            )
         try:
             self.client: Any = self._session.client(
                 "s3",

@@ -210,3 +210,21 @@ def test_result_log_lines() -> None:
     result = BackupResult("s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3 cp s3://b/k ./catalog.dump")
     assert result.log_lines()[0] == "catalog backup complete: s3://b/k (1234 bytes)"
     assert "<PASSWORD>" in result.log_lines()[1] or "aws s3 cp" in result.log_lines()[1]
+
+
+def test_missing_ambient_credentials_fail_before_pg_dump(
+    moto_s3: MotoS3, hooks: RecordingHooks, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(BackupError, match=r"^S3 credentials for the backup: no AWS credentials"):
+        run_backup(
+            62,
+            BackupSource("127.0.0.1", 5433, "d", "u", "require", "pw"),
+            BackupDestination(moto_s3.bucket),
+            hooks,
+        )
+    assert hooks.processes == []
