@@ -24,7 +24,9 @@ from django.utils import timezone
 from duckgres_admin.models import (
     ConnectionLease,
     Operator,
+    ReshardLogEntry,
     ReshardOperation,
+    ReshardStepTiming,
     Warehouse,
 )
 from reshard import services
@@ -216,3 +218,71 @@ def test_cancel_a_draining_op_from_its_page(
     page.screenshot(path=str(artifacts / f"admin-op-{op_id}-cancelled.png"), full_page=True)
     warehouse.refresh_from_db()
     assert warehouse.state == "ready"
+
+
+def test_progress_and_eta_of_a_long_copy_update_live(
+    live_server: Any, browser_page: Any, admin_login: str, artifacts: Path
+):
+    """A long copy, driven from the test (a real copy of a big catalog takes minutes): the
+    progress column moves, the ETA follows the rate, and appended log lines show up."""
+    page = browser_page
+    store = new_store(name=f"src-{admin_login[-4:]}")
+    target = new_store(name=f"dst-{admin_login[-4:]}")
+    warehouse = new_warehouse(
+        store=store,
+        metadata_store_database="cat",
+        metadata_store_user="tenant",
+        metadata_store_password_ref="env:SOME_TENANT_PASSWORD",
+    )
+    now = timezone.now()
+    op = ReshardOperation.objects.create(
+        org_id=warehouse.org_id,
+        source_kind="cnpg",
+        from_shard=store.name,
+        target_kind="cnpg",
+        to_shard=target.name,
+        state="running",
+        step="copying",
+        launcher="local",
+        runner_epoch=1,
+        blocked_at=now - timedelta(seconds=50),
+    )
+    for i, step in enumerate(("blocking", "draining", "backup_catalog", "copying")):
+        ReshardStepTiming.objects.create(
+            operation_id=op.id,
+            step=step,
+            runner_epoch=1,
+            started_at=now - timedelta(seconds=50 - 10 * i),
+            ended_at=None if step == "copying" else now - timedelta(seconds=40 - 10 * i),
+            outcome="" if step == "copying" else "ok",
+        )
+
+    def progress(done: int) -> None:
+        ReshardOperation.objects.filter(id=op.id).update(
+            progress={
+                "bytes_dumped": 52_428_800,
+                "backup_parts": 7,
+                "tables_done": done,
+                "tables_total": 400,
+                "rows_copied": done * 1000,
+                "bytes_copied": done * 65536,
+                "updated_at": timezone.now().isoformat(),
+            }
+        )
+
+    progress(40)
+    _login(page, live_server.url, admin_login)
+    page.goto(f"{live_server.url}{OPS}{op.id}/change/")
+    eta = page.locator("#op-progress [data-key=ETA]")
+    _wait_for(page, lambda: "tables in" in eta.inner_text(), 15, "a first ETA")
+    first = eta.inner_text()
+    ReshardLogEntry.objects.create(
+        operation_id=op.id, message="copied ducklake_data_file (1200 rows)", source="runner"
+    )
+    progress(200)
+    _wait_for(page, lambda: "200 / 400" in page.inner_text("#op-progress"), 15, "new progress")
+    _wait_for(page, lambda: "ducklake_data_file" in page.inner_text("#op-log"), 15, "the line")
+    assert eta.inner_text() != first
+    assert page.locator("#timeline-svg .step-bar[data-outcome=open]").count() == 1
+    assert "(blocked)" in page.inner_text("#op-timeline")
+    page.screenshot(path=str(artifacts / f"admin-op-{op.id}-copying.png"), full_page=True)
