@@ -30,6 +30,7 @@ from duckgres_admin.models import (
     Warehouse,
 )
 from reshard import services
+from tests.browser.conftest import ARTIFACTS
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 from tests.reshard.runner_fixtures import (
@@ -112,6 +113,8 @@ def _start_from_the_form(page: Any, org: str, shard: str) -> int:
     assert failed.count() == 0, page.inner_text("#preflight")
     assert "cnpg_to_cnpg" in page.inner_text("#dry-run-plan")
     assert not ReshardOperation.objects.filter(org_id=org).exists()  # the plan created nothing
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "admin-start-plan.png"), full_page=True)
     page.click("#confirm-start")
     page.wait_for_selector("#op-detail")
     op_id = int(page.get_attribute("#op-detail", "data-op-id"))
