@@ -15,11 +15,15 @@ from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
 
 
 def _copy_then_verify(
-    pair: CatalogPair, tamper: Callable[[psycopg.Connection[Any]], object] | None = None
+    pair: CatalogPair,
+    tamper: Callable[[psycopg.Connection[Any]], object] | None = None,
+    parallelism: int = 1,
 ) -> str:
     """Copy, optionally change the target as its tenant, verify with the source read inside
     the still-open snapshot (the release handle's connection)."""
-    result = copy_catalog(pair.source_factory(), pair.target_factory(), RecordingHooks())
+    result = copy_catalog(
+        pair.source_factory(), pair.target_factory(), RecordingHooks(), parallelism=parallelism
+    )
     try:
         if tamper is not None:
             with pair.su("target") as conn:
@@ -35,9 +39,12 @@ def _copy_then_verify(
 
 
 @pytest.mark.safeguard("reshard-54")
-def test_an_untouched_copy_passes_and_names_the_snapshot(catalog_pair: CatalogPairFactory) -> None:
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_an_untouched_copy_passes_and_names_the_snapshot(
+    catalog_pair: CatalogPairFactory, parallelism: int
+) -> None:
     pair = catalog_pair(tables=6, inlined_every=3, files=3)
-    message = _copy_then_verify(pair)
+    message = _copy_then_verify(pair, parallelism=parallelism)
     # 6 tables → snapshots 0..12; 3 files each; 6 distinct metadata keys.
     assert message == "DuckLake verification passed: snapshot 12, 18 data files, 6 metadata keys"
 
