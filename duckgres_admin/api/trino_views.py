@@ -37,6 +37,7 @@ from trino_pools.placement import PlacementError, TrinoPlacement
 
 OBJ = OpenApiTypes.OBJECT
 ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
+BODY_ERRORS = {**ERRORS, 415: OBJ}  # JSON bodies: any other Content-Type is 415
 NOT_WIRED = "Trino is not configured"
 TIER_RULE = 'must be one of "", free, growth, scale'
 INSTANCES_IDENTITY = "an admin identity with an email is required"
@@ -226,7 +227,7 @@ class WarehouseTrinoView(ApiView):
     @extend_schema(
         operation_id="warehouse_trino_set",
         request=OBJ,
-        responses={202: OBJ, 500: OBJ, **ERRORS},
+        responses={202: OBJ, 500: OBJ, **BODY_ERRORS},
         description=(
             'Enable or disable Trino: `{"enabled": true|false, "tier": ""|"free"|"growth"|'
             '"scale"}`. Enabling needs a ready warehouse (409 `warehouse_not_ready`) and a '
@@ -257,7 +258,7 @@ class WarehouseTrinoCellView(ApiView):
     @extend_schema(
         operation_id="warehouse_trino_cell_select",
         request=OBJ,
-        responses={200: OBJ, 500: OBJ, **ERRORS},
+        responses={200: OBJ, 500: OBJ, **BODY_ERRORS},
         description=(
             'Initial selection `{"cell": "<public id>"}` before first enablement (never '
             'enables); the same cell again succeeds. 200 `{"cell", "assigned": true}`.'
@@ -283,7 +284,7 @@ class WarehouseTrinoMoveView(ApiView):
     @extend_schema(
         operation_id="warehouse_trino_cell_move",
         request=OBJ,
-        responses={200: OBJ, **ERRORS},
+        responses={200: OBJ, **BODY_ERRORS},
         description=(
             'Maintenance move `{"from", "to"}` (public ids, both configured) by compare-and-swap '
             "under the per-org lock; resets the row's state, status and catalog name. Repeating "

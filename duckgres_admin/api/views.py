@@ -33,6 +33,8 @@ from trino_pools import config
 
 OBJ = OpenApiTypes.OBJECT
 ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
+# Requests with a body: DRF's JSON parser answers 415 to any other Content-Type.
+BODY_ERRORS = {**ERRORS, 415: OBJ}
 
 
 def _parse_start(data: Any) -> StartRequest:
@@ -76,7 +78,7 @@ class ReshardStartView(ApiView):
     @extend_schema(
         operation_id="reshard_start",
         request=OBJ,
-        responses={200: OBJ, 202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **ERRORS},
+        responses={200: OBJ, 202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **BODY_ERRORS},
         description=(
             "Start a reshard (spec §5.1). Internal secret or staff admin. With "
             '`"dry_run": true` the answer is 200 with the plan and every preflight result, '
@@ -171,7 +173,7 @@ class ReshardCancelView(ApiView):
     audit_action = "reshard.cancel"
 
     @extend_schema(
-        operation_id="reshard_cancel", request=None, responses={200: OBJ, 202: OBJ, **ERRORS}
+        operation_id="reshard_cancel", request=None, responses={200: OBJ, 202: OBJ, **BODY_ERRORS}
     )
     def post(self, request: Request, op_id: int) -> Response:
         assert self.identity is not None
@@ -230,7 +232,7 @@ class LeaseCreateView(ApiView):
     @extend_schema(
         operation_id="lease_request",
         request=OBJ,
-        responses={201: OBJ, 202: OBJ, 410: OBJ, 429: OBJ, 503: OBJ, **ERRORS},
+        responses={201: OBJ, 202: OBJ, 410: OBJ, 429: OBJ, 503: OBJ, **BODY_ERRORS},
     )
     def post(self, request: Request, org: str) -> Response:
         body = v.as_object(request.data)
@@ -265,7 +267,7 @@ class LeaseRenewView(ApiView):
     parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
 
     @extend_schema(
-        operation_id="lease_renew", request=OBJ, responses={200: OBJ, 410: OBJ, **ERRORS}
+        operation_id="lease_renew", request=OBJ, responses={200: OBJ, 410: OBJ, **BODY_ERRORS}
     )
     def post(self, request: Request, org: str, lease_id: int) -> Response:
         body = v.as_object(request.data or {})
@@ -375,7 +377,7 @@ class WarehouseListView(ApiView):
     @extend_schema(
         operation_id="warehouse_create",
         request=OBJ,
-        responses={201: OBJ, 500: OBJ, **ERRORS},
+        responses={201: OBJ, 500: OBJ, **BODY_ERRORS},
         description=(
             'Create a warehouse. With `"trino": {"enabled", "tier"}` Trino is provisioned in the '
             "same transaction (enablement gate of trino-pools §4.2: the warehouse must be "
@@ -410,7 +412,7 @@ class WarehouseDetailView(ApiView):
     @extend_schema(
         operation_id="warehouse_update",
         request=OBJ,
-        responses={200: OBJ, 500: OBJ, **ERRORS},
+        responses={200: OBJ, 500: OBJ, **BODY_ERRORS},
         description=(
             'Partial update. With `"trino": {"enabled", "tier"}` Trino is enabled or disabled in '
             "the same transaction, after the other changes (the warehouse must be `ready` as "
@@ -474,7 +476,7 @@ class MetadataStoreListView(ApiView):
         return Response({"metadata_stores": [store_json(s) for s in stores]})
 
     @extend_schema(
-        operation_id="metadata_store_create", request=OBJ, responses={201: OBJ, **ERRORS}
+        operation_id="metadata_store_create", request=OBJ, responses={201: OBJ, **BODY_ERRORS}
     )
     def post(self, request: Request) -> Response:
         values = _parse_store(request.data, partial=False)
@@ -497,7 +499,7 @@ class MetadataStoreDetailView(ApiView):
         return Response(store_json(store))
 
     @extend_schema(
-        operation_id="metadata_store_update", request=OBJ, responses={200: OBJ, **ERRORS}
+        operation_id="metadata_store_update", request=OBJ, responses={200: OBJ, **BODY_ERRORS}
     )
     def patch(self, request: Request, name: str) -> Response:
         changes = _parse_store(request.data, partial=True)
