@@ -233,7 +233,8 @@ def test_cnpg_to_cnpg_through_api_worker_and_runner(
     assert moved_catalog.row_counts() == rows_before
     with moved_catalog.tenant_conn() as conn:
         assert conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone() == (5,)
-    assert op["source_dropped_at"], op
+    drop_lines = [e for e in api.log_entries(op_id) if "drop" in e["message"].lower()]
+    assert op["source_dropped_at"], _messages(drop_lines)
     with store_clusters.source.superuser_conn() as conn:
         assert conn.execute(
             "SELECT count(*) FROM pg_database WHERE datname = %s", (catalog.database,)
