@@ -96,8 +96,10 @@ def test_cnpg_to_cnpg_end_to_end(cnpg_world: CnpgWorld, runner_state_dir, runner
     assert op.backup_bytes > 0
     assert runner_s3.keys()
     # live progress of the long steps (safeguard 55): backup and copy keys, database time
-    assert op.progress["bytes_dumped"] > 0
+    assert op.progress["bytes_dumped"] == op.backup_bytes, "the final backup figure is recorded"
     assert op.progress["tables_total"] == op.tables_copied
+    assert op.progress["tables_done"] == op.tables_copied, "the final copy figure is recorded"
+    assert op.progress["rows_copied"] == op.rows_copied
     assert op.progress["updated_at"]
     # source dropped, its tenant role stays NOLOGIN; target tenant logs in
     assert not database_exists(world.catalog.cluster, world.catalog.database)

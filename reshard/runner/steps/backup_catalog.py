@@ -60,6 +60,8 @@ def run_backup_step(env: StepEnv) -> None:
             raise StepError(text) from None
         env.log.warn(text)
         return
+    # The final figures (progress writes are throttled to one per 2 s).
+    hooks.progress({"bytes_dumped": result.bytes, "backup_parts": result.parts})
     env.fence.update(backup_s3_uri=result.uri, backup_bytes=result.bytes)
     op.backup_s3_uri, op.backup_bytes = result.uri, result.bytes
     for line in result.log_lines():

@@ -58,6 +58,16 @@ def run(env: StepEnv) -> None:
             raise Interrupted() from None
         raise StepError(str(exc)) from None
     ctx.release_handle = result.release
+    # Progress writes are throttled to one per 2 s; record the final figures so a fast copy
+    # never leaves the admin showing a partial count.
+    hooks.progress(
+        {
+            "tables_total": result.tables_copied,
+            "tables_done": result.tables_copied,
+            "rows_copied": result.rows_copied,
+            "bytes_copied": result.bytes_copied,
+        }
+    )
     env.fence.update(
         tables_copied=result.tables_copied,
         rows_copied=result.rows_copied,
