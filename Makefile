@@ -2,7 +2,8 @@
 #
 #   make demo     install + services + a reshard through the API, the worker and a runner
 #   make test     install + services + migration checks + the full pytest suite
-#   make lint     ruff, ruff format --check, mypy --strict, import-linter, makemigrations --check
+#   make lint     ruff, ruff format --check, mypy --strict, import-linter, makemigrations --check,
+#                 OpenAPI schema without warnings
 #   make install  .venv with requirements-dev.txt (re-installs only when requirements change)
 #   make services PostgreSQL 5432/5433/5434 (TLS), Redis 6379, kube-apiserver 16443
 SHELL := /bin/bash
@@ -21,7 +22,7 @@ PSQL_ADMIN := PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U po
 .PHONY: help install services test lint demo migrate-check clean
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,8p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(REQ_STAMP)
 
@@ -64,6 +65,7 @@ lint: install
 	$(WITH_TEST_ENV) $(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
 	$(WITH_TEST_ENV) manage.py makemigrations --check --dry-run
+	$(WITH_TEST_ENV) manage.py spectacular --fail-on-warn --file /dev/null
 
 demo: install services
 	scripts/demo.sh
