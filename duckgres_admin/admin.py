@@ -24,7 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from duckgres_admin.adminui import roles
+from duckgres_admin.adminui import roles, trino_actions
 from duckgres_admin.adminui.progress import display_ts, status_json, summary_rows
 from duckgres_admin.models import (
     EXTERNAL_SSLMODES,
@@ -428,6 +428,12 @@ class WarehouseAdmin(ReadOnlyAdmin):
     list_filter = ("state", "metadata_store_kind", "compaction_enabled")
     search_fields = ("org_id", "database_name", "metadata_store_host")
     exclude = ()
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        """Trino placement actions (admins only, when Trino is wired): the API's services."""
+        found: dict[str, Any] = dict(super().get_actions(request))
+        found.update(trino_actions.actions(request))
+        return found
 
     @admin.display(description="writable", boolean=True)
     def writable_flag(self, w: Warehouse) -> bool:
