@@ -73,6 +73,8 @@ PIPE_SIZE = 1 * MIB  # best effort F_SETPIPE_SZ: fewer wakeups per part
 _F_SETPIPE_SZ = 1031
 READ_CHUNK = 1 * MIB
 ABORT_ATTEMPTS = 3
+PREPARE_WAIT_SECONDS = 120.0  # the S3 client + CreateMultipartUpload (botocore bounds each call)
+STALE_WAIT_SECONDS = 15.0
 
 EMPTY_ARCHIVE = "pg_dump produced an empty archive — refusing to record a useless backup"
 ANNOUNCE_SUFFIX_MANDATORY = " — HARD prerequisite for the destructive cnpg→external direction"
@@ -316,11 +318,17 @@ class _Stderr:
         return raw.decode("utf-8", "replace").strip()
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    s3: S3
+    upload_id: str
+
+
 class _Backup:
     def __init__(
         self,
         *,
-        s3: S3,
+        prepared: Future[_Prepared],
         bucket: str,
         key: str,
         part_size: int,
@@ -328,7 +336,8 @@ class _Backup:
         hooks: BackupHooks,
         source: BackupSource,
     ) -> None:
-        self.s3 = s3
+        # The S3 client and the upload id come from a helper thread, overlapping pg_dump's start.
+        self.prepared = prepared
         self.bucket = bucket
         self.key = key
         self.uri = f"s3://{bucket}/{key}"
@@ -336,7 +345,6 @@ class _Backup:
         self.max_parts = max_parts
         self.hooks = hooks
         self.source = source
-        self.upload_id = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr: _Stderr | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -382,9 +390,12 @@ class _Backup:
         """Raise on the first failed part upload, or when the runner must stop."""
         if self.stop.is_set() or self.hooks.stopped():
             raise BackupError(f"backup to {self.uri} interrupted: the runner is stopping")
-        for fut in self.futures:
+        pending: list[Future[Any]] = [self.prepared, *self.futures]
+        for fut in pending:
             if fut.done():
                 exc = fut.exception()
+                if isinstance(exc, BackupError):
+                    raise exc
                 if exc is not None:
                     raise BackupError(f"upload backup to {self.uri}: {exc}") from exc
 
@@ -397,11 +408,12 @@ class _Backup:
     # -- part upload (worker threads) -------------------------------------------------------------
     def _upload(self, number: int, buf: mmap.mmap, length: int) -> Uploaded:
         try:
+            upload = self.prepared.result()  # waits for the upload id (first parts only)
             if self.stop.is_set():
                 raise BackupError("cancelled")
             with memoryview(buf) as view:
-                result = self.s3.upload_part(
-                    self.bucket, self.key, self.upload_id, number, _PartReader(view[:length])
+                result = upload.s3.upload_part(
+                    self.bucket, self.key, upload.upload_id, number, _PartReader(view[:length])
                 )
             with self.lock:
                 self.parts_done += 1
@@ -460,9 +472,6 @@ class _Backup:
             stdout = self.proc.stdout
             with contextlib.suppress(OSError):
                 fcntl.fcntl(stdout.fileno(), _F_SETPIPE_SZ, PIPE_SIZE)
-            # Created while pg_dump connects and reads the catalog (its output waits in the
-            # pipe): the round trip is hidden instead of added to the backup's wall time.
-            self.upload_id = self.s3.create_multipart_upload(self.bucket, self.key)
             self._pump(stdout)
             self._check()  # a stop kills pg_dump: report the stop, not its exit status
             rc = self._reap()
@@ -472,6 +481,7 @@ class _Backup:
                     f"pg_dump of {self.source.redacted()} failed with exit status {rc}"
                     + (f": {stderr}" if stderr else "")
                 )
+            self.prepared.result()
             for fut in self.futures:
                 fut.result()  # wait; a failed part raises into the handler below
             self._check()
@@ -562,22 +572,29 @@ class _Backup:
         self.abort_upload()
 
     def abort_upload(self) -> None:
-        if not self.upload_id:
+        abort_prepared(self.prepared, self.bucket, self.key, self.hooks)
+
+
+def abort_prepared(prepared: Future[_Prepared], bucket: str, key: str, hooks: BackupHooks) -> None:
+    """Abort the upload once it exists (waits for the helper); nothing if it never did."""
+    try:
+        upload = prepared.result(timeout=PREPARE_WAIT_SECONDS)
+    except Exception:  # noqa: BLE001 - never created (its error is reported elsewhere)
+        return
+    last: Exception | None = None
+    for attempt in range(ABORT_ATTEMPTS):
+        try:
+            upload.s3.abort_multipart_upload(bucket, key, upload.upload_id)
             return
-        last: Exception | None = None
-        for attempt in range(ABORT_ATTEMPTS):
-            try:
-                self.s3.abort_multipart_upload(self.bucket, self.key, self.upload_id)
-                return
-            except S3Error as exc:
-                last = exc
-                time.sleep(0.5 * (attempt + 1))
-        self.hooks.log(
-            "error",
-            f"could not abort multipart upload {self.upload_id} of {self.uri}: {last} — "
-            "abort it by hand (aws s3api abort-multipart-upload) or rely on the bucket's "
-            "AbortIncompleteMultipartUpload lifecycle rule",
-        )
+        except S3Error as exc:
+            last = exc
+            time.sleep(0.5 * (attempt + 1))
+    hooks.log(
+        "error",
+        f"could not abort multipart upload {upload.upload_id} of s3://{bucket}/{key}: {last} — "
+        "abort it by hand (aws s3api abort-multipart-upload) or rely on the bucket's "
+        "AbortIncompleteMultipartUpload lifecycle rule",
+    )
 
 
 def _delete_quietly(s3: S3, bucket: str, key: str, hooks: BackupHooks) -> None:
@@ -635,60 +652,83 @@ def run_backup(
     if not destination.bucket:
         raise BackupError("no data bucket is configured for this warehouse (data_bucket is empty)")
     limit = int(settings.DUCKGRES_RESHARD_MAX_PARTS if max_parts is None else max_parts)
-    # Credentials first (STS AssumeRole happens here), so they fail before pg_dump starts.
-    if s3 is None:
+    key = backup_key(op_id, now)
+    uri = f"s3://{destination.bucket}/{key}"
+
+    def make_s3() -> S3:
         try:
-            s3 = S3(
+            return S3(
                 region=destination.region,
                 role_arn=destination.role_arn,
                 session_name=session_name_for_op(op_id),
             )
         except S3Error as exc:
             raise BackupError(f"S3 credentials for the backup: {exc}") from exc
-    key = backup_key(op_id, now)
-    # Earlier attempts' open uploads are aborted concurrently with the dump (off the critical
-    # path); their log lines are written by this thread once it is done.
-    stale = _StaleCleanup(s3, destination.bucket, op_id, key)
-    stale.start()
-    try:
-        return _run(op_id, source, destination, hooks, s3, key, mandatory=mandatory,
-                    restore_to=restore_to, facts=facts, limit=limit, part_size=part_size,
-                    pg_bin_dirs=pg_bin_dirs)  # fmt: skip
-    finally:
-        for level, message in stale.join():
-            hooks.log(level, message)
 
+    if s3 is None and destination.role_arn:
+        s3 = make_s3()  # STS AssumeRole before pg_dump starts: credential problems fail fast
+    given = s3
 
-class _StaleCleanup(threading.Thread):
-    def __init__(self, s3: S3, bucket: str, op_id: int, current_key: str) -> None:
-        super().__init__(name="backup-stale-uploads", daemon=True)
-        self.s3, self.bucket, self.op_id, self.current_key = s3, bucket, op_id, current_key
-        self.lines: list[tuple[str, str]] = []
-
-    def run(self) -> None:
+    # One helper thread, in order: the client (with ambient credentials building it costs
+    # ~0.1 s of CPU, overlapped with the version query and pg_dump's start), the multipart
+    # upload, then the cleanup of uploads an earlier, killed attempt of this op left open.
+    def prepare() -> _Prepared:
+        client = given or make_s3()
         try:
-            abort_stale_uploads(self.s3, self.bucket, self.op_id, self, skip_key=self.current_key)
+            return _Prepared(client, client.create_multipart_upload(destination.bucket, key))
+        except S3Error as exc:
+            raise BackupError(f"upload backup to {uri}: {exc}") from exc
+
+    stale_lines = _Lines()
+
+    def stale() -> None:
+        try:
+            client = prepared.result().s3
+        except BackupError:
+            return
+        try:
+            abort_stale_uploads(client, destination.bucket, op_id, stale_lines, skip_key=key)
         except S3Error as exc:
             # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
             # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
-            self.lines.append(
-                ("warn", f"could not clean up earlier backup uploads of this operation: {exc}")
+            stale_lines.log(
+                "warn", f"could not clean up earlier backup uploads of this operation: {exc}"
             )
+
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backup-prepare")
+    prepared = helper.submit(prepare)
+    stale_done = helper.submit(stale)
+    handed_over: list[bool] = []
+    try:
+        return _run(source, destination, hooks, prepared, handed_over, key,
+                    mandatory=mandatory, restore_to=restore_to, facts=facts, limit=limit,
+                    part_size=part_size, pg_bin_dirs=pg_bin_dirs)  # fmt: skip
+    except BaseException:
+        if not handed_over:  # failed before the upload loop owned the upload: abort it here
+            abort_prepared(prepared, destination.bucket, key, hooks)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            stale_done.result(timeout=STALE_WAIT_SECONDS)
+        helper.shutdown(wait=False)
+        for level, message in list(stale_lines.lines):
+            hooks.log(level, message)
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
 
     def log(self, level: str, message: str) -> None:
         self.lines.append((level, message))
 
-    def join(self, timeout: float | None = 15.0) -> list[tuple[str, str]]:  # type: ignore[override]
-        super().join(timeout)
-        return list(self.lines)
-
 
 def _run(
-    op_id: int,
     source: BackupSource,
     destination: BackupDestination,
     hooks: BackupHooks,
-    s3: S3,
+    prepared: Future[_Prepared],
+    handed_over: list[bool],
     key: str,
     *,
     mandatory: bool,
@@ -719,7 +759,7 @@ def _run(
     )
 
     backup = _Backup(
-        s3=s3,
+        prepared=prepared,
         bucket=destination.bucket,
         key=key,
         part_size=part_size,
@@ -727,11 +767,14 @@ def _run(
         hooks=hooks,
         source=source,
     )
+    handed_over.append(True)  # from here on the upload loop aborts the upload on failure
     parts = backup.run(pg_dump_argv(client, source), pg_dump_env(source))
     produced = backup.total
+    upload = prepared.result()  # done: run() waited for it
+    s3 = upload.s3
 
     try:
-        s3.complete_multipart_upload(destination.bucket, key, backup.upload_id, parts)
+        s3.complete_multipart_upload(destination.bucket, key, upload.upload_id, parts)
     except S3Error as exc:
         backup.abort_upload()
         _delete_quietly(s3, destination.bucket, key, hooks)  # in case it completed after all

@@ -7,6 +7,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,19 +213,23 @@ def test_result_log_lines() -> None:
     assert "<PASSWORD>" in result.log_lines()[1] or "aws s3 cp" in result.log_lines()[1]
 
 
-def test_missing_ambient_credentials_fail_before_pg_dump(
-    moto_s3: MotoS3, hooks: RecordingHooks, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_missing_ambient_credentials_fail_cleanly(
+    moto_s3: MotoS3,
+    hooks: RecordingHooks,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    tenant_catalog: Any,
 ) -> None:
+    """Without a role ARN the client is built while pg_dump starts: a missing credential
+    stops the backup with the credentials error, pg_dump killed and reaped."""
+    from tests.backup.conftest import catalog_source, pid_gone
+
+    catalog = tenant_catalog()
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(BackupError, match=r"^S3 credentials for the backup: no AWS credentials"):
-        run_backup(
-            62,
-            BackupSource("127.0.0.1", 5433, "d", "u", "require", "pw"),
-            BackupDestination(moto_s3.bucket),
-            hooks,
-        )
-    assert hooks.processes == []
+        run_backup(62, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert all(pid_gone(p) for p in hooks.processes)
