@@ -67,8 +67,20 @@ def runners(
     launcher does from the Celery task), against the test database and the moto S3."""
     started: list[RunnerProcess] = []
 
+    # Two deliberate pauses (the post-block propagation wait, and a test-hook pause on entering
+    # `copying`) keep the op visibly mid-flight for a few seconds each, so the page's 2 s polls
+    # see lines and bars arrive in stages however fast the machine is.
+    pacing = {
+        "DUCKGRES_CONFIG_POLL_INTERVAL": "2",
+        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
+        "DUCKGRES_RESHARD_TEST_PAUSE_AT": "step:copying",
+        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "4",
+    }
+
     def launch(op_id: int) -> None:
-        started.append(start_runner(op_id, tmp_path / "runners", env_extra=runner_s3.env()))
+        started.append(
+            start_runner(op_id, tmp_path / "runners", env_extra={**runner_s3.env(), **pacing})
+        )
 
     monkeypatch.setattr(services, "_send_launch", launch)
     yield started
