@@ -37,13 +37,28 @@ def say(message: str) -> None:
 
 
 def prepare() -> int:
+    """A DuckLake-shaped catalog of DEMO_TABLES DuckLake tables (default 2,000), owned by the
+    tenant role, built by the same generator as ``manage.py make_demo_catalog``."""
+    from psycopg import sql
+
+    from reshard.demo_catalog import build_demo_catalog
+
     for cluster in (SOURCE, TARGET):
         drop_tenant(cluster, TENANT)  # leftovers of an earlier demo run
-    catalog = create_tenant_catalog(
-        SOURCE, name=TENANT, password=os.environ["DEMO_TENANT_PASSWORD"], rows=50
+    create_tenant_catalog(
+        SOURCE, name=TENANT, password=os.environ["DEMO_TENANT_PASSWORD"], with_tables=False
     )
-    counts = ", ".join(f"{t} {n}" for t, n in catalog.row_counts().items())
-    say(f"tenant catalog {TENANT} on 127.0.0.1:5433 (owner {TENANT}): {counts}")
+    tables = int(os.environ.get("DEMO_TABLES", "2000"))
+    started = time.monotonic()
+    with SOURCE.superuser_conn(TENANT) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(TENANT)))
+        summary = build_demo_catalog(conn, tables=tables)
+    say(
+        f"tenant catalog {TENANT} on 127.0.0.1:5433 (owner {TENANT}): "
+        f"{summary.ducklake_tables} DuckLake tables in {summary.physical_tables} ducklake_* "
+        f"tables, {summary.rows} rows, {summary.database_bytes / 2**20:.1f} MiB "
+        f"(built in {time.monotonic() - started:.1f} s)"
+    )
     return 0
 
 
