@@ -26,6 +26,7 @@ from django.utils.html import format_html
 
 from duckgres_admin.adminui import roles, trino_actions
 from duckgres_admin.adminui.progress import display_ts, status_json, summary_rows
+from duckgres_admin.adminui.roles import audit as _audit
 from duckgres_admin.models import (
     EXTERNAL_SSLMODES,
     TERMINAL_STATES,
@@ -65,22 +66,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-def _audit(request: HttpRequest, action: str, org_id: str, status: int, detail: str) -> None:
-    """One audit row per admin action, as the API writes for its mutating requests (§2.11)."""
-    AuditRecord.objects.create(
-        actor=roles.user_email(request.user),
-        role=roles.role_label(request),
-        source="django",
-        method="POST",
-        path=request.path[:2000],
-        org_id=org_id,
-        status=status,
-        client_ip=str(request.META.get("REMOTE_ADDR", "")),
-        action=action,
-        detail=services.api_scrubber().scrub(detail)[:4000],
-    )
 
 
 # --- reshard operations -------------------------------------------------------------------------

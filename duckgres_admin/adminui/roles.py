@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
-from duckgres_admin.models import Operator, OperatorRole
+from duckgres_admin.models import AuditRecord, Operator, OperatorRole
 
 ADMIN_REQUIRED = "admin role required"
 
@@ -56,3 +56,21 @@ def role_label(request: HttpRequest) -> str:
 def require_act(request: HttpRequest) -> None:
     if not can_act(request):
         raise PermissionDenied(ADMIN_REQUIRED)
+
+
+def audit(request: HttpRequest, action: str, org_id: str, status: int, detail: str) -> None:
+    """One audit row per admin action, as the API writes for its mutating requests (§2.11)."""
+    from reshard.services import api_scrubber
+
+    AuditRecord.objects.create(
+        actor=user_email(request.user),
+        role=role_label(request),
+        source="django",
+        method="POST",
+        path=request.path[:2000],
+        org_id=org_id,
+        status=status,
+        client_ip=str(request.META.get("REMOTE_ADDR", "")),
+        action=action,
+        detail=api_scrubber().scrub(detail)[:4000],
+    )

@@ -18,27 +18,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from duckgres_admin.adminui import roles
-from duckgres_admin.models import AuditRecord, Warehouse
+from duckgres_admin.models import Warehouse
 from trino_pools import config, placement
 from trino_pools.config import TrinoSettings
 from trino_pools.placement import PlacementError
 
 ActionFn = Callable[[Any, HttpRequest, QuerySet[Warehouse]], None]
-
-
-def _audit(request: HttpRequest, action: str, org_id: str, status: int, detail: str) -> None:
-    AuditRecord.objects.create(
-        actor=roles.user_email(request.user),
-        role=roles.role_label(request),
-        source="django",
-        method="POST",
-        path=request.path[:2000],
-        org_id=org_id,
-        status=status,
-        client_ip=str(request.META.get("REMOTE_ADDR", "")),
-        action=action,
-        detail=detail[:4000],
-    )
 
 
 def _apply(
@@ -57,10 +42,10 @@ def _apply(
             with transaction.atomic():
                 change(org_id, settings)
         except PlacementError as exc:
-            _audit(request, action, org_id, exc.status, f"{describe}: refused: {exc.message}")
+            roles.audit(request, action, org_id, exc.status, f"{describe}: refused: {exc.message}")
             admin.message_user(request, f"{org_id}: {exc.message}", messages.ERROR)
             continue
-        _audit(request, action, org_id, 200, describe)
+        roles.audit(request, action, org_id, 200, describe)
         done.append(org_id)
     if done:
         admin.message_user(request, f"{describe}: {', '.join(done)}", messages.SUCCESS)
