@@ -202,6 +202,26 @@ def _drop_target_tables(env: StepEnv) -> None:
         log.error(f"rollback: dropping the partial target tables failed: {exc}")
 
 
+def _tenant_probe(
+    env: StepEnv, endpoint: pgadmin.Endpoint, password: str, *, where: str, success: str
+) -> tuple[bool, str]:
+    """A tenant-credential ``SELECT 1`` on the source; failures are classified (§4.11)."""
+    op = env.op
+    try:
+        stores.tenant_probe(
+            env.ctx,
+            endpoint,
+            database=op.source_database,
+            user=op.source_user,
+            password=password,
+        )
+    except psycopg.Error as exc:
+        return False, stores.classify(
+            exc, role=op.source_user, ref=op.source_password_secret_ref, where=where
+        )
+    return True, success
+
+
 def _restore_source_access(env: StepEnv) -> bool:
     """§4.6 step 4; True when the source is positively usable again (or never touched)."""
     op, ctx, log = env.op, env.ctx, env.log
@@ -253,31 +273,15 @@ def _restore_source_access(env: StepEnv) -> bool:
                     + {None: "missing", True: "LOGIN", False: "NOLOGIN"}[login]
                     + f", database {op.source_database} {'present' if present else 'missing'}"
                 )
-            try:
-                stores.tenant_probe(
-                    ctx,
-                    prov.tenant_endpoint,
-                    database=op.source_database,
-                    user=op.source_user,
-                    password=source_password,
-                )
-            except psycopg.Error as exc:
-                return False, stores.classify(
-                    exc,
-                    role=op.source_user,
-                    ref=op.source_password_secret_ref,
-                    where=f"source store {prov.store.name} tenant endpoint",
-                )
-            return True, "source role LOGIN, database present, tenant SELECT 1 succeeded"
+            return _tenant_probe(
+                env,
+                prov.tenant_endpoint,
+                source_password,
+                where=f"source store {prov.store.name} tenant endpoint",
+                success="source role LOGIN, database present, tenant SELECT 1 succeeded",
+            )
 
         where = f"on source store {op.from_shard}"
-        if not stores.binding_names_source(op):
-            # A login that works against the target is never source recovery: no point waiting.
-            log.error(
-                "source tenant access recovery failed: the binding names "
-                f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
-            )
-            return False
     else:
         endpoint = pgadmin.Endpoint(
             op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
@@ -286,30 +290,22 @@ def _restore_source_access(env: StepEnv) -> bool:
         def observe() -> tuple[bool, str]:
             if not stores.binding_names_source(op):
                 return False, f"binding names {describe_binding(op.org_id)}, not the source"
-            try:
-                stores.tenant_probe(
-                    ctx,
-                    endpoint,
-                    database=op.source_database,
-                    user=op.source_user,
-                    password=source_password,
-                )
-            except psycopg.Error as exc:
-                return False, stores.classify(
-                    exc,
-                    role=op.source_user,
-                    ref=op.source_password_secret_ref,
-                    where=f"external source {endpoint.host}:{endpoint.port}",
-                )
-            return True, "binding names the source and tenant SELECT 1 succeeded"
+            return _tenant_probe(
+                env,
+                endpoint,
+                source_password,
+                where=f"external source {endpoint.host}:{endpoint.port}",
+                success="binding names the source and tenant SELECT 1 succeeded",
+            )
 
         where = f"on external source {op.source_endpoint}:{op.source_port}"
-        if not stores.binding_names_source(op):
-            log.error(
-                "source tenant access recovery failed: the binding names "
-                f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
-            )
-            return False
+    if not stores.binding_names_source(op):
+        # A login that works against the target is never source recovery: no point waiting.
+        log.error(
+            "source tenant access recovery failed: the binding names "
+            f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
+        )
+        return False
     try:
         waits.poll_until(
             ctx,
