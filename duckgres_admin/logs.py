@@ -65,7 +65,8 @@ def configure_logging() -> None:
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
+        # Standard-library records keep their ``extra=`` fields (op_id, epoch, ...) as JSON keys.
+        foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
