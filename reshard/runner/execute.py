@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from typing import Any
 
 import structlog
@@ -18,7 +19,7 @@ from django.db import DatabaseError, connection
 
 from duckgres_admin.models import ReshardOperation
 from reshard import steps as sequences
-from reshard.runner import testhooks, waits
+from reshard.runner import stores, testhooks, waits
 from reshard.runner.context import Progress, RunContext
 from reshard.runner.errors import (
     Cancelled,
@@ -32,7 +33,7 @@ from reshard.runner.heartbeat import Heartbeat, log_fenced_once
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.password import PasswordPullError, PullRequest, pull_password
 from reshard.runner.report import describe_source, describe_target, write_report
-from reshard.runner.rollback import roll_forward, rollback
+from reshard.runner.rollback import describe_binding, roll_forward, rollback
 from reshard.runner.steps import StepEnv, finalize, lookup
 
 EXIT_OK = 0
@@ -102,6 +103,7 @@ def run_process(op_id: int, ctx: RunContext) -> int:
             oplog.info(f"runner started for an operation already {op.state}; nothing to do")
             return EXIT_OK
         try:
+            sent_at = time.monotonic()  # the self-fence clock counts from when the claim was sent
             epoch = claim(op_id, ctx.runner_id)
         except DatabaseError as exc:
             oplog.error(f"claiming the operation failed: {exc}")
@@ -115,7 +117,7 @@ def run_process(op_id: int, ctx: RunContext) -> int:
             )
             return EXIT_INFRA
         ctx.epoch = marker_epoch = epoch
-        ctx.note_write()
+        ctx.note_write(sent_at)
         oplog.bind(epoch=epoch)
         op.refresh_from_db()
         env = StepEnv(ctx=ctx, op=op, fence=Fencer(ctx), log=oplog)
@@ -352,6 +354,17 @@ def _takeover(env: StepEnv) -> None:
     if op.source_kind == "external" or op.target_kind == "external":
         raise unsafe
     full = sequences.sequence(op.source_kind, op.target_kind)
+    if step in ("copying", "verifying", "cleaning_up", "finalizing"):
+        # Resume forward only while the flip still stands: a rollback that already re-pointed
+        # the binding at the source (and maybe unblocked) leaves ``step`` unchanged, and
+        # resuming then would copy from, and drop, the catalog the binding names.
+        op.refresh_from_db(fields=["unblocked_at"])
+        if op.unblocked_at is not None or not stores.binding_names_cnpg_target(op):
+            log.warn(
+                f"takeover at step {step}: the binding no longer names the target "
+                f"({describe_binding(op.org_id)}) or the warehouse was unblocked; not resuming"
+            )
+            raise unsafe
     if step in ("copying", "verifying"):
         if not (op.source_endpoint and op.source_user and op.source_database):
             raise StepError(

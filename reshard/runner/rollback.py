@@ -82,9 +82,12 @@ def rollback(env: StepEnv) -> RollbackOutcome:
     recovered = True
     reasons: list[str] = []
     try:
-        # 1-2. flip back (only to a binding the data plane can use)
+        # 1-2. flip back (only to a binding the data plane can use, and never past a commit
+        # point: the source may already be dropped, §1 inv. 8 — recovery rolls forward instead)
         if progress.flipped:
             why = _source_repointable(op)
+            if op.source_drop_committed_at is not None or op.external_verified_at is not None:
+                why = "a commit point was passed (the source may already be dropped)"
             if why:
                 recovered = False
                 reasons.append(f"cannot re-point the binding at the source: {why}")
@@ -231,7 +234,13 @@ def _restore_source_access(env: StepEnv) -> bool:
     if op.source_kind == "cnpg" and not fenced_source:
         return True
     if op.source_kind == "external" and not ctx.progress.flipped:
-        return True
+        if stores.binding_names_source(op):
+            return True
+        log.error(
+            "source tenant access recovery failed: the binding names "
+            f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
+        )
+        return False
     timeout = waits.full_source_timeout()
     try:
         source_password = stores.resolve_secret(
@@ -244,6 +253,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         try:
             prov = stores.provisioner(ctx, op.from_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
+                env.fence.pre_statement_heartbeat()  # a fenced-away runner never un-fences
                 conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
             log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")
         except (psycopg.Error, StepError) as exc:

@@ -284,6 +284,20 @@ def binding_names_source(op: ReshardOperation) -> bool:
     )
 
 
+def binding_names_cnpg_target(op: ReshardOperation) -> bool:
+    """Fresh read-back: is the warehouse still blocked, never unblocked by this op, and bound
+    to the op's cnpg target? (A takeover resumes forward only then, §4.8.)"""
+    wh = Warehouse.objects.filter(org_id=op.org_id).first()
+    return (
+        wh is not None
+        and wh.state == "resharding"
+        and wh.metadata_store_kind == "cnpg"
+        and (wh.metadata_store_id or "") == op.to_shard
+        and wh.metadata_store_database == op.target_database
+        and wh.metadata_store_user == op.target_user
+    )
+
+
 def quote_ident(name: str) -> sql.Identifier:
     return sql.Identifier(name)
 

@@ -107,6 +107,11 @@ def poll_until(
             return last
         if last != previous:
             oplog.info(f"observation ({purpose}): {last}")
+        if rollback and ctx.sigterm_at is not None:
+            # A SIGTERM that arrives during the wait caps it too (§4.2), not only one before it.
+            deadline = min(
+                deadline, ctx.sigterm_at + settings.DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS
+            )
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if rollback and ctx.sigterm_at is not None:

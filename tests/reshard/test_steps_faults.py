@@ -615,3 +615,39 @@ def test_source_store_row_removed_mid_op_leaves_the_warehouse_blocked(
     assert any(
         line.startswith("warehouse intentionally left in the resharding state: ") for line in lines
     )
+
+
+# --- takeover after a flip-back: never resume forward onto the source --------------------------
+@pytest.mark.safeguard("reshard-18")
+def test_takeover_after_a_completed_flip_back_does_not_resume_and_never_drops_the_source(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    """A runner rolled back (binding re-pointed at the source) but died before its terminal
+    write; ``step`` still says ``copying``. The takeover must not copy from, and then drop, the
+    catalog the binding names: it rolls back again (idempotently) and the source survives."""
+    world = cnpg_world
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    killed_at(world.op.id, runner_state_dir, "step:copying")
+    op = reload(world.op)
+    assert op.step == "copying"
+    # What the dead runner's rollback had already committed: the flip-back to the source.
+    Warehouse.objects.filter(org_id=op.org_id).update(
+        metadata_store_kind="cnpg",
+        metadata_store=MetadataStore.objects.get(name=op.from_shard),
+        metadata_store_database=op.source_database,
+        metadata_store_user=op.source_user,
+        metadata_store_password_ref=op.source_password_secret_ref,
+    )
+    backdate(op.id)
+    runner = run_runner(op.id, runner_state_dir)
+    assert runner.proc.returncode == 0, runner.output()
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "failed", lines
+    assert "cannot be resumed safely" in op.error
+    assert op.source_drop_committed_at is None
+    assert op.source_dropped_at is None
+    assert database_exists(world.catalog.cluster, world.catalog.database), "source kept"
+    assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", op.from_shard)

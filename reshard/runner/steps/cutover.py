@@ -108,8 +108,10 @@ def run_cnpg(env: StepEnv) -> None:
         op.refresh_from_db(fields=["target_rendered_at"])
         if waits.cancel_requested(op.id):
             raise Cancelled()
-        binding.switch(env, binding.target_binding(op), what="binding switch to the target")
+        # Marked before the switch: if its COMMIT acknowledgement is lost the flip may have
+        # landed, and over-marking is safe (the flip-back is idempotent, §4.8).
         ctx.progress.flipped = True
+        binding.switch(env, binding.target_binding(op), what="binding switch to the target")
         env.log.info(
             f"binding switched to cnpg store {op.to_shard} (database {op.target_database}, "
             f"user {op.target_user})"
@@ -177,10 +179,10 @@ def run_external(env: StepEnv) -> None:
                 f"password from secret {op.target_password_secret_ref} does not match the "
                 "password supplied when the operation was started — fix the secret and re-run"
             )
+        ctx.progress.flipped = True  # before the switch: a lost COMMIT ack may hide a flip
         binding.switch(
             env, binding.target_binding(op), what="binding switch to the external target"
         )
-        ctx.progress.flipped = True
         env.log.info(
             f"binding switched to external {op.target_endpoint}:{op.target_port}/"
             f"{op.target_database} (user {op.target_user})"
