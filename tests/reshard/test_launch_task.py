@@ -4,7 +4,9 @@ reshard tasks (§6) and the control worker's start-up checks (design §3)."""
 from __future__ import annotations
 
 import socket
-import urllib.request
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -225,16 +227,32 @@ def test_exporter_port_zero_is_disabled(settings: Any) -> None:
     assert metrics.start_exporter() is False
 
 
-def test_exporter_serves_the_reshard_metrics(settings: Any) -> None:
+EXPORTER_CHILD = """
+import sys, urllib.request, django
+django.setup()
+from reshard import metrics
+port = int(sys.argv[1])
+first, second = metrics.start_exporter(port), metrics.start_exporter(port)
+print(first, second)
+print(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+"""
+
+
+def test_exporter_serves_the_reshard_metrics() -> None:
+    """In a fresh process (the exporter starts once per process, as in a worker)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings.DUCKGRES_CONTROL_METRICS_PORT = port
-    if metrics._server_started:
-        pytest.skip("exporter already started in this process")
-    assert metrics.start_exporter() is True
-    assert metrics.start_exporter() is False, "once per process"
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    result = subprocess.run(
+        [sys.executable, "-c", EXPORTER_CHILD, str(port)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    flags, _, body = result.stdout.partition("\n")
+    assert flags == "True False", "started once per process"
     for name in (
         "duckgres_reshard_active_operations",
         "duckgres_reshard_stale_operations",
