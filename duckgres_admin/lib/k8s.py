@@ -197,3 +197,171 @@ def read_secret_key(namespace: str, name: str, key: str) -> str:
     if key not in data:
         raise KubeError(f"secret {ref}: missing key {key}")
     return base64.b64decode(data[key]).decode("utf-8")
+
+
+# --- Trino pool instances (spec trino-pools §4.4 step 1, §4.13) ----------------------------------
+
+CALL_TIMEOUT_SECONDS = 10.0  # the per-call budget of §4.4 ("each external call is bounded")
+
+
+def apps() -> client.AppsV1Api:
+    return client.AppsV1Api(api_client())
+
+
+# kind -> (api factory, method suffix)
+_KINDS: dict[str, tuple[Any, str]] = {
+    "ConfigMap": (core, "namespaced_config_map"),
+    "Service": (core, "namespaced_service"),
+    "Deployment": (apps, "namespaced_deployment"),
+    "Pod": (core, "namespaced_pod"),
+}
+_RESOURCES = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "Deployment": "deployments",
+    "Pod": "pods",
+}
+
+
+def _kind_call(kind: str, verb: str) -> Any:
+    if kind not in _KINDS:
+        raise KubeError(f"unsupported kind {kind!r} (expected one of {', '.join(sorted(_KINDS))})")
+    factory, suffix = _KINDS[kind]
+    return getattr(factory(), f"{verb}_{suffix}")
+
+
+def read_config_map(
+    namespace: str, name: str, *, timeout: float = CALL_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """The ConfigMap as a wire-form dict; KubeError (status 404 when it does not exist)."""
+    try:
+        return _plain(
+            core().read_namespaced_config_map(
+                name=name, namespace=namespace, _request_timeout=timeout
+            )
+        )
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(exc, "get", f"configmaps/{name} in namespace {namespace}") from None
+
+
+def read_object(
+    namespace: str, kind: str, name: str, *, timeout: float = CALL_TIMEOUT_SECONDS
+) -> dict[str, Any] | None:
+    """One Service, Deployment, ConfigMap or Pod as a wire-form dict; None when absent."""
+    try:
+        return _plain(
+            _kind_call(kind, "read")(name=name, namespace=namespace, _request_timeout=timeout)
+        )
+    except KubeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "get", f"{_RESOURCES[kind]}/{name} in namespace {namespace}")
+        if wrapped.status == 404:
+            return None
+        raise wrapped from None
+
+
+def list_objects(
+    namespace: str, kind: str, label_selector: str, *, timeout: float = CALL_TIMEOUT_SECONDS
+) -> list[dict[str, Any]]:
+    """Objects of ``kind`` in ``namespace`` matching ``label_selector``, as wire-form dicts."""
+    try:
+        result = _kind_call(kind, "list")(
+            namespace=namespace, label_selector=label_selector, _request_timeout=timeout
+        )
+    except KubeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        raise _wrap(
+            exc, "list", f"{_RESOURCES[kind]} ({label_selector}) in namespace {namespace}"
+        ) from None
+    return [_plain(item) for item in result.items or []]
+
+
+def apply_instance_object(
+    namespace: str, doc: dict[str, Any], *, timeout: float = CALL_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Create ``doc``; when it already exists (409) return the existing object if it is ours.
+
+    "Ours" means it carries every label of ``doc`` with the same value (the instance, pool and
+    managed-by labels): a replayed create after a lost response adopts the object it made; any
+    other object with that name is refused with a 409 ``KubeError``.
+    """
+    kind = str(doc.get("kind", ""))
+    metadata = doc.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    resource = f"{_RESOURCES.get(kind, kind)}/{name} in namespace {namespace}"
+    try:
+        created = _kind_call(kind, "create")(
+            namespace=namespace, body=doc, _request_timeout=timeout
+        )
+        return _plain(created)
+    except KubeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "create", resource)
+        if wrapped.status != 409:
+            raise wrapped from None
+    existing = read_object(namespace, kind, name, timeout=timeout)
+    if existing is None:
+        raise KubeError(f"Kubernetes create {resource}: conflict, then not found on read-back", 409)
+    labels = (existing.get("metadata") or {}).get("labels") or {}
+    wanted = metadata.get("labels") or {}
+    if any(labels.get(k) != v for k, v in wanted.items()):
+        raise KubeError(
+            f"Kubernetes create {resource}: an object with this name exists and is not this "
+            "instance's (labels differ); refusing to adopt it",
+            409,
+        )
+    return existing
+
+
+def delete_object(
+    namespace: str, kind: str, name: str, uid: str, *, timeout: float = CALL_TIMEOUT_SECONDS
+) -> bool:
+    """Delete exactly the object with ``uid`` (UID precondition). False when already gone.
+
+    A precondition failure (the name now belongs to another object) raises a 409 KubeError.
+    Dependents (ReplicaSets, pods) are left to the garbage collector (background propagation).
+    """
+    if not uid:
+        raise KubeError(f"refusing to delete {kind} {name} in namespace {namespace} without a UID")
+    options = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background"
+    )
+    try:
+        _kind_call(kind, "delete")(
+            name=name, namespace=namespace, body=options, _request_timeout=timeout
+        )
+    except KubeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "delete", f"{_RESOURCES[kind]}/{name} in namespace {namespace}")
+        if wrapped.status == 404:
+            return False
+        if wrapped.status == 409:
+            raise KubeError(
+                f"Kubernetes delete {_RESOURCES[kind]}/{name} in namespace {namespace} refused: "
+                f"the UID precondition {uid} does not match (409)",
+                409,
+            ) from None
+        raise wrapped from None
+    return True
+
+
+def pod_template_problems(template: dict[str, Any]) -> list[str]:
+    """Client-side strict check of a PodTemplateSpec-shaped dict (unknown fields, wrong types).
+
+    Returns one "<path>: <message>" per problem, never echoing input values; no API call.
+    """
+    try:
+        client.V1PodTemplateSpec.model_validate(template)
+    except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, reported field by field
+        errors = getattr(exc, "errors", None)
+        if not callable(errors):
+            return [f"not a valid pod template ({type(exc).__name__})"]
+        return [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in errors(include_input=False, include_url=False)
+        ]
+    return []

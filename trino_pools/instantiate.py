@@ -1,0 +1,424 @@
+"""Kubernetes objects of one pool instance (spec trino-pools §4.13, invariant 6).
+
+Per instance ``X`` (namespace = the snapshot's namespace): Service ``X``, Deployments
+``X-coordinator`` (1 replica) and ``X-worker``, ConfigMaps ``X-coordinator-config`` and
+``X-worker-config``.
+
+Invariants:
+
+- **Built only from the instance's own snapshot.** ``instance_objects`` takes the blueprint
+  stored on the instance row (re-validated here) plus the epoch; nothing is read from the
+  current desired configuration, so later blueprints never change an existing instance.
+  The snapshot is either ``snapshot_for(blueprint, cell)`` (blueprint plus the two cell
+  values the objects need, ``coordinator_service_port`` and ``node_environment``), or a bare
+  blueprint dict with those two passed as keyword arguments.
+- **Identity is the operator's.** Every object carries ``posthog.com/trino-instance=X``,
+  ``posthog.com/trino-pool=<public id>``, ``app.kubernetes.io/managed-by=duckgres-trino-pool``
+  and the annotations spec digest, authority epoch and release id; pods also carry the
+  blueprint's instance/component labels, which the Service and Deployment selectors use. The
+  discovery URI, node environment and instance id env vars are injected into every container;
+  pod anti-affinity terms are narrowed to the instance.
+- **Every name and UID is recorded** (``create_objects`` returns all five, the worker
+  ConfigMap included) and **every delete carries a UID precondition** (``delete_objects``).
+  Deletion only ever targets the five instance names of kinds Service/Deployment/ConfigMap;
+  a recorded name that is not one of them, or an unrecorded object that is not labelled as
+  this instance's, is refused — so pool-shared resources (blueprint ``shared_resources``)
+  are never deleted. ``delete_objects`` reports True only when all five objects and every
+  pod of the instance are verifiably absent (a terminating pod counts as present).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from duckgres_admin.lib import k8s
+from trino_pools.blueprint import (
+    CONFIG_MOUNT_PATH,
+    CONFIG_VOLUME,
+    EPOCH_ANNOTATION,
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POOL_LABEL,
+    RELEASE_ANNOTATION,
+    SPEC_DIGEST_ANNOTATION,
+    Blueprint,
+    canonical_json,
+    validate_blueprint,
+)
+from trino_pools.registry import Cell
+
+# inventory key (the TrinoPoolInstance column prefix) -> (kind, name suffix after X)
+INVENTORY: dict[str, tuple[str, str]] = {
+    "coordinator_deployment": ("Deployment", "-coordinator"),
+    "worker_deployment": ("Deployment", "-worker"),
+    "service": ("Service", ""),
+    "config_map": ("ConfigMap", "-coordinator-config"),
+    "worker_config_map": ("ConfigMap", "-worker-config"),
+}
+Inventory = Mapping[str, tuple[str, str]]
+
+
+class InstanceSpecError(ValueError):
+    """The stored snapshot cannot produce objects (e.g. missing cell values)."""
+
+
+def snapshot_for(blueprint: Blueprint, cell: Cell) -> dict[str, Any]:
+    """What to store in ``TrinoPoolInstance.blueprint_snapshot`` when creating an instance."""
+    return {
+        "blueprint": copy.deepcopy(dict(blueprint.raw)),
+        "coordinator_service_port": cell.pool.coordinator_service_port,
+        "node_environment": cell.pool.node_environment,
+    }
+
+
+def snapshot_blueprint(snapshot: Mapping[str, Any]) -> Blueprint:
+    """The validated blueprint of a stored snapshot (either snapshot form)."""
+    raw = snapshot.get("blueprint", snapshot)
+    if not isinstance(raw, Mapping):
+        raise InstanceSpecError("the instance snapshot holds no blueprint")
+    namespace = raw.get("namespace")
+    return validate_blueprint(
+        dict(raw), source="instance snapshot", cell_namespace=str(namespace or "")
+    )
+
+
+def spec_digest(blueprint_digest: str, instance_id: str) -> str:
+    """SHA-256 (hex) of {blueprint digest, identity} (canonical JSON)."""
+    body = canonical_json({"blueprint_digest": blueprint_digest, "instance_id": instance_id})
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def service_host(instance_id: str, namespace: str) -> str:
+    return f"{instance_id}.{namespace}.svc.cluster.local"
+
+
+def endpoint_url(instance_id: str, namespace: str, port: int) -> str:
+    """The probe endpoint (plain HTTP: TLS terminates at the Gateway)."""
+    return f"http://{service_host(instance_id, namespace)}:{port}"
+
+
+def discovery_uri(instance_id: str, namespace: str, port: int) -> str:
+    return f"https://{service_host(instance_id, namespace)}:{port}"
+
+
+def backend_name(routing_group: str, instance_id: str) -> str:
+    return f"{routing_group}-{instance_id}"
+
+
+def object_name(instance_id: str, key: str) -> str:
+    return f"{instance_id}{INVENTORY[key][1]}"
+
+
+def _narrow(term: dict[str, Any], label: str, instance_id: str) -> None:
+    selector = term.get("labelSelector")
+    if isinstance(selector, dict):
+        selector.setdefault("matchLabels", {})[label] = instance_id
+
+
+def _pod_template(
+    blueprint: Blueprint,
+    role: str,
+    instance_id: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    env: list[dict[str, str]],
+) -> dict[str, Any]:
+    identity = blueprint.identity
+    template = copy.deepcopy(dict(blueprint.template(role)))
+    metadata = template.setdefault("metadata", {})
+    metadata["labels"] = {
+        **(metadata.get("labels") or {}),
+        **labels,
+        identity.instance_label: instance_id,
+        identity.component_label: role,
+    }
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    spec = template["spec"]
+    spec["serviceAccountName"] = blueprint.service_account_name
+    for container in spec["containers"]:
+        container["env"] = [dict(item) for item in env] + list(container.get("env") or [])
+        if container["name"] == identity.main_container(role):
+            mounts = list(container.get("volumeMounts") or [])
+            mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH})
+            container["volumeMounts"] = mounts
+    volumes = list(spec.get("volumes") or [])
+    volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": f"{instance_id}-{role}-config"}})
+    spec["volumes"] = volumes
+    affinity = spec.setdefault("affinity", {})
+    anti = affinity.get("podAntiAffinity")
+    if anti:
+        for term in anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []:
+            _narrow(term, identity.instance_label, instance_id)
+        for weighted in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+            _narrow(weighted.get("podAffinityTerm") or {}, identity.instance_label, instance_id)
+    else:
+        affinity["podAntiAffinity"] = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": {identity.instance_label: instance_id}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    return template
+
+
+def instance_objects(
+    instance_id: str,
+    pool_public_id: str,
+    routing_group: str,
+    snapshot: Mapping[str, Any],
+    epoch: int,
+    *,
+    coordinator_service_port: int | None = None,
+    node_environment: str | None = None,
+) -> list[dict[str, Any]]:
+    """The five objects of instance ``instance_id``, in creation order (ConfigMaps first).
+
+    ``routing_group`` is accepted for symmetry with ``backend_name``; no object embeds it.
+    """
+    del routing_group
+    blueprint = snapshot_blueprint(snapshot)
+    port = snapshot.get("coordinator_service_port", coordinator_service_port)
+    node_env = snapshot.get("node_environment", node_environment)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise InstanceSpecError(
+            "the instance snapshot has no coordinator_service_port; store snapshot_for(...)"
+        )
+    if not isinstance(node_env, str) or not node_env:
+        raise InstanceSpecError(
+            "the instance snapshot has no node_environment; store snapshot_for(...)"
+        )
+    namespace = blueprint.namespace
+    identity = blueprint.identity
+    labels = {
+        INSTANCE_LABEL: instance_id,
+        POOL_LABEL: pool_public_id,
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+    annotations = {
+        SPEC_DIGEST_ANNOTATION: spec_digest(blueprint.digest, instance_id),
+        EPOCH_ANNOTATION: str(epoch),
+        RELEASE_ANNOTATION: blueprint.release_id,
+    }
+    env = [
+        {"name": identity.discovery_uri_env, "value": discovery_uri(instance_id, namespace, port)},
+        {"name": identity.node_environment_env, "value": node_env},
+        {"name": identity.instance_id_env, "value": instance_id},
+    ]
+
+    def metadata(name: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**labels, **(extra or {})},
+            "annotations": dict(annotations),
+        }
+
+    docs: list[dict[str, Any]] = []
+    for role in ("coordinator", "worker"):
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": metadata(f"{instance_id}-{role}-config"),
+                "data": dict(blueprint.config_files[role]),
+            }
+        )
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(instance_id),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {
+                    identity.instance_label: instance_id,
+                    identity.component_label: "coordinator",
+                },
+                "ports": [
+                    {
+                        "name": identity.coordinator_http_port_name,
+                        "port": port,
+                        "targetPort": identity.coordinator_http_port_name,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        }
+    )
+    for role in ("coordinator", "worker"):
+        selector = {identity.instance_label: instance_id, identity.component_label: role}
+        docs.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": metadata(f"{instance_id}-{role}", selector),
+                "spec": {
+                    "replicas": 1 if role == "coordinator" else blueprint.worker_replicas,
+                    "strategy": {"type": "Recreate"},
+                    "selector": {"matchLabels": selector},
+                    "template": _pod_template(
+                        blueprint, role, instance_id, labels, annotations, env
+                    ),
+                },
+            }
+        )
+    return docs
+
+
+def _inventory_key(doc: Mapping[str, Any]) -> str:
+    kind = doc.get("kind")
+    name = str((doc.get("metadata") or {}).get("name", ""))
+    instance_id = str(((doc.get("metadata") or {}).get("labels") or {}).get(INSTANCE_LABEL, ""))
+    for key, (key_kind, suffix) in INVENTORY.items():
+        if kind == key_kind and name == f"{instance_id}{suffix}":
+            return key
+    raise InstanceSpecError(f"{kind} {name} is not an instance object")
+
+
+def create_objects(namespace: str, docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Create (or adopt after a lost response) the instance objects; returns key -> (name, uid).
+
+    Keys are the ``TrinoPoolInstance`` column prefixes: ``config_map`` (coordinator),
+    ``worker_config_map``, ``service``, ``coordinator_deployment``, ``worker_deployment``.
+    An existing object with the same name is adopted only when it carries this instance's
+    labels and the same spec digest; otherwise ``KubeError`` (409).
+    """
+    result: dict[str, tuple[str, str]] = {}
+    for doc in docs:
+        key = _inventory_key(doc)
+        obj = k8s.apply_instance_object(namespace, doc)
+        meta = obj.get("metadata") or {}
+        wanted = (doc["metadata"].get("annotations") or {}).get(SPEC_DIGEST_ANNOTATION)
+        found = (meta.get("annotations") or {}).get(SPEC_DIGEST_ANNOTATION)
+        if wanted != found:
+            raise k8s.KubeError(
+                f"{doc['kind']} {meta.get('name')} in namespace {namespace} exists with another "
+                "spec digest; refusing to adopt it",
+                409,
+            )
+        result[key] = (str(meta.get("name", "")), str(meta.get("uid", "")))
+    missing = set(INVENTORY) - set(result)
+    if missing:
+        raise InstanceSpecError(f"instance objects missing from the request: {sorted(missing)}")
+    return result
+
+
+def _instance_id_of(inventory: Inventory) -> str:
+    for key, (_, suffix) in INVENTORY.items():
+        name = (inventory.get(key) or ("", ""))[0]
+        if name and (not suffix or name.endswith(suffix)):
+            return name[: len(name) - len(suffix)] if suffix else name
+    return ""
+
+
+def _ours(obj: Mapping[str, Any], instance_id: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(
+        labels.get(INSTANCE_LABEL) == instance_id and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    )
+
+
+def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "") -> bool:
+    """Delete the instance's five objects with UID preconditions; True when all are gone.
+
+    ``inventory`` maps the keys of ``create_objects`` to recorded ``(name, uid)``. A recorded
+    name must be the instance's own name for that key (else ``InstanceSpecError``: nothing is
+    deleted). An object whose UID was never recorded (a lost create response) is deleted only
+    if it carries this instance's labels, pinned to the UID just read. A UID precondition
+    failure raises ``KubeError`` (409). Returns True only when all five objects and every pod
+    labelled with the instance are absent; a terminating object or pod counts as present.
+    """
+    instance_id = instance_id or _instance_id_of(inventory)
+    if not instance_id:
+        raise InstanceSpecError("cannot tell which instance the inventory belongs to")
+    plan: list[tuple[str, str, str]] = []
+    for key, (kind, _) in INVENTORY.items():
+        expected = object_name(instance_id, key)
+        name, uid = inventory.get(key) or ("", "")
+        if name and name != expected:
+            raise InstanceSpecError(
+                f"refusing to delete {kind} {name!r}: instance {instance_id}'s {key} is "
+                f"{expected!r} (pool-shared and foreign objects are never deleted)"
+            )
+        plan.append((kind, expected, uid))
+    for kind, name, uid in plan:
+        if not uid:
+            existing = k8s.read_object(namespace, kind, name)
+            if existing is None:
+                continue
+            if not _ours(existing, instance_id):
+                raise k8s.KubeError(
+                    f"refusing to delete {kind} {name} in namespace {namespace}: it is not "
+                    f"labelled as instance {instance_id}'s",
+                    409,
+                )
+            uid = str((existing.get("metadata") or {}).get("uid", ""))
+        k8s.delete_object(namespace, kind, name, uid)
+    for kind, name, _ in plan:
+        if k8s.read_object(namespace, kind, name) is not None:
+            return False
+    pods = k8s.list_pods(namespace, f"{INSTANCE_LABEL}={instance_id}")
+    return not pods
+
+
+def _deployment(namespace: str, name: str) -> dict[str, Any]:
+    obj = k8s.read_object(namespace, "Deployment", name)
+    if obj is None:
+        raise k8s.KubeError(f"deployments/{name} in namespace {namespace} not found (404)", 404)
+    return obj
+
+
+def workers_ready(namespace: str, instance_id: str) -> tuple[bool, int, int]:
+    """(coordinator ready?, ready workers, desired workers) from the Deployments' status.
+
+    A missing Deployment raises ``KubeError`` (404).
+    """
+    coordinator = _deployment(namespace, f"{instance_id}-coordinator")
+    worker = _deployment(namespace, f"{instance_id}-worker")
+    coordinator_ready = int((coordinator.get("status") or {}).get("readyReplicas") or 0) >= 1
+    ready = int((worker.get("status") or {}).get("readyReplicas") or 0)
+    desired = int((worker.get("spec") or {}).get("replicas") or 0)
+    return coordinator_ready, ready, desired
+
+
+def coordinator_pod(
+    namespace: str, instance_id: str, *, container_name: str = ""
+) -> dict[str, str] | None:
+    """The instance's live coordinator pod: uid, name, node name, container id, phase.
+
+    Pods are found by the instance label and the ``X-coordinator-`` name prefix; terminating
+    pods are ignored; the newest live one wins. ``container_id`` is that of ``container_name``
+    (default: the first container status), '' until the kubelet reports it.
+    """
+    prefix = f"{instance_id}-coordinator-"
+    pods = [
+        pod
+        for pod in k8s.list_pods(namespace, f"{INSTANCE_LABEL}={instance_id}")
+        if str((pod.get("metadata") or {}).get("name", "")).startswith(prefix)
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    if not pods:
+        return None
+    pod = max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    chosen = next(
+        (s for s in statuses if not container_name or s.get("name") == container_name), None
+    )
+    return {
+        "pod_uid": str(meta.get("uid", "")),
+        "pod_name": str(meta.get("name", "")),
+        "node_name": str((pod.get("spec") or {}).get("nodeName", "") or ""),
+        "container_id": str((chosen or {}).get("containerID", "") or ""),
+        "phase": str(status.get("phase", "") or ""),
+    }
