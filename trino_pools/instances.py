@@ -1,0 +1,1029 @@
+"""Instance lifecycle of a shared Trino pool (spec trino-pools §3.1, §4.5 create/drain, §4.6).
+
+The operator's tick calls ``progress(ctx, rows, errors)`` (step 10) and, when nothing progressed,
+``apply_plan(ctx, rows)`` (step 11). Both work on the durable instance rows only.
+
+Invariants:
+
+1. **Intent before effect.** ``create`` persists the ``PENDING`` row (own blueprint snapshot,
+   release id, spec digest, endpoint, repair flags, epoch) in a fenced transaction before any
+   Kubernetes object exists. Every Gateway mutation and the Kubernetes create go through
+   ``effects.run_step`` (operation ``instance:<id>``, steps ``k8s.create``, ``backend``,
+   ``register``, ``admit``, ``drain``, ``seal``, ``suspect``, ``lost``, ``retire``,
+   ``retired``); an unknown outcome is resolved by read-back (Gateway ``GET /operations/<op>``:
+   a step the Gateway never received is absent → the stored payload is re-sent byte for byte).
+2. **One fenced CAS per phase change.** ``UPDATE … SET phase=:to, phase_changed_at=now(),
+   owner_epoch=:epoch WHERE instance_id=:id AND phase=:from`` inside ``authority.fenced``, rowcount
+   checked, the move checked against ``phases.check_transition`` first. "Trino pool member phase
+   advanced." is logged only after that transaction commits, "Trino pool instance retired." only
+   after the ``RETIRED`` CAS commits: a failing CAS logs neither (safeguard 36).
+3. **One step per tick, isolated.** ``progress`` visits the instances in id order; the first one
+   that does work gets exactly one step and the sweep ends. A waiting instance (obligations
+   open, resources still present, coordinator not ready, healthy) does no work and the sweep
+   goes on. A failing instance has its error recorded on its row (``last_error``, fenced) and in
+   ``errors``; the sweep moves on. ``PoolConflict`` and ``LeadershipLost`` stop the sweep.
+4. **Identity as the Gateway recorded it.** ``bootId`` = the coordinator's ``processId`` (never
+   the pod UID, safeguard 19); node id and coordinator id are stored from the Gateway's member
+   record, also when a lost registration response is adopted by reading the member back
+   (safeguard 20); every register sends ``repairFor`` (``""`` for a normal create, safeguard 22).
+5. **Generations.** Admit, seal and retire send the generation recorded on the row from the
+   Gateway's last member answer, never the one reported by ``/obligations`` (safeguard 24). A
+   ``POOL_STALE_GENERATION`` refusal refreshes the recorded generation from ``GET /members/<id>``
+   and the step is retried on a later tick.
+6. **Drain by obligations only.** ``DRAINING`` seals only when (``readyToSeal`` or ``drained``)
+   and ``pendingRequests + openTransactions + activeQueries == 0`` as read from
+   ``/obligations``; there is no drain deadline. A serving-floor refusal of the drain is
+   authoritative: no CAS, retried on a later tick.
+7. **Deletes are guarded.** Kubernetes objects are deleted only in ``RETIRING`` (after the
+   Gateway's irreversible retire claim), ``LOST`` (after the Gateway's loss record) and
+   ``FAILED_PREPARING`` (never admitted), always by recorded name and UID (the worker ConfigMap
+   included, safeguard 23). ``RETIRED`` needs every object verifiably absent.
+
+Admit and safeguard 25: the admit body carries ``expectedGeneration`` = the generation recorded at
+registration, which does not change while the instance is ``VALIDATING`` (the member stays
+``PREPARING`` at the Gateway), so a retry after a lost response re-sends the identical stored
+payload (or settles by read-back) and the Gateway — which excludes ``expectedGeneration`` from its
+intent hash — answers it as a replay. Only a refusal (which applied nothing) can lead to a body
+with another generation, and then it is a new attempt of the same step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from duckgres_admin.lib import k8s
+from duckgres_admin.lib.gateway import (
+    GatewayClient,
+    GatewayRefused,
+    Member,
+    parse_backends,
+    parse_member,
+    parse_obligations,
+    parse_operation,
+)
+from duckgres_admin.models.trino import (
+    InstancePhase,
+    TrinoPoolInstance,
+    clip_status_message,
+)
+from trino_pools import authority, effects, instantiate, phases, planner, probes
+from trino_pools.authority import PoolConflict
+from trino_pools.blueprint import INSTANCE_LABEL
+
+if TYPE_CHECKING:
+    from trino_pools.operator import PoolContext
+
+P = InstancePhase
+_log = logging.getLogger("duckgres.trino.instances")
+
+ADVANCED = "Trino pool member phase advanced."
+RETIRED_MESSAGE = "Trino pool instance retired."
+CREATED_MESSAGE = "Trino pool instance created."
+SUPERSEDED = "candidate blueprint was superseded before admission"
+ID_ATTEMPTS = 8
+
+# Kubernetes inventory: instantiate's key (the row's column prefix) -> (name field, uid field).
+INVENTORY_FIELDS: dict[str, tuple[str, str]] = {
+    key: (f"{key}_name", f"{key}_uid") for key in instantiate.INVENTORY
+}
+
+# Register refusals after which the candidate can never join: fail it (and clean it up).
+FATAL_REGISTER_REFUSALS = frozenset(
+    {"POOL_IDENTITY_CONFLICT", "POOL_VALIDATION", "POOL_IRREVERSIBLE", "POOL_PHASE"}
+)
+
+
+class InstanceError(Exception):
+    """One instance's step failed; recorded on the row and the sweep moves on."""
+
+
+class PhaseChanged(InstanceError):
+    """The phase CAS found another phase: someone else moved the instance."""
+
+
+def operation_id(instance_id: str) -> str:
+    return f"instance:{instance_id}"
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def _snapshot(row: TrinoPoolInstance) -> dict[str, Any]:
+    snap = row.blueprint_snapshot
+    return snap if isinstance(snap, dict) else {}
+
+
+def _blueprint_raw(row: TrinoPoolInstance) -> dict[str, Any]:
+    """The instance's own blueprint (``instantiate.snapshot_for`` form or a bare blueprint)."""
+    snap = _snapshot(row)
+    raw = snap.get("blueprint", snap)
+    return raw if isinstance(raw, dict) else {}
+
+
+def _namespace(row: TrinoPoolInstance) -> str:
+    return str(_blueprint_raw(row).get("namespace") or "")
+
+
+def _identity(row: TrinoPoolInstance) -> dict[str, Any]:
+    ident = _blueprint_raw(row).get("identity_binding")
+    return ident if isinstance(ident, dict) else {}
+
+
+def _phase_age(row: TrinoPoolInstance) -> float:
+    changed = row.phase_changed_at
+    if changed is None:
+        return 0.0
+    return max(0.0, (timezone.now() - changed).total_seconds())
+
+
+def _member_path(ctx: PoolContext, instance_id: str, *rest: str) -> str:
+    return GatewayClient.pool_path(ctx.cell.routing_group, "members", instance_id, *rest)
+
+
+def _operation_kind(row: TrinoPoolInstance) -> str:
+    return "repair" if row.repair else "scale_up"
+
+
+def _refusal(state: effects.StepState) -> GatewayRefused:
+    result = state.result if isinstance(state.result, dict) else {}
+    return GatewayRefused(
+        str(result.get("code") or ""),
+        int(result.get("status") or 409),
+        str(result.get("message") or ""),
+    )
+
+
+def _gateway_read_back(
+    ctx: PoolContext, step_id: str
+) -> Callable[[effects.StepState], effects.Settled | None]:
+    """Resolve an unknown Gateway step from ``GET /operations/<opId>`` (absent → None)."""
+
+    def read_back(state: effects.StepState) -> effects.Settled | None:
+        path = GatewayClient.pool_path(ctx.cell.routing_group, "operations", state.operation_id)
+        try:
+            record = parse_operation(ctx.gateway.get(path))
+        except GatewayRefused as exc:
+            if exc.code == "POOL_NOT_FOUND":
+                return None  # the Gateway never received any step of this operation
+            raise
+        step = record.step(step_id)
+        if step is None:
+            return None
+        if step.outcome == "APPLIED":
+            return effects.Settled("ok", step.result)
+        return effects.Settled(
+            "failed", {"code": step.code, "status": 409, "message": "refused (read back)"}
+        )
+
+    return read_back
+
+
+def _gateway_step(
+    ctx: PoolContext,
+    row: TrinoPoolInstance,
+    step_id: str,
+    body: Mapping[str, Any],
+    path: str,
+    *,
+    method: str = "POST",
+) -> effects.StepState:
+    """One durable Gateway mutation of this instance (§4.7); EffectUnknown propagates."""
+    ctx.ensure_leading()
+    return effects.run_step(
+        ctx.auth,
+        operation_id=operation_id(row.instance_id),
+        kind=_operation_kind(row),
+        step_id=step_id,
+        body=body,
+        call=lambda payload: ctx.gateway.send(method, path, payload),
+        read_back=_gateway_read_back(ctx, step_id),
+    )
+
+
+def _read_member(ctx: PoolContext, instance_id: str) -> Member | None:
+    try:
+        return parse_member(ctx.gateway.get(_member_path(ctx, instance_id)))
+    except GatewayRefused as exc:
+        if exc.code == "POOL_NOT_FOUND" or exc.status == 404:
+            return None
+        raise
+
+
+def _member_fields(member: Member) -> dict[str, Any]:
+    return {
+        "gateway_state": member.state,
+        "gateway_generation": member.generation,
+        "gateway_incarnation": str(member.incarnation),
+        "gateway_backend_name": member.backend_name,
+    }
+
+
+def _update(ctx: PoolContext, row: TrinoPoolInstance, **fields: Any) -> None:
+    """A fenced non-phase update of the row (same phase required)."""
+    with authority.fenced(ctx.auth):
+        changed = TrinoPoolInstance.objects.filter(
+            instance_id=row.instance_id, phase=row.phase
+        ).update(updated_at=Now(), **fields)
+    if changed != 1:
+        raise PhaseChanged(
+            f"instance {row.instance_id} is no longer {row.phase}; its update was not written"
+        )
+    for key, value in fields.items():
+        setattr(row, key, value)
+
+
+def advance(ctx: PoolContext, row: TrinoPoolInstance, to: str, **fields: Any) -> None:
+    """The fenced phase CAS ``row.phase → to`` (plus ``fields``); logs only after commit."""
+    frm = row.phase
+    phases.check_transition(frm, to)
+    with authority.fenced(ctx.auth):
+        changed = TrinoPoolInstance.objects.filter(
+            instance_id=row.instance_id, pool_id=ctx.auth.pool_id, phase=frm
+        ).update(
+            phase=to,
+            phase_changed_at=Now(),
+            owner_epoch=ctx.auth.epoch,
+            last_error="",
+            updated_at=Now(),
+            **fields,
+        )
+    if changed != 1:
+        raise PhaseChanged(
+            f"instance {row.instance_id} is no longer {frm}; the move to {to} was not written"
+        )
+    # Committed: only now may the logs claim it.
+    for key, value in fields.items():
+        setattr(row, key, value)
+    row.phase = to
+    row.phase_changed_at = timezone.now()
+    row.owner_epoch = ctx.auth.epoch
+    validator = ctx.term.validator
+    if validator is not None:
+        validator.forget(row.instance_id)
+    _log.info(
+        ADVANCED,
+        extra={
+            "pool": ctx.cell.id,
+            "instance": row.instance_id,
+            "epoch": ctx.auth.epoch,
+            "from_phase": frm,
+            "to_phase": to,
+        },
+    )
+    if to == P.RETIRED:
+        _log.info(
+            RETIRED_MESSAGE,
+            extra={"pool": ctx.cell.id, "instance": row.instance_id, "epoch": ctx.auth.epoch},
+        )
+
+
+def record_error(ctx: PoolContext, row: TrinoPoolInstance, exc: BaseException) -> None:
+    """Fenced ``last_error`` of the instance (any phase)."""
+    message = clip_status_message(f"{type(exc).__name__}: {exc}")
+    with authority.fenced(ctx.auth):
+        TrinoPoolInstance.objects.filter(instance_id=row.instance_id).update(
+            last_error=message, updated_at=Now()
+        )
+    row.last_error = message
+
+
+def _wait(ctx: PoolContext, row: TrinoPoolInstance, reason: str, **fields: Any) -> bool:
+    ctx.term.waitlog.waiting(
+        ctx.cell.id,
+        row.instance_id,
+        ctx.auth.epoch,
+        row.phase,
+        _phase_age(row),
+        reason,
+        **fields,
+    )
+    return False
+
+
+# --- planner inputs and lifecycle actions (§4.5) ---------------------------------------------
+
+
+def pool_desired(ctx: PoolContext) -> planner.PoolDesired:
+    blueprint = ctx.desired.blueprint
+    pool = ctx.pool
+    return planner.PoolDesired(
+        desired=int(pool.desired_instances),
+        min_serving=int(pool.min_serving),
+        max_surge=int(pool.max_surge),
+        max_repair=int(pool.max_repair),
+        release_id=blueprint.release_id if blueprint is not None else "",
+        digest=blueprint.digest if blueprint is not None else "",
+        frozen=bool(pool.frozen) or blueprint is None,
+        frozen_reason=str(pool.frozen_reason or ctx.desired.frozen_reason or ""),
+    )
+
+
+def spec_outdated(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    blueprint = ctx.desired.blueprint
+    if blueprint is None:
+        return False
+    return row.release_id != blueprint.release_id or row.spec_digest != instantiate.spec_digest(
+        blueprint.digest, row.instance_id
+    )
+
+
+def instance_views(
+    ctx: PoolContext, rows: Sequence[TrinoPoolInstance]
+) -> list[planner.InstanceView]:
+    return [
+        planner.InstanceView(
+            instance_id=row.instance_id,
+            phase=row.phase,
+            release_id=row.release_id,
+            spec_outdated=spec_outdated(ctx, row),
+            repair=bool(row.repair),
+            repair_for=row.repair_for,
+            created_at=row.created_at,
+        )
+        for row in rows
+    ]
+
+
+def apply_plan(ctx: PoolContext, rows: Sequence[TrinoPoolInstance]) -> str:
+    """Step 11: ask the planner and persist at most one create or drain; returns the outcome."""
+    action, reason = planner.plan(pool_desired(ctx), instance_views(ctx, rows))
+    if action is None:
+        return f"idle: {reason}"
+    if action.kind == "create":
+        instance_id = create(ctx, repair=action.repair, repair_for=action.repair_for)
+        return f"created {instance_id}: {reason}"
+    row = next(r for r in rows if r.instance_id == action.instance_id)
+    return drain(ctx, row, reason)
+
+
+def create(ctx: PoolContext, *, repair: bool = False, repair_for: str = "") -> str:
+    """Persist a new ``PENDING`` instance (fenced) before anything exists in Kubernetes."""
+    blueprint = ctx.desired.blueprint
+    if blueprint is None:
+        raise InstanceError("no desired blueprint: nothing to instantiate")
+    snapshot = instantiate.snapshot_for(blueprint, ctx.cell)
+    for _ in range(ID_ATTEMPTS):
+        instance_id = f"cell-{secrets.token_hex(4)}"
+        endpoint = instantiate.endpoint_url(
+            instance_id, blueprint.namespace, ctx.cell.pool.coordinator_service_port
+        )
+        try:
+            with authority.fenced(ctx.auth):
+                if TrinoPoolInstance.objects.filter(instance_id=instance_id).exists():
+                    continue  # never reused, retired rows included
+                TrinoPoolInstance.objects.create(
+                    instance_id=instance_id,
+                    pool_id=ctx.auth.pool_id,
+                    release_id=blueprint.release_id,
+                    spec_digest=instantiate.spec_digest(blueprint.digest, instance_id),
+                    blueprint_snapshot=snapshot,
+                    phase=P.PENDING,
+                    owner_epoch=ctx.auth.epoch,
+                    repair=repair,
+                    repair_for=repair_for,
+                    endpoint_url=endpoint,
+                )
+        except IntegrityError:
+            continue  # a concurrent insert of the same id: draw another
+        _log.info(
+            CREATED_MESSAGE,
+            extra={
+                "pool": ctx.cell.id,
+                "instance": instance_id,
+                "epoch": ctx.auth.epoch,
+                "release_id": blueprint.release_id,
+                "repair_for": repair_for,
+            },
+        )
+        return instance_id
+    raise InstanceError(f"no free instance id after {ID_ATTEMPTS} draws")
+
+
+def drain(ctx: PoolContext, row: TrinoPoolInstance, reason: str = "") -> str:
+    """Durable Gateway drain, then CAS ``SERVING → DRAINING``; a serving-floor refusal waits."""
+    state = _gateway_step(ctx, row, "drain", {}, _member_path(ctx, row.instance_id, "drain"))
+    if state.outcome == "failed":
+        if state.refusal_code == "POOL_SERVING_FLOOR":
+            _log.info(
+                "Gateway refused the drain at its serving floor; retried on a later tick.",
+                extra={"pool": ctx.cell.id, "instance": row.instance_id, "epoch": ctx.auth.epoch},
+            )
+            return f"waiting: drain of {row.instance_id} refused by the Gateway serving floor"
+        raise _refusal(state)
+    member = parse_member(state.result)
+    advance(ctx, row, P.DRAINING, **_member_fields(member))
+    return f"draining {row.instance_id}: {reason}"
+
+
+# --- the sweep (§4.6) ------------------------------------------------------------------------
+
+
+def progress(
+    ctx: PoolContext, rows: Sequence[TrinoPoolInstance], errors: list[BaseException]
+) -> bool:
+    """Step 10: the first instance with work gets one step; True when one did."""
+    from trino_pools.operator import LeadershipLost
+
+    for row in sorted(rows, key=lambda r: r.instance_id):
+        if not phases.is_valid(row.phase) or phases.is_terminal(row.phase):
+            continue
+        try:
+            if step(ctx, row):
+                return True
+        except (PoolConflict, LeadershipLost):
+            raise
+        except Exception as exc:  # noqa: BLE001 - per-instance isolation (invariant 8)
+            errors.append(exc)
+            _log.warning(
+                "Trino pool instance step failed: %s",
+                exc,
+                extra={
+                    "pool": ctx.cell.id,
+                    "instance": row.instance_id,
+                    "epoch": ctx.auth.epoch,
+                    "phase": row.phase,
+                },
+            )
+            record_error(ctx, row, exc)
+    return False
+
+
+def step(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    """One step of one instance; True when it did work, False when it only waited."""
+    handler = _HANDLERS.get(row.phase)
+    if handler is None:
+        return False
+    return handler(ctx, row)
+
+
+# PENDING ---------------------------------------------------------------------------------------
+
+
+def _inventory(row: TrinoPoolInstance) -> dict[str, tuple[str, str]]:
+    return {
+        key: (str(getattr(row, name_f)), str(getattr(row, uid_f)))
+        for key, (name_f, uid_f) in INVENTORY_FIELDS.items()
+        if getattr(row, name_f)
+    }
+
+
+def _step_pending(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    namespace = _namespace(row)
+    docs = instantiate.instance_objects(
+        row.instance_id, ctx.cell.id, ctx.cell.routing_group, _snapshot(row), ctx.auth.epoch
+    )
+    names = sorted(f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs)
+    ctx.ensure_leading()
+    state = effects.run_step(
+        ctx.auth,
+        operation_id=operation_id(row.instance_id),
+        kind=_operation_kind(row),
+        step_id="k8s.create",
+        body={"namespace": namespace, "objects": names, "specDigest": row.spec_digest},
+        # Creation is idempotent (a 409 adopts this instance's own object), so an unsettled
+        # create is resolved by repeating it.
+        call=lambda _payload: {
+            key: list(value) for key, value in instantiate.create_objects(namespace, docs).items()
+        },
+        classify=_classify_kube,
+    )
+    if state.outcome == "failed":
+        message = state.result.get("message", "") if isinstance(state.result, dict) else ""
+        advance(
+            ctx,
+            row,
+            P.FAILED_PREPARING,
+            failure_reason=clip_status_message(f"Kubernetes refused the objects: {message}"),
+        )
+        return True
+    created = state.result if isinstance(state.result, dict) else {}
+    fields: dict[str, Any] = {}
+    for key, (name_f, uid_f) in INVENTORY_FIELDS.items():
+        pair = created.get(key)
+        if not pair:
+            raise InstanceError(f"instantiation recorded no {key} for {row.instance_id}")
+        fields[name_f], fields[uid_f] = str(pair[0]), str(pair[1])
+    advance(ctx, row, P.CREATING, **fields)
+    return True
+
+
+def _classify_kube(exc: BaseException) -> effects.Verdict:
+    """Kubernetes create: a validation/permission refusal applied nothing; the rest is unknown."""
+    status = getattr(exc, "status", None)
+    if isinstance(exc, k8s.KubeError) and status in (400, 403, 422):
+        return "failed"
+    return "unknown"
+
+
+# CREATING --------------------------------------------------------------------------------------
+
+
+def coordinator_pod(row: TrinoPoolInstance) -> dict[str, Any] | None:
+    """The instance's coordinator pod (newest, by the identity binding labels), or None."""
+    component_label = str(_identity(row).get("component_label") or "")
+    if not component_label:
+        return None
+    pods = k8s.list_pods(
+        _namespace(row), f"{INSTANCE_LABEL}={row.instance_id},{component_label}=coordinator"
+    )
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    if row.coordinator_pod_uid:
+        for pod in pods:
+            if (pod.get("metadata") or {}).get("uid") == row.coordinator_pod_uid:
+                return pod
+        return None
+    if not live:
+        return None
+    live.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    return live[-1]
+
+
+def _container_status(row: TrinoPoolInstance, pod: Mapping[str, Any]) -> dict[str, Any]:
+    name = str(_identity(row).get("coordinator_container_name") or "")
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if isinstance(status, dict) and status.get("name") == name:
+            return status
+    return {}
+
+
+def _running_image(row: TrinoPoolInstance, pod: Mapping[str, Any]) -> str:
+    status = _container_status(row, pod)
+    if status.get("image"):
+        return str(status["image"])
+    name = str(_identity(row).get("coordinator_container_name") or "")
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if isinstance(container, dict) and container.get("name") == name:
+            return str(container.get("image") or "")
+    return ""
+
+
+def _adopt_member(ctx: PoolContext, row: TrinoPoolInstance, member: Member) -> None:
+    """Record the Gateway's member identity (as the Gateway recorded it) and → PREPARING."""
+    container_id = row.coordinator_container_id
+    if not container_id:
+        pod = coordinator_pod(row) if not row.coordinator_pod_uid else None
+        if pod is not None and (pod.get("metadata") or {}).get("uid") == member.pod_uid:
+            container_id = str(_container_status(row, pod).get("containerID") or "")
+    advance(
+        ctx,
+        row,
+        P.PREPARING,
+        coordinator_pod_uid=member.pod_uid,
+        coordinator_boot_id=member.boot_id,
+        coordinator_node_id=member.node_id,
+        coordinator_id=member.coordinator_id,
+        coordinator_container_id=container_id,
+        **_member_fields(member),
+    )
+
+
+def _ensure_backend(ctx: PoolContext, row: TrinoPoolInstance) -> None:
+    """An inactive backend record for the instance; an active or mismatching one is refused."""
+    name = instantiate.backend_name(ctx.cell.routing_group, row.instance_id)
+    wanted = {
+        "name": name,
+        "proxyTo": row.endpoint_url or "",
+        "active": False,
+        "routingGroup": ctx.cell.routing_group,
+    }
+
+    def present() -> bool:
+        for backend in parse_backends(ctx.gateway.get(GatewayClient.BACKEND_ALL)):
+            if backend.name != name:
+                continue
+            if backend.active:
+                raise InstanceError(f"Gateway backend {name} is already active; refusing it")
+            if (
+                backend.proxy_to != wanted["proxyTo"]
+                or backend.routing_group != wanted["routingGroup"]
+            ):
+                raise InstanceError(
+                    f"Gateway backend {name} exists with another target or routing group"
+                )
+            return True
+        return False
+
+    if present():
+        return
+
+    def read_back(_state: effects.StepState) -> effects.Settled | None:
+        return effects.Settled("ok", wanted) if present() else None
+
+    ctx.ensure_leading()
+    # The backend registry is outside the pooled-member API and takes the plain record: the
+    # intent (with its envelope) is journalled, the record alone is sent.
+    state = effects.run_step(
+        ctx.auth,
+        operation_id=operation_id(row.instance_id),
+        kind=_operation_kind(row),
+        step_id="backend",
+        body=wanted,
+        call=lambda payload: ctx.gateway.send(
+            "POST", GatewayClient.BACKEND_ADD, effects.canonical(effects.business_body(payload))
+        ),
+        read_back=read_back,
+    )
+    if state.outcome == "failed":
+        raise _refusal(state)
+
+
+def _step_creating(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    member = _read_member(ctx, row.instance_id)
+    if member is not None:
+        # Registered already (a lost registration response): adopt what the Gateway recorded.
+        _adopt_member(ctx, row, member)
+        return True
+    namespace = _namespace(row)
+    coordinator_ready, ready_workers, desired_workers = instantiate.workers_ready(
+        namespace, row.instance_id
+    )
+    if not (coordinator_ready and desired_workers > 0 and ready_workers == desired_workers):
+        return _wait(
+            ctx,
+            row,
+            "kubernetes_readiness",
+            coordinator_ready=coordinator_ready,
+            ready_workers=ready_workers,
+            desired_workers=desired_workers,
+        )
+    pod = coordinator_pod(row)
+    if pod is None:
+        return _wait(ctx, row, "coordinator_pod")
+    pod_uid = str((pod.get("metadata") or {}).get("uid") or "")
+    container_id = str(_container_status(row, pod).get("containerID") or "")
+    process_id = probes.read_process_id(row.endpoint_url or "", namespace)
+    _ensure_backend(ctx, row)
+    body = {
+        "memberId": row.instance_id,
+        "backendName": instantiate.backend_name(ctx.cell.routing_group, row.instance_id),
+        "podUid": pod_uid,
+        "bootId": process_id,  # the coordinator's processId, never the pod UID (safeguard 19)
+        "configRevision": row.release_id,
+        "repairFor": row.repair_for,  # always sent, "" for a normal create (safeguard 22)
+    }
+    state = _gateway_step(
+        ctx, row, "register", body, GatewayClient.pool_path(ctx.cell.routing_group, "members")
+    )
+    if state.outcome == "failed":
+        code = state.refusal_code
+        if code in FATAL_REGISTER_REFUSALS:
+            advance(
+                ctx,
+                row,
+                P.FAILED_PREPARING,
+                failure_reason=clip_status_message(f"the Gateway refused registration: {code}"),
+            )
+            return True
+        raise _refusal(state)
+    member = parse_member(state.result)
+    advance(
+        ctx,
+        row,
+        P.PREPARING,
+        coordinator_pod_uid=member.pod_uid or pod_uid,
+        coordinator_boot_id=member.boot_id or process_id,
+        # As the Gateway recorded them (safeguard 20).
+        coordinator_node_id=member.node_id,
+        coordinator_id=member.coordinator_id,
+        coordinator_container_id=container_id,
+        **_member_fields(member),
+    )
+    return True
+
+
+# PREPARING -------------------------------------------------------------------------------------
+
+
+def _validator(ctx: PoolContext) -> probes.Validator:
+    if ctx.term.validator is None:
+        ctx.term.validator = probes.Validator()
+    validator: probes.Validator = ctx.term.validator
+    return validator
+
+
+def _fail_candidate(ctx: PoolContext, row: TrinoPoolInstance, reason: str) -> None:
+    advance(ctx, row, P.FAILED_PREPARING, failure_reason=clip_status_message(reason))
+    _log.warning(
+        "Trino pool candidate failed: %s",
+        reason,
+        extra={"pool": ctx.cell.id, "instance": row.instance_id, "epoch": ctx.auth.epoch},
+    )
+
+
+def _step_preparing(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    if spec_outdated(ctx, row):
+        _fail_candidate(ctx, row, SUPERSEDED)
+        return True
+    namespace = _namespace(row)
+    _, ready_workers, _ = instantiate.workers_ready(namespace, row.instance_id)
+    pod = coordinator_pod(row)
+    if pod is None:
+        _fail_candidate(ctx, row, probes.RESTARTED + " (the registered coordinator pod is gone)")
+        return True
+    validation = probes.ValidationContext(
+        instance_id=row.instance_id,
+        endpoint_url=row.endpoint_url or "",
+        namespace=namespace,
+        image=str(_blueprint_raw(row).get("image") or ""),
+        worker_image="",
+        ready_workers=ready_workers,
+        publication_revision=int(ctx.pool.publication_revision or 0),
+        registered_process_id=row.coordinator_boot_id,
+        pod_uid=row.coordinator_pod_uid,
+        config_revision=row.release_id,
+        running_image=_running_image(row, pod),
+        registered_node_id=row.coordinator_node_id,
+        registered_coordinator_id=row.coordinator_id,
+    )
+    result = _validator(ctx).step(validation)
+    if result.done and result.receipt is not None:
+        advance(
+            ctx,
+            row,
+            P.VALIDATING,
+            coordinator_node_id=result.node_id or row.coordinator_node_id,
+            coordinator_id=result.coordinator_id or row.coordinator_id,
+            coordinator_boot_id=result.process_id or row.coordinator_boot_id,
+            applied_catalog_revision=result.applied_revision,
+            validation_receipt=result.receipt,
+            validated_at=datetime.now(UTC),
+        )
+        return True
+    if result.fatal:
+        _fail_candidate(ctx, row, result.error or probes.RESTARTED)
+        return True
+    if result.error:
+        raise InstanceError(f"validation pass failed (a new pass starts): {result.error}")
+    return True  # the pass issued its requests this tick and resumes on the next one
+
+
+# VALIDATING ------------------------------------------------------------------------------------
+
+
+def _refresh_generation(ctx: PoolContext, row: TrinoPoolInstance) -> None:
+    member = _read_member(ctx, row.instance_id)
+    if member is None:
+        raise InstanceError(f"the Gateway has no member {row.instance_id}")
+    _update(ctx, row, **_member_fields(member))
+
+
+def _step_validating(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    receipt = row.validation_receipt if isinstance(row.validation_receipt, dict) else None
+    if receipt is None or row.gateway_generation is None:
+        advance(ctx, row, P.PREPARING, validation_receipt=None, validated_at=None)
+        return True
+    body = {"expectedGeneration": int(row.gateway_generation), "receipt": receipt}
+    state = _gateway_step(ctx, row, "admit", body, _member_path(ctx, row.instance_id, "admit"))
+    if state.outcome == "failed":
+        code = state.refusal_code
+        if code == "POOL_PUBLICATION_BARRIER":
+            admission = importlib.import_module("trino_pools.admission")
+            release = getattr(admission, "release_barrier", None)
+            if release is not None:
+                release(ctx, "a candidate is waiting to join")
+            return True
+        if code == "POOL_NOT_CERTIFIED":
+            advance(ctx, row, P.PREPARING, validation_receipt=None, validated_at=None)
+            return True
+        if code == "POOL_STALE_GENERATION":
+            _refresh_generation(ctx, row)
+            return True
+        raise _refusal(state)
+    member = parse_member(state.result) if isinstance(state.result, dict) else None
+    if member is None:  # a replay without a body: read the member back
+        member = _read_member(ctx, row.instance_id)
+    fields = _member_fields(member) if member is not None else {}
+    advance(ctx, row, P.ADMITTED, **fields)
+    return True
+
+
+# ADMITTED, SERVING, SUSPECT: health observation -------------------------------------------------
+
+
+def termination_evidence(row: TrinoPoolInstance) -> dict[str, Any] | None:
+    """Evidence that the registered coordinator process ended, from its container status only."""
+    if not row.coordinator_pod_uid:
+        return None
+    pod = coordinator_pod(row)
+    if pod is None:
+        return None
+    status = _container_status(row, pod)
+    terminated = (status.get("state") or {}).get("terminated") or (
+        status.get("lastState") or {}
+    ).get("terminated")
+    if not isinstance(terminated, dict):
+        return None
+    reason = str(terminated.get("reason") or terminated.get("exitCode") or "terminated")
+    observed = str(terminated.get("finishedAt") or terminated.get("startedAt") or "")
+    return {
+        "podUid": row.coordinator_pod_uid,
+        "bootId": row.coordinator_boot_id,
+        "nodeId": row.coordinator_node_id,
+        "coordinatorId": row.coordinator_id,
+        "observation": f"coordinator container terminated: {reason}",
+        "observedAt": observed or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _claim(
+    ctx: PoolContext, row: TrinoPoolInstance, step_id: str, evidence: dict[str, Any]
+) -> Member:
+    state = _gateway_step(
+        ctx, row, step_id, {"evidence": evidence}, _member_path(ctx, row.instance_id, step_id)
+    )
+    if state.outcome == "failed":
+        raise _refusal(state)
+    return parse_member(state.result)
+
+
+def _observe(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    evidence = termination_evidence(row)
+    if evidence is None:
+        return False
+    if row.phase == P.SUSPECT:
+        member = _claim(ctx, row, "lost", evidence)
+        advance(ctx, row, P.LOST, **_member_fields(member))
+    else:
+        member = _claim(ctx, row, "suspect", evidence)
+        advance(ctx, row, P.SUSPECT, **_member_fields(member))
+    return True
+
+
+def _step_admitted(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    member = _read_member(ctx, row.instance_id)
+    if member is not None and member.state == "ACTIVE" and member.eligible:
+        advance(ctx, row, P.SERVING, **_member_fields(member))
+        return True
+    return _observe(ctx, row)
+
+
+def _step_serving(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    return _observe(ctx, row)
+
+
+def _step_suspect(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    if _observe(ctx, row):
+        return True
+    return _wait(ctx, row, "suspect_without_evidence")
+
+
+# DRAINING, SEALED, RETIRING --------------------------------------------------------------------
+
+
+def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    obligations = parse_obligations(
+        ctx.gateway.get(_member_path(ctx, row.instance_id, "obligations"))
+    )
+    if not obligations.sealable:
+        return _wait(
+            ctx,
+            row,
+            "gateway_obligations",
+            pending_requests=obligations.pending_requests,
+            open_transactions=obligations.open_transactions,
+            active_queries=obligations.active_queries,
+            ready_to_seal=obligations.ready_to_seal,
+            drained=obligations.drained,
+        )
+    if row.gateway_generation is None:
+        _refresh_generation(ctx, row)
+    # The generation recorded from the Gateway's member answer, never the obligations' one.
+    body = {"expectedGeneration": int(row.gateway_generation or 0)}
+    state = _gateway_step(ctx, row, "seal", body, _member_path(ctx, row.instance_id, "seal"))
+    if state.outcome == "failed":
+        if state.refusal_code == "POOL_NOT_DRAINED":
+            return _wait(
+                ctx,
+                row,
+                "gateway_obligations",
+                pending_requests=obligations.pending_requests,
+                open_transactions=obligations.open_transactions,
+                active_queries=obligations.active_queries,
+                ready_to_seal=obligations.ready_to_seal,
+                drained=obligations.drained,
+            )
+        if state.refusal_code == "POOL_STALE_GENERATION":
+            _refresh_generation(ctx, row)
+            return True
+        raise _refusal(state)
+    advance(ctx, row, P.SEALED, **_member_fields(parse_member(state.result)))
+    return True
+
+
+def _step_sealed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    body = {"expectedGeneration": int(row.gateway_generation or 0)}
+    state = _gateway_step(ctx, row, "retire", body, _member_path(ctx, row.instance_id, "retire"))
+    if state.outcome == "failed":
+        if state.refusal_code == "POOL_STALE_GENERATION":
+            _refresh_generation(ctx, row)
+            return True
+        raise _refusal(state)
+    member = parse_member(state.result)
+    advance(
+        ctx,
+        row,
+        P.RETIRING,
+        retirement_receipt=member.retirement_receipt or {},
+        **_member_fields(member),
+    )
+    return True
+
+
+def delete_resources(row: TrinoPoolInstance) -> bool:
+    """UID-preconditioned deletes of the recorded objects; True when all verifiably absent."""
+    if not phases.deletion_permitted(row.phase):
+        raise InstanceError(f"refusing to delete the objects of {row.instance_id} in {row.phase}")
+    return bool(
+        instantiate.delete_objects(_namespace(row), _inventory(row), instance_id=row.instance_id)
+    )
+
+
+def _retired(ctx: PoolContext, row: TrinoPoolInstance, to: str) -> bool:
+    """Resources are gone: MemberRetired(resourcesAbsent) → close the operation → CAS ``to``."""
+    state = _gateway_step(
+        ctx,
+        row,
+        "retired",
+        {"resourcesAbsent": True},
+        _member_path(ctx, row.instance_id, "retired"),
+    )
+    if state.outcome == "failed":
+        raise _refusal(state)
+    fields = _member_fields(parse_member(state.result)) if isinstance(state.result, dict) else {}
+    effects.close_operation(ctx.auth, operation_id(row.instance_id), "retired")
+    advance(ctx, row, to, **fields)
+    return True
+
+
+def _step_retiring(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    if not delete_resources(row):
+        return _wait(ctx, row, "kubernetes_resources")
+    return _retired(ctx, row, P.RETIRED)
+
+
+# LOST, FAILED_PREPARING: failure retirement ----------------------------------------------------
+
+
+def _failure_evidence(row: TrinoPoolInstance) -> dict[str, Any]:
+    evidence = termination_evidence(row)
+    if evidence is not None:
+        return evidence
+    reason = row.failure_reason or "the candidate failed before admission"
+    return {
+        "podUid": row.coordinator_pod_uid,
+        "bootId": row.coordinator_boot_id,
+        "nodeId": row.coordinator_node_id,
+        "coordinatorId": row.coordinator_id,
+        "observation": f"candidate failed before admission: {reason}"[:500],
+        "observedAt": row.phase_changed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if row.phase_changed_at is not None
+        else datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _step_lost(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    if not delete_resources(row):
+        return _wait(ctx, row, "kubernetes_resources")
+    return _retired(ctx, row, P.FAILURE_RETIRED)
+
+
+def _step_failed_preparing(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    member = _read_member(ctx, row.instance_id)  # None: never registered
+    if member is not None and member.state in ("PREPARING", "SUSPECT"):
+        # Walk the registered member PREPARING → SUSPECT → LOST (safeguard 21), one call a tick.
+        step_id = "suspect" if member.state == "PREPARING" else "lost"
+        claimed = _claim(ctx, row, step_id, _failure_evidence(row))
+        _update(ctx, row, **_member_fields(claimed))
+        return True
+    if not delete_resources(row):
+        return _wait(ctx, row, "kubernetes_resources")
+    if member is not None and member.state == "LOST":
+        return _retired(ctx, row, P.FAILURE_RETIRED)
+    effects.close_operation(ctx.auth, operation_id(row.instance_id), "failed")
+    advance(ctx, row, P.FAILURE_RETIRED)
+    return True
+
+
+_HANDLERS: dict[str, Callable[[Any, TrinoPoolInstance], bool]] = {
+    P.PENDING: _step_pending,
+    P.CREATING: _step_creating,
+    P.PREPARING: _step_preparing,
+    P.VALIDATING: _step_validating,
+    P.ADMITTED: _step_admitted,
+    P.SERVING: _step_serving,
+    P.SUSPECT: _step_suspect,
+    P.DRAINING: _step_draining,
+    P.SEALED: _step_sealed,
+    P.RETIRING: _step_retiring,
+    P.LOST: _step_lost,
+    P.FAILED_PREPARING: _step_failed_preparing,
+}
