@@ -331,7 +331,11 @@ def delete_object(
     )
     try:
         _kind_call(kind, "delete")(
-            name=name, namespace=namespace, body=options, _request_timeout=timeout
+            name=name,
+            namespace=namespace,
+            body=options,
+            _request_timeout=timeout,
+            _preload_content=False,  # the answer (object or Status) is not needed
         )
     except KubeError:
         raise

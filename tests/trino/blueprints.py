@@ -8,7 +8,9 @@ Other Trino tests import from here:
 - ``pool_config_map(…)``: create/replace a pool's ConfigMap ``<prefix>-<pool>`` holding the
   registry and the blueprint, on the real apiserver;
 - ``set_deployment_ready(api_client, namespace, name, ready)``: set a Deployment's
-  ``readyReplicas`` via the status subresource (the test apiserver runs no controllers).
+  ``readyReplicas`` via the status subresource (the test apiserver runs no controllers);
+- fixture ``trino_kube``: ``kube_api`` with the product's Kubernetes seam pointed at it
+  (import it explicitly: ``from tests.trino.blueprints import trino_kube_fixture  # noqa: F401``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 IMAGE = "registry.example/trino@sha256:" + "a" * 64
 IMAGE_2 = "registry.example/trino@sha256:" + "b" * 64
@@ -143,3 +148,17 @@ def set_deployment_ready(api_client: Any, namespace: str, name: str, ready: int)
         "updatedReplicas": ready,
     }
     apps.patch_namespaced_deployment_status(name, namespace, {"status": status})
+
+
+@pytest.fixture(name="trino_kube")
+def trino_kube_fixture(kube_api: Any, settings: Any) -> Iterator[Any]:
+    """``kube_api`` with the product's Kubernetes seam (``duckgres_admin.lib.k8s``) aimed at it."""
+    from duckgres_admin.lib import k8s
+
+    for key, value in kube_api.settings_overrides().items():
+        setattr(settings, key, value)
+    k8s.api_client.cache_clear()
+    try:
+        yield kube_api
+    finally:
+        k8s.api_client.cache_clear()
