@@ -156,6 +156,13 @@ RETURNING t.trino_cell_id
 """
 
 
+def _queue_reconcile(org_id: str) -> None:
+    """The pool reconciles the org after this transaction commits (dropped on rollback)."""
+    from trino_pools.tasks import queue_reconcile
+
+    queue_reconcile(org_id)
+
+
 def enable_trino(org_id: str, settings: TrinoSettings, *, tier: str = "") -> TrinoPlacement:
     """Enable Trino for ``org_id`` inside the caller's ``transaction.atomic()`` block.
 
@@ -203,6 +210,7 @@ def enable_trino(org_id: str, settings: TrinoSettings, *, tier: str = "") -> Tri
         assert written is not None
         if str(written[0]) not in settings.stored_ids:  # defence in depth: never enable unowned
             raise PlacementError(409, NOT_CONFIGURED)
+        _queue_reconcile(org_id)
         return _row_state(org_id)
 
 
@@ -218,6 +226,7 @@ def disable_trino(org_id: str) -> TrinoPlacement | None:
             )
             if cursor.rowcount == 0:
                 return None
+        _queue_reconcile(org_id)
         return _row_state(org_id)
 
 
@@ -256,6 +265,7 @@ def move_cell(org_id: str, from_cell: str, to_cell: str, settings: TrinoSettings
                 "updated_at = now() WHERE org_id = %s AND trino_cell_id = %s",
                 [target, org_id, source],
             )
+        _queue_reconcile(org_id)
         return _row_state(org_id)
 
 

@@ -6,6 +6,13 @@ name the queue too.
 
 - ``trino.ownership_audit`` (beat every 5 min, expires 5 min): run by the ``trino`` lease holder
   only; a no-op where Trino is not wired.
+- ``trino.pool_tick`` (beat every 5 s, expires 5 s): one operator tick (``trino_pools.operator``);
+  a no-op where Trino is not wired or the operator is disabled (read-only operator).
+- ``trino.reconcile_orgs`` (beat every 30 s, expires 30 s): the leader's sweep of every
+  Trino-enabled or catalog-holding org; ``trino.reconcile_org(org_id)`` is queued after commit by
+  enable, disable, tier and move changes. Both need the catalog writer this worker holds: in a
+  process without it they leave every row untouched (``NotThisReplica``).
+- ``worker_shutdown``: every live term ends (term gauges removed, catalog writer released).
 - ``worker_ready`` in the trino worker (consuming ``duckgres.trino``): start the exporter on
   ``DUCKGRES_TRINO_METRICS_PORT`` (0 disables it), then §4.1 step 7 -- check the catalog writer
   (when enabled), run its bootstrap DDL if requested, and the ownership audit (log only). A
@@ -21,8 +28,8 @@ import os
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready
-from django.db import DatabaseError
+from celery.signals import worker_ready, worker_shutdown
+from django.db import DatabaseError, transaction
 
 from trino_pools import audit, catalog_store, config, lease, metrics
 
@@ -31,6 +38,9 @@ _log = logging.getLogger("duckgres.trino.worker")
 TRINO_QUEUE = "duckgres.trino"
 CONTROL_QUEUE = "duckgres.control"
 AUDIT_TASK = "trino.ownership_audit"
+POOL_TICK_TASK = "trino.pool_tick"
+RECONCILE_ORG_TASK = "trino.reconcile_org"
+RECONCILE_ORGS_TASK = "trino.reconcile_orgs"
 
 
 @shared_task(name=AUDIT_TASK, acks_late=False, ignore_result=True)
@@ -42,6 +52,52 @@ def ownership_audit_task() -> dict[str, object]:
         return {"wired": True, "leader": False}
     result = audit.run_audit(settings)
     return {"wired": True, "leader": True, "count": result.count if result else 0}
+
+
+@shared_task(name=POOL_TICK_TASK, acks_late=False, ignore_result=True)
+def pool_tick_task() -> dict[str, object]:
+    from trino_pools import operator
+
+    settings = config.current()
+    if not settings.wired or not settings.operator_enabled:
+        return {"wired": settings.wired, "operator": False}
+    report = operator.operator().tick(settings)
+    return {"wired": True, "leader": report.leader, "pools": report.pools}
+
+
+@shared_task(name=RECONCILE_ORG_TASK, acks_late=False, ignore_result=True)
+def reconcile_org_task(org_id: str) -> str:
+    from trino_pools import reconcile
+
+    if not config.current().wired:
+        return "not wired"
+    return reconcile.reconcile_org(org_id)
+
+
+@shared_task(name=RECONCILE_ORGS_TASK, acks_late=False, ignore_result=True)
+def reconcile_orgs_task() -> dict[str, object]:
+    from trino_pools import reconcile
+
+    settings = config.current()
+    if not settings.wired or not settings.operator_enabled:
+        return {"wired": settings.wired, "operator": False}
+    if not lease.lease().acquire():
+        return {"wired": True, "leader": False}
+    return {"wired": True, "leader": True, "orgs": reconcile.reconcile_orgs()}
+
+
+def queue_reconcile(org_id: str) -> None:
+    """Queue ``trino.reconcile_org`` once the caller's transaction commits (org id only)."""
+    if not config.current().wired:
+        return
+
+    def send() -> None:
+        try:
+            reconcile_org_task.delay(org_id)
+        except Exception as exc:  # noqa: BLE001 - the 30 s sweep reconciles the org anyway
+            _log.warning("cannot queue %s for org %s: %s", RECONCILE_ORG_TASK, org_id, exc)
+
+    transaction.on_commit(send)
 
 
 def consumed_queues(consumer: Any) -> set[str]:
@@ -71,45 +127,52 @@ def worker_start(settings: config.TrinoSettings) -> None:
 
 
 AUDIT_INTERVAL_SECONDS = 300
+# Every Trino beat task and its interval as shipped by migrations 0005 and 0006.
+BEAT_INTERVALS: dict[str, int] = {
+    AUDIT_TASK: AUDIT_INTERVAL_SECONDS,
+    POOL_TICK_TASK: 5,
+    RECONCILE_ORGS_TASK: 30,
+}
 _PERIOD_SECONDS = {"microseconds": 1e-6, "seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the ownership audit's beat rows (none = as shipped by migration 0005)."""
+    """Warnings for the Trino beat rows (none = as shipped by migrations 0005 and 0006)."""
     from django_celery_beat.models import PeriodicTask
 
-    rows = [
-        row
-        for row in PeriodicTask.objects.filter(task=AUDIT_TASK).select_related("interval")
-        if row.enabled
-    ]
-    if not rows:
-        return [
-            f"no enabled beat entry runs {AUDIT_TASK}: the periodic Trino ownership audit will "
-            "never run (restore the row written by migration 0005)"
-        ]
     warnings: list[str] = []
-    for row in rows:
-        seconds = (
-            row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0)
-            if row.interval is not None
-            else None
-        )
-        if seconds != AUDIT_INTERVAL_SECONDS:
+    for task, interval in BEAT_INTERVALS.items():
+        rows = [
+            row
+            for row in PeriodicTask.objects.filter(task=task).select_related("interval")
+            if row.enabled
+        ]
+        if not rows:
             warnings.append(
-                f"beat entry {row.name!r} for {AUDIT_TASK} runs every {seconds} s; "
-                f"expected an interval of {AUDIT_INTERVAL_SECONDS} s"
+                f"no enabled beat entry runs {task}: it will never run (restore the row "
+                "written by the duckgres_admin migrations)"
             )
-        elif row.expire_seconds != seconds:
-            warnings.append(
-                f"beat entry {row.name!r} for {AUDIT_TASK} has expire_seconds="
-                f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
+        for row in rows:
+            seconds = (
+                row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0)
+                if row.interval is not None
+                else None
             )
-        if row.queue and row.queue != TRINO_QUEUE:
-            warnings.append(
-                f"beat entry {row.name!r} for {AUDIT_TASK} is routed to queue {row.queue!r}; "
-                f"expected {TRINO_QUEUE}"
-            )
+            if seconds != interval:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} runs every {seconds} s; "
+                    f"expected an interval of {interval} s"
+                )
+            elif row.expire_seconds != seconds:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} has expire_seconds="
+                    f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
+                )
+            if row.queue and row.queue != TRINO_QUEUE:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} is routed to queue {row.queue!r}; "
+                    f"expected {TRINO_QUEUE}"
+                )
     return warnings
 
 
@@ -125,6 +188,11 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     queues = consumed_queues(sender)
     if TRINO_QUEUE in queues:
         try:
+            for warning in beat_drift_warnings():
+                _log.warning("%s", warning)
+        except DatabaseError as exc:
+            _log.warning("cannot check the Trino beat entries: %s", exc)
+        try:
             worker_start(config.current())
         except catalog_store.CatalogStoreError as exc:
             _log.critical("trino worker cannot start: %s", exc)
@@ -133,4 +201,13 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
         start_audit(config.current())
 
 
+def on_worker_shutdown(**_: Any) -> None:
+    from trino_pools import operator
+
+    operator.shutdown()
+
+
 worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="trino_pools.trino-worker-ready")
+worker_shutdown.connect(
+    on_worker_shutdown, weak=False, dispatch_uid="trino_pools.trino-worker-shutdown"
+)

@@ -189,3 +189,13 @@ def test_beat_drift_warnings():
     assert tasks.beat_drift_warnings()[0].startswith(
         "no enabled beat entry runs trino.ownership_audit"
     )
+
+
+def test_operator_beat_rows_are_shipped():
+    from django_celery_beat.models import PeriodicTask
+
+    rows = {row.task: row for row in PeriodicTask.objects.filter(task__startswith="trino.")}
+    assert rows["trino.pool_tick"].interval.every == 5
+    assert rows["trino.pool_tick"].expire_seconds == 5
+    assert rows["trino.reconcile_orgs"].interval.every == 30
+    assert {row.queue for row in rows.values()} == {"duckgres.trino"}

@@ -1,0 +1,542 @@
+"""The shared-pool operator: terms and one tick (spec trino-pools §4.3, §4.4).
+
+One ``Operator`` lives in the trino worker process (Celery queue ``duckgres.trino``, solo pool).
+Beat calls ``trino.pool_tick`` every 5 s; the task calls ``OPERATOR.tick()``.
+
+Invariants:
+
+1. **Leadership decides who executes, fences decide what commits.** A tick runs only while this
+   process holds the ``trino`` lease (renewed at the start of the tick and again before each
+   pool's effects; past the renew deadline the tick stops and every term ends). Correctness
+   comes from the per-pool authority epoch (``authority``), the Gateway's ``controllerEpoch`` +
+   ``ownerIdentity`` fence and the catalog store's ``writer_epoch``.
+2. **Terms.** A pool's term starts on the first tick at which this process leads and has no
+   live term for it: the previous authority is forgotten, the catalog writer released, the
+   metrics term begun, then the authority acquired (epoch + 1) and the catalog writer taken
+   over (its revision checkpointed). A term ends when the lease is lost (all at once), on
+   worker shutdown, or on a fence refusal. A fenced term does not come back: no new term for
+   that pool starts until one full lease duration has passed.
+3. **Bounded, isolated work.** Pools run in registry order, each in its own ``try``: a failing
+   pool is counted and logged, and the next pool still runs. Within a pool: at most one
+   instance step, one lifecycle action (create or drain) and one external tenant step per
+   tick; only a lost fence stops the pool's tick.
+4. **Missing configuration is never desired zero.** Unreadable, vanished or stale desired
+   configuration freezes the pool (fenced write) and stops its tick before any create, drain
+   or delete.
+5. **Metrics come from durable rows** and are written only with the live term's token; the
+   snapshot is taken after a successful instance listing and before any effect of the tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+
+from duckgres_admin.lib.gateway import GatewayClient
+from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
+from trino_pools import authority, config, effects, lease, term_metrics
+from trino_pools.authority import Authority, PoolConflict
+from trino_pools.desired import Desired, read_desired
+from trino_pools.registry import Cell
+from trino_pools.waitlog import WaitLog
+
+_log = logging.getLogger("duckgres.trino.operator")
+
+
+class LeadershipLost(Exception):
+    """The ``trino`` lease was lost or its renew deadline passed: stop at once."""
+
+
+class StaleGeneration(Exception):
+    """The desired configuration's generation is older than the stored one."""
+
+
+GatewayFactory = Callable[[config.TrinoSettings], GatewayClient]
+
+
+def read_token(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def default_gateway(settings: config.TrinoSettings) -> GatewayClient:
+    return GatewayClient(
+        settings.gateway_url,
+        read_token(settings.rollout_token_file),
+        server_name=settings.gateway_server_name,
+    )
+
+
+@dataclass
+class PoolTerm:
+    """One continuous leadership run over one pool in this process."""
+
+    pool_id: str
+    auth: Authority
+    metrics_token: term_metrics.TermToken
+    started_mono: float
+    validator: Any = None  # probes.Validator, created lazily by the instance steps
+    waitlog: WaitLog = field(default_factory=WaitLog)
+    configure_seq: int = 0
+    configured_hash: str = ""
+    scratch: dict[str, Any] = field(default_factory=dict)  # per-module term memory
+
+
+@dataclass
+class PoolContext:
+    """Everything one pool's tick needs; handed to the instance and admission steps."""
+
+    operator: Operator
+    settings: config.TrinoSettings
+    cell: Cell
+    desired: Desired
+    term: PoolTerm
+    gateway: GatewayClient
+    pool: TrinoPool
+
+    @property
+    def auth(self) -> Authority:
+        return self.term.auth
+
+    def ensure_leading(self) -> None:
+        self.operator.ensure_leading()
+
+    def log_extra(self, **fields: Any) -> dict[str, Any]:
+        return {"pool_id": self.auth.pool_id, "epoch": self.auth.epoch, **fields}
+
+
+@dataclass
+class TickReport:
+    leader: bool = False
+    pools: dict[str, str] = field(default_factory=dict)  # public id -> outcome
+
+
+class Operator:
+    """This process's pool operator (one per process; the trino worker is solo)."""
+
+    def __init__(
+        self,
+        *,
+        gateway_factory: GatewayFactory = default_gateway,
+        leader_lease: lease.TrinoLease | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._gateway_factory = gateway_factory
+        self._lease = leader_lease
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.terms: dict[str, PoolTerm] = {}
+        self.fenced_until: dict[str, float] = {}
+        self._gateway: GatewayClient | None = None
+
+    # --- leadership -------------------------------------------------------------------------------
+    @property
+    def lease(self) -> lease.TrinoLease:
+        return self._lease if self._lease is not None else lease.lease()
+
+    def ensure_leading(self) -> None:
+        if not self.lease.ensure():
+            raise LeadershipLost("the trino lease was lost or its renew deadline passed")
+
+    # --- terms ------------------------------------------------------------------------------------
+    def end_term(self, pool_id: str, *, fenced: bool = False, reason: str = "") -> None:
+        from trino_pools import catalog_writer
+
+        with self._lock:
+            term = self.terms.pop(pool_id, None)
+        if term is None:
+            return
+        authority.HOLDER.clear(pool_id, term.auth)
+        catalog_writer.uninstall(pool_id)
+        term_metrics.end_term(term.auth.public_id, term.metrics_token)
+        if term.validator is not None:
+            term.validator.clear()
+        if fenced:
+            self.fenced_until[pool_id] = self._clock() + self.lease.duration_seconds()
+        _log.warning(
+            "Trino pool term ended%s: %s",
+            " (fenced)" if fenced else "",
+            reason or "leadership ended",
+            extra={"pool_id": pool_id, "epoch": term.auth.epoch, "fenced": fenced},
+        )
+
+    def end_all_terms(self, reason: str) -> None:
+        for pool_id in list(self.terms):
+            self.end_term(pool_id, reason=reason)
+
+    def _begin_term(self, settings: config.TrinoSettings, cell: Cell) -> PoolTerm | None:
+        from trino_pools import catalog_writer
+
+        pool_id = cell.stored_id
+        until = self.fenced_until.get(pool_id)
+        if until is not None and self._clock() < until:
+            _log.info(
+                "Trino pool term not started: fenced %.0f s ago, waiting one lease duration",
+                self.lease.duration_seconds() - (until - self._clock()),
+                extra={"pool_id": pool_id},
+            )
+            return None
+        self.fenced_until.pop(pool_id, None)
+        authority.HOLDER.clear(pool_id)
+        catalog_writer.uninstall(pool_id)
+        token = term_metrics.begin_term(cell.id)
+        auth = authority.acquire(pool_id, self.lease.holder)
+        term = PoolTerm(pool_id=pool_id, auth=auth, metrics_token=token, started_mono=self._clock())
+        authority.HOLDER.install(auth)
+        try:
+            if settings.catalog_writer_enabled:
+                claim_writer(settings, auth)
+        except Exception:
+            authority.HOLDER.clear(pool_id, auth)
+            term_metrics.end_term(cell.id, token)
+            raise
+        with self._lock:
+            self.terms[pool_id] = term
+        _log.info(
+            "Trino pool term started",
+            extra={"pool_id": pool_id, "epoch": auth.epoch, "owner": auth.owner},
+        )
+        return term
+
+    # --- the tick ---------------------------------------------------------------------------------
+    def tick(self, settings: config.TrinoSettings | None = None) -> TickReport:
+        settings = settings or config.current()
+        report = TickReport()
+        if not settings.wired or not settings.operator_enabled:
+            return report  # read-only operator: no seed, no authority, no calls (§4.15)
+        if not self.lease.acquire():
+            self.end_all_terms("the trino lease is not held by this process")
+            return report
+        report.leader = True
+        for cell in settings.cells:
+            try:
+                self.ensure_leading()
+            except LeadershipLost as exc:
+                self.end_all_terms(str(exc))
+                report.pools[cell.id] = "leadership lost"
+                break
+            report.pools[cell.id] = self._pool_tick_isolated(settings, cell)
+        return report
+
+    def _pool_tick_isolated(self, settings: config.TrinoSettings, cell: Cell) -> str:
+        errors: list[BaseException] = []
+        try:
+            return self.pool_tick(settings, cell, errors)
+        except LeadershipLost as exc:
+            self.end_all_terms(str(exc))
+            return "leadership lost"
+        except PoolConflict as exc:
+            errors.append(exc)
+            self.end_term(cell.stored_id, fenced=True, reason=str(exc))
+            return f"fenced: {exc}"
+        except Exception as exc:  # noqa: BLE001 - isolation: one pool never stops the others
+            errors.append(exc)
+            _log.exception("Trino pool tick failed: %s", exc, extra={"pool_id": cell.stored_id})
+            return f"failed: {exc}"
+        finally:
+            reason = term_metrics.failure_reason(errors)
+            if reason is not None:
+                term_metrics.count_failure(cell.id, reason)
+
+    def gateway(self, settings: config.TrinoSettings) -> GatewayClient:
+        if self._gateway is None:
+            self._gateway = self._gateway_factory(settings)
+        return self._gateway
+
+    def pool_tick(
+        self, settings: config.TrinoSettings, cell: Cell, errors: list[BaseException]
+    ) -> str:
+        from trino_pools import admission, instances
+
+        desired = read_desired(settings, cell)  # 1. one read of the pool's own ConfigMap
+        seed_pool(cell)  # 2. the only unfenced write
+        term = self.terms.get(cell.stored_id) or self._begin_term(settings, cell)  # 3.
+        if term is None:
+            return "waiting: fenced recently"
+        auth = term.auth
+        if desired.frozen_reason:  # 4.
+            freeze(auth, desired.frozen_reason)
+            return f"frozen: {desired.frozen_reason}"
+        try:
+            upsert_spec(auth, desired)  # 5.
+        except StaleGeneration as exc:
+            freeze(auth, str(exc))
+            return f"frozen: {exc}"
+        thaw(auth)  # 6.
+        pool = TrinoPool.objects.get(pool_id=cell.stored_id)
+        ctx = PoolContext(self, settings, desired.cell, desired, term, self.gateway(settings), pool)
+        self.ensure_leading()
+        configure_gateway_pool(ctx)  # 7.
+        try:
+            admission.run(ctx)  # 8. failures are counted, never stop instance work
+        except (PoolConflict, LeadershipLost):
+            raise
+        except Exception as exc:  # noqa: BLE001 - tenant isolation (invariant 8)
+            errors.append(exc)
+            _log.warning("Trino tenant admission failed: %s", exc, extra=ctx.log_extra())
+        rows = list(TrinoPoolInstance.objects.filter(pool_id=cell.stored_id))  # 9.
+        record_snapshot(ctx, rows)
+        self.ensure_leading()
+        if instances.progress(ctx, rows, errors):  # 10.
+            return "progressed"
+        return instances.apply_plan(ctx, rows)  # 11.
+
+
+def claim_writer(settings: config.TrinoSettings, auth: Authority) -> None:
+    """Writer install after acquisition (§4.3): take over, checkpoint, then swap the client."""
+    from trino_pools import catalog_writer
+
+    writer = catalog_writer.CatalogWriter(
+        read_token(settings.catalog_dsn_file).strip(),
+        settings.catalog_schema,
+        auth.pool_id,
+        auth.epoch,
+        auth.owner,
+    )
+    try:
+        revision = writer.takeover()
+        catalog_writer.checkpoint_revision(auth, revision)
+    except Exception:
+        writer.close()
+        raise
+    catalog_writer.install(auth.pool_id, writer)
+
+
+# --- fenced pool-row writes ---------------------------------------------------------------------
+
+
+def seed_pool(cell: Cell) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO duckgres_trino_pools (pool_id, public_id, api_mode, "
+            "desired_instances, min_serving, max_surge, max_repair) "
+            "VALUES (%s, %s, 'shared-pool', %s, %s, %s, %s) ON CONFLICT (pool_id) DO NOTHING",
+            [
+                cell.stored_id,
+                cell.id,
+                cell.pool.desired_instances,
+                cell.pool.min_serving,
+                cell.pool.max_surge,
+                cell.pool.max_repair,
+            ],
+        )
+
+
+def freeze(auth: Authority, reason: str) -> None:
+    with authority.fenced(auth), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_trino_pools SET frozen = true, frozen_reason = %s, "
+            "updated_at = now() WHERE pool_id = %s AND (NOT frozen OR frozen_reason <> %s)",
+            [reason[:1024], auth.pool_id, reason[:1024]],
+        )
+        changed = cursor.rowcount
+    if changed:
+        _log.warning("Trino pool frozen: %s", reason, extra={"pool_id": auth.pool_id})
+
+
+def thaw(auth: Authority) -> None:
+    with authority.fenced(auth), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_trino_pools SET frozen = false, frozen_reason = '', "
+            "updated_at = now() WHERE pool_id = %s AND frozen",
+            [auth.pool_id],
+        )
+        changed = cursor.rowcount
+    if changed:
+        _log.info("Trino pool thawed", extra={"pool_id": auth.pool_id})
+
+
+def upsert_spec(auth: Authority, desired: Desired) -> None:
+    blueprint = desired.blueprint
+    assert blueprint is not None  # a Desired without a blueprint is frozen
+    spec = desired.cell.pool
+    if spec.desired_instances < 1 or not 1 <= spec.min_serving <= spec.desired_instances:
+        raise StaleGeneration(  # never written: the registry parser refuses these already
+            f"desired configuration is invalid: desired {spec.desired_instances}, "
+            f"min_serving {spec.min_serving}"
+        )
+    with authority.fenced(auth), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT desired_generation FROM duckgres_trino_pools WHERE pool_id = %s",
+            [auth.pool_id],
+        )
+        row = cursor.fetchone()
+        stored = int(row[0]) if row else 0
+        if blueprint.generation < stored:
+            raise StaleGeneration(
+                "desired configuration is older than the published one: generation "
+                f"{blueprint.generation} < {stored}"
+            )
+        cursor.execute(
+            "UPDATE duckgres_trino_pools SET desired_release_id = %s, "
+            "desired_blueprint_digest = %s, desired_generation = %s, desired_instances = %s, "
+            "min_serving = %s, max_surge = %s, max_repair = %s, api_mode = 'shared-pool', "
+            "updated_at = now() WHERE pool_id = %s AND (desired_release_id, "
+            "desired_blueprint_digest, desired_generation, desired_instances, min_serving, "
+            "max_surge, max_repair) IS DISTINCT FROM (%s, %s, %s, %s, %s, %s, %s)",
+            [
+                blueprint.release_id,
+                blueprint.digest,
+                blueprint.generation,
+                spec.desired_instances,
+                spec.min_serving,
+                spec.max_surge,
+                spec.max_repair,
+                auth.pool_id,
+                blueprint.release_id,
+                blueprint.digest,
+                blueprint.generation,
+                spec.desired_instances,
+                spec.min_serving,
+                spec.max_surge,
+                spec.max_repair,
+            ],
+        )
+
+
+# --- the Gateway pool configuration (§4.4 step 7) -----------------------------------------------
+
+SETTLED_CONFIGURE_REFUSALS = ("POOL_VALIDATION", "TENANT_IDENTITY_UNVERIFIED", "POOL_APIMODE")
+
+
+class ConfigureMismatch(Exception):
+    pass
+
+
+def configure_gateway_pool(ctx: PoolContext) -> None:
+    blueprint = ctx.desired.blueprint
+    assert blueprint is not None
+    spec = ctx.cell.pool
+    body = {
+        "apiMode": "POOLED",
+        "minServing": spec.min_serving,
+        "desiredMembers": spec.desired_instances,
+        "maxSurge": spec.max_surge,
+        "maxRepair": spec.max_repair,
+        "desiredRevision": blueprint.release_id,
+        "tenantAdmissionEnabled": spec.tenant_admission,
+    }
+    term = ctx.term
+    wanted = effects.business_hash(body)
+    if term.configured_hash == wanted:
+        return
+    operation_id = f"pool-config:{ctx.cell.id}"
+    pending = term.scratch.get("configure_pending")
+    if pending is None:
+        term.configure_seq += 1
+        step_id = f"configure.e{ctx.auth.epoch}.s{term.configure_seq}"
+        send_body: dict[str, Any] = body
+    else:
+        # An unsettled request of this term is re-sent identically before any newer payload.
+        step_id, send_body = pending
+    path = GatewayClient.pool_path(ctx.cell.routing_group)
+    term.scratch["configure_pending"] = (step_id, send_body)
+    state = effects.run_step(
+        ctx.auth,
+        operation_id=operation_id,
+        kind="publish",
+        step_id=step_id,
+        body=send_body,
+        call=lambda payload: ctx.gateway.send("PUT", path, payload),
+    )
+    term.scratch.pop("configure_pending", None)
+    if state.outcome == "failed" and state.refusal_code not in SETTLED_CONFIGURE_REFUSALS:
+        raise _refused(state)
+    if state.outcome == "ok":
+        echoed = state.result if isinstance(state.result, dict) else {}
+        mismatched = sorted(k for k, v in send_body.items() if echoed.get(k) != v)
+        if mismatched:
+            raise ConfigureMismatch(
+                "the Gateway pool configuration does not match the request: "
+                + ", ".join(mismatched)
+            )
+    else:
+        _log.warning(
+            "Gateway refused the pool configuration: %s",
+            state.refusal_code,
+            extra=ctx.log_extra(),
+        )
+    if effects.business_hash(send_body) == wanted:
+        term.configured_hash = wanted
+
+
+def _refused(state: effects.StepState) -> Exception:
+    from duckgres_admin.lib.gateway import GatewayRefused
+
+    result = state.result if isinstance(state.result, dict) else {}
+    return GatewayRefused(
+        str(result.get("code") or ""),
+        int(result.get("status") or 409),
+        str(result.get("message") or ""),
+    )
+
+
+# --- metrics snapshot (§7) -----------------------------------------------------------------------
+
+
+def record_snapshot(ctx: PoolContext, rows: list[TrinoPoolInstance]) -> None:
+    snapshot_rows = [
+        term_metrics.SnapshotRow(
+            instance_id=row.instance_id,
+            phase=row.phase,
+            phase_changed_at=row.phase_changed_at.timestamp(),
+            namespace=str((row.blueprint_snapshot or {}).get("namespace") or "")
+            if isinstance(row.blueprint_snapshot, dict)
+            else "",
+            coordinator_deployment=row.coordinator_deployment_name,
+            worker_deployment=row.worker_deployment_name,
+        )
+        for row in rows
+    ]
+    ctx.term.waitlog.retain({row.instance_id for row in rows})
+    term_metrics.record_snapshot(
+        ctx.term.metrics_token,
+        ctx.cell.id,
+        snapshot_rows,
+        ctx.pool.min_serving,
+        ctx.cell.namespace,
+        time.time(),
+    )
+
+
+# --- process-wide operator -----------------------------------------------------------------------
+
+_operator_lock = threading.Lock()
+_operator: Operator | None = None
+
+
+def operator() -> Operator:
+    global _operator
+    with _operator_lock:
+        if _operator is None:
+            _operator = Operator()
+        return _operator
+
+
+@contextmanager
+def installed(op: Operator) -> Iterator[Operator]:
+    """Use ``op`` as the process operator (tests)."""
+    global _operator
+    with _operator_lock:
+        previous, _operator = _operator, op
+    try:
+        yield op
+    finally:
+        with _operator_lock:
+            _operator = previous
+
+
+def shutdown() -> None:
+    """``worker_shutdown``: end every term (metrics removed, writer released)."""
+    with _operator_lock:
+        op = _operator
+    if op is not None:
+        op.end_all_terms("worker shutdown")
