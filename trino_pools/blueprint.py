@@ -26,8 +26,9 @@ every top-level field is required except ``shared_resources`` (whose two lists d
 empty); the 32-name cap counts both lists together; file contents may contain newlines, tabs
 and carriage returns but no other control character; shared resource names may not look like
 an instance object (``cell-<8 hex>…``), so instance deletion can never reach one; the volume
-name ``trino-instance-config`` and the mount path ``/etc/trino`` of the main container are
-reserved for the injected per-instance configuration.
+name ``trino-instance-config`` is reserved for the injected per-instance ConfigMap, whose files
+are mounted one by one (``subPath``) at ``/etc/trino/<file>`` in the main container, so the
+main container may not mount a volume at ``/etc/trino`` itself or at one of those file paths.
 """
 
 from __future__ import annotations
@@ -568,8 +569,8 @@ def _check_template(
         if isinstance(mount, dict) and mount.get("mountPath") == CONFIG_MOUNT_PATH:
             check.fail(
                 f"{where}.volumeMounts[{mount_index}]",
-                f"{CONFIG_MOUNT_PATH} is where the operator mounts the instance configuration",
-                "mount it elsewhere",
+                f"a volume over {CONFIG_MOUNT_PATH} would hide the instance configuration files",
+                f"mount it elsewhere or below {CONFIG_MOUNT_PATH}/",
             )
     if role == "coordinator":
         ports = main.get("ports") or []
@@ -583,6 +584,34 @@ def _check_template(
                 "declare the HTTP containerPort with that name (the Service targets it)",
             )
     return template
+
+
+def _check_file_mounts(
+    check: _Checker,
+    role: str,
+    template: Mapping[str, Any],
+    identity: IdentityBinding,
+    files: Mapping[str, str],
+) -> None:
+    """The main container must not mount anything where a configuration file goes."""
+    spec = template.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    for index, container in enumerate(containers if isinstance(containers, list) else []):
+        if not isinstance(container, dict) or container.get("name") != identity.main_container(
+            role
+        ):
+            continue
+        mounts = container.get("volumeMounts")
+        for mount_index, mount in enumerate(mounts if isinstance(mounts, list) else []):
+            target = mount.get("mountPath") if isinstance(mount, dict) else None
+            if isinstance(target, str) and target.rstrip("/") in {
+                f"{CONFIG_MOUNT_PATH}/{name}" for name in files
+            }:
+                check.fail(
+                    f"$.{role}.pod_template.spec.containers[{index}].volumeMounts[{mount_index}]",
+                    f"{target} is where the operator mounts the {role} file of that name",
+                    "mount it elsewhere or rename the file in config_files",
+                )
 
 
 def parse_blueprint(text: str, *, source: str, cell_namespace: str) -> Blueprint:
@@ -691,6 +720,9 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
         _check_config_files(check, top["config_files"], identity) if "config_files" in top else {}
     )
     secrets, config_maps = _check_shared(check, top.get("shared_resources"))
+    if identity is not None:
+        for role, template in templates.items():
+            _check_file_mounts(check, role, template, identity, files.get(role, {}))
     if check.problems:
         raise BlueprintError(source, check.problems)
     if namespace != cell_namespace:

@@ -17,7 +17,8 @@ Invariants:
   and the annotations spec digest, authority epoch and release id; pods also carry the
   blueprint's instance/component labels, which the Service and Deployment selectors use. The
   discovery URI, node environment and instance id env vars are injected into every container;
-  pod anti-affinity terms are narrowed to the instance.
+  the role's ConfigMap files are mounted file by file (``subPath``) at ``/etc/trino/<file>``
+  in the main container; pod anti-affinity terms are narrowed to the instance.
 - **Every name and UID is recorded** (``create_objects`` returns all five, the worker
   ConfigMap included) and **every delete carries a UID precondition** (``delete_objects``).
   Deletion only ever targets the five instance names of kinds Service/Deployment/ConfigMap;
@@ -67,9 +68,13 @@ class InstanceSpecError(ValueError):
 
 
 def snapshot_for(blueprint: Blueprint, cell: Cell) -> dict[str, Any]:
-    """What to store in ``TrinoPoolInstance.blueprint_snapshot`` when creating an instance."""
+    """What to store in ``TrinoPoolInstance.blueprint_snapshot`` when creating an instance.
+
+    ``namespace`` is a copy of the blueprint's, for readers that only need the namespace.
+    """
     return {
         "blueprint": copy.deepcopy(dict(blueprint.raw)),
+        "namespace": blueprint.namespace,
         "coordinator_service_port": cell.pool.coordinator_service_port,
         "node_environment": cell.pool.node_environment,
     }
@@ -143,7 +148,15 @@ def _pod_template(
         container["env"] = [dict(item) for item in env] + list(container.get("env") or [])
         if container["name"] == identity.main_container(role):
             mounts = list(container.get("volumeMounts") or [])
-            mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_PATH})
+            for name in sorted(blueprint.config_files[role]):
+                mounts.append(
+                    {
+                        "name": CONFIG_VOLUME,
+                        "mountPath": f"{CONFIG_MOUNT_PATH}/{name}",
+                        "subPath": name,
+                        "readOnly": True,
+                    }
+                )
             container["volumeMounts"] = mounts
     volumes = list(spec.get("volumes") or [])
     volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": f"{instance_id}-{role}-config"}})

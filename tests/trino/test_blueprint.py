@@ -239,7 +239,12 @@ BAD: list[tuple[str, Mutation, str]] = [
     (
         "reserved mount",
         _set(f"{MAIN}.volumeMounts", [{"name": "tenant-secrets", "mountPath": "/etc/trino"}]),
-        "/etc/trino is where the operator mounts the instance configuration",
+        "a volume over /etc/trino would hide the instance configuration files",
+    ),
+    (
+        "mount over a config file",
+        _set(f"{MAIN}.volumeMounts", [{"name": "x", "mountPath": "/etc/trino/jvm.config"}]),
+        "/etc/trino/jvm.config is where the operator mounts the coordinator file of that name",
     ),
     ("unknown role", _set("config_files.gateway", {}), "$.config_files.gateway: unknown field"),
     ("missing role", _set("config_files.worker", _DELETE), "the worker files are required"),

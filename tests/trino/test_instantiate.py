@@ -227,7 +227,19 @@ def test_instance_creation_leaves_exactly_the_specified_objects(trino_kube):
             assert env["TRINO_DISCOVERY_URI"] == discovery
             assert env["TRINO_NODE_ENVIRONMENT"] == "production"
             assert env["TRINO_INSTANCE_ID"] == X
-        assert {"name": "trino-instance-config", "mountPath": "/etc/trino"} in main["volumeMounts"]
+        files = sorted(bp["config_files"][role])
+        assert [m for m in main["volumeMounts"] if m["name"] == "trino-instance-config"] == [
+            {
+                "name": "trino-instance-config",
+                "mountPath": f"/etc/trino/{name}",
+                "subPath": name,
+                "readOnly": True,
+            }
+            for name in files
+        ]
+        assert not any(
+            m["name"] == "trino-instance-config" for m in sidecar.get("volumeMounts", [])
+        )
         assert {"name": "trino-instance-config", "configMap": {"name": f"{X}-{role}-config"}} in [
             {k: ({"name": v["name"]} if k == "configMap" else v) for k, v in vol.items()}
             for vol in pod["volumes"]
