@@ -143,7 +143,8 @@ class Origin:
     internal: bool  # plain HTTP to an in-cluster Service
 
     def url(self, path: str) -> str:
-        return urlunsplit((self.scheme, f"{self.host}:{self.port}", path, "", ""))
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return urlunsplit((self.scheme, f"{host}:{self.port}", path, "", ""))
 
 
 def origin_of(endpoint_url: str) -> Origin:

@@ -715,3 +715,72 @@ def test_the_http_seam_opens_at_most_four_connections_per_host(
         thread.join()
     assert statuses == [200] * 8
     assert time.monotonic() - started >= 1.9  # two waves of four
+
+
+def test_the_http_seam_verifies_tls_against_the_pinned_server_name(tmp_path: Any) -> None:
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=pool.example.com"),
+            *("-addext", "subjectAltName=DNS:pool.example.com"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(str(cert), str(key))
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = ("127.0.0.1", int(server.server_address[1]))
+        context = http.tls_context(str(cert))
+        assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+        def get(url: str, server_name: str = "") -> int:
+            return http.request(
+                "GET",
+                url,
+                headers={},
+                body=None,
+                timeout=5,
+                connect_to=address,
+                server_name=server_name,
+                context=context,
+            ).status
+
+        assert get("https://pool.example.com/v1/info") == 200
+        # The URL names another host, the pin names the certificate's: verified by the pin.
+        assert get("https://10.0.0.1/v1/info", server_name="pool.example.com") == 200
+        with pytest.raises(http.HttpTransportError, match=r"CERTIFICATE_VERIFY_FAILED|SSL"):
+            get("https://pool.example.com/v1/info", server_name="other.example.com")
+        with pytest.raises(http.HttpTransportError):
+            http.request(
+                "GET",
+                "https://pool.example.com/v1/info",
+                headers={},
+                body=None,
+                timeout=5,
+                connect_to=address,
+            )  # the system trust store does not know this certificate
+    finally:
+        server.shutdown()
+        server.server_close()
