@@ -24,6 +24,10 @@ pytest_plugins = [
     "tests.fixtures.processes",
     "tests.fixtures.kube",
     "tests.fixtures.s3",
+    # Trino pool doubles and the operator harness (their fixtures: gateway, coordinator, world).
+    "tests.trino.gateway_double",
+    "tests.trino.coordinator_double",
+    "tests.trino.operator_harness",
 ]
 
 

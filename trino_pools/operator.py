@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from duckgres_admin.lib.gateway import GatewayClient
 from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
@@ -282,7 +282,7 @@ class Operator:
         except Exception as exc:  # noqa: BLE001 - tenant isolation (invariant 8)
             errors.append(exc)
             _log.warning("Trino tenant admission failed: %s", exc, extra=ctx.log_extra())
-        rows = list(TrinoPoolInstance.objects.filter(pool_id=cell.stored_id))  # 9.
+        rows = list_instances(cell.stored_id)  # 9. a failed read changes no metric sample
         record_snapshot(ctx, rows)
         self.ensure_leading()
         if instances.progress(ctx, rows, errors):  # 10.
@@ -479,7 +479,18 @@ def _refused(state: effects.StepState) -> Exception:
     )
 
 
-# --- metrics snapshot (§7) -----------------------------------------------------------------------
+# --- instance listing and metrics snapshot (§7) -----------------------------------------------------------------------
+
+
+LISTING_TIMEOUT = "5s"
+
+
+def list_instances(pool_id: str) -> list[TrinoPoolInstance]:
+    """The pool's instance rows, bounded (a blocked read fails the tick instead of hanging it)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LISTING_TIMEOUT])
+        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [LISTING_TIMEOUT])
+        return list(TrinoPoolInstance.objects.filter(pool_id=pool_id).order_by("instance_id"))
 
 
 def record_snapshot(ctx: PoolContext, rows: list[TrinoPoolInstance]) -> None:
