@@ -479,7 +479,7 @@ def _refused(state: effects.StepState) -> Exception:
     )
 
 
-# --- instance listing and metrics snapshot (§7) -----------------------------------------------------------------------
+# --- instance listing and metrics snapshot (§7) ------------------------------------------------
 
 
 LISTING_TIMEOUT = "5s"
