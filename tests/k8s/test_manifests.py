@@ -20,6 +20,7 @@ from reshard.launchers.podspec import build_runner_pod, runner_labels
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
 ALLOWED_API_VERSIONS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
 
 def load_docs() -> list[dict[str, Any]]:
@@ -66,13 +67,16 @@ def test_every_manifest_uses_only_the_supported_api_versions():
         "ServiceAccount",
         "Role",
         "RoleBinding",
+        "ClusterRole",
         "Deployment",
         "Service",
         "NetworkPolicy",
     }
     for doc in DOCS:
         assert doc["apiVersion"] in ALLOWED_API_VERSIONS, doc["metadata"]["name"]
-        if doc["kind"] != "Namespace":
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], doc["metadata"]["name"]
+        else:
             assert doc["metadata"]["namespace"] == "duckgres"
     assert "endPort" not in walk_keys(DOCS)
 
@@ -146,7 +150,12 @@ def test_rbac_is_least_privilege_for_the_pod_launcher():
     ]
     one("ServiceAccount", "duckgres-admin")
     for deployment in deployments():
-        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "duckgres-admin"
+        account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        if deployment["metadata"]["name"] == "duckgres-admin-trino-worker":
+            # Its own identity without the launcher's rights (test_trino_worker_rbac.py).
+            assert account == "duckgres-admin-trino"
+        else:
+            assert account == "duckgres-admin"
 
 
 def test_processes_and_their_identity():
@@ -249,7 +258,7 @@ def test_every_manifest_passes_a_server_side_dry_run(kube_api, settings):
             doc = copy.deepcopy(doc)
             if doc["kind"] == "Namespace":
                 doc["metadata"]["name"] = f"dry-{secrets.token_hex(4)}"
-            else:
+            elif doc["kind"] not in CLUSTER_SCOPED:
                 doc["metadata"]["namespace"] = kube_api.namespace
             for subject in doc.get("subjects", []):
                 subject["namespace"] = kube_api.namespace
