@@ -102,6 +102,7 @@ class CatalogClient(Protocol):
 
     def list_catalogs(self) -> dict[str, str]: ...
     def describe(self, name: str) -> CatalogEntry | None: ...
+    def owners(self) -> dict[str, str]: ...
     def nodes(self) -> list[str]: ...
     def connectors(self) -> dict[str, str]: ...
     def revision(self) -> int: ...
@@ -462,6 +463,19 @@ class CatalogWriter:
 
         return self._read("connectors", body)
 
+    def owners(self) -> dict[str, str]:
+        """Catalog name → the ``org_id`` its definition was rendered for (``''`` if none)."""
+
+        def body(conn: psycopg.Connection[Any]) -> dict[str, str]:
+            rows = conn.execute(
+                "SELECT catalog_name, coalesce(definition->>'org_id', '') FROM trino_catalogs "
+                "WHERE pool_key = %s ORDER BY catalog_name",
+                [self.pool_key],
+            ).fetchall()
+            return {str(r[0]): str(r[1]) for r in rows}
+
+        return self._read("owners", body)
+
     def nodes(self) -> list[str]:
         raise NodeInventoryUnavailable(
             f"shared Trino pool {self.public_id} has no fixed coordinator: node inventory is "
@@ -491,6 +505,9 @@ class Unavailable:
         raise self._refuse()
 
     def describe(self, name: str) -> CatalogEntry | None:
+        raise self._refuse()
+
+    def owners(self) -> dict[str, str]:
         raise self._refuse()
 
     def nodes(self) -> list[str]:

@@ -27,6 +27,9 @@ Invariants:
    publication row must also show an admitted target (§4.10 step 5).
 6. **Any other failure is recorded**: ``state=failed``, ``failed_at=now()``, the error text
    clipped to 1024 characters (errors of the catalog store never carry its DSN).
+7. **Orphans are removed only with proof.** The sweep removes a pool's catalog only when its
+   definition names an org that is deleted or owned by another pool (a move), checked under the
+   org's advisory lock that a move also takes; catalogs naming no org are never touched.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from duckgres_admin.models.trino import (
     clip_status_message,
 )
 from duckgres_admin.models.warehouses import Warehouse, WarehouseState
+from duckgres_admin.orglock import lock_org
 from trino_pools import authority, catalog_writer, config
 from trino_pools.authority import NotThisReplica, PoolConflict
 from trino_pools.catalog_writer import WriterFenced
@@ -298,6 +302,45 @@ def reconcile_org(org_id: str) -> str:
         return FAILED
 
 
+def remove_orphans(pool_id: str) -> list[str]:
+    """Remove the pool's catalogs whose org no longer lives here (moved away or deleted).
+
+    A catalog is an orphan only when its definition names an org (``org_id``) whose Trino row
+    is gone or is owned by another pool; catalogs without an ``org_id`` are never touched, and
+    an org still owned here (enabled or disabled) is left to ``reconcile_org``. The check and
+    the removal run under the org's advisory lock, which a move takes too, so a move back to
+    this pool cannot interleave. Returns the removed catalog names.
+    """
+    pair = catalog_writer.live(pool_id)
+    if pair is None:
+        return []
+    writer, auth = pair
+    removed: list[str] = []
+    for name, org_id in writer.owners().items():
+        if not org_id:
+            continue
+        with transaction.atomic():
+            lock_org(org_id)
+            owner = (
+                WarehouseTrino.objects.filter(warehouse__org_id=org_id)
+                .values_list("trino_cell_id", flat=True)
+                .first()
+            )
+            if owner == pool_id:
+                continue
+            revision = writer.drop(name)
+        catalog_writer.checkpoint_revision(auth, revision)
+        removed.append(name)
+        _log.info(
+            "Trino pool %s: removed catalog %s of org %s (%s)",
+            auth.public_id,
+            name,
+            org_id,
+            "deleted" if owner is None else f"now owned by {owner or 'nobody'}",
+        )
+    return removed
+
+
 def reconcile_orgs() -> int:
     """The leader's sweep: every enabled row, and every disabled row still holding a catalog
     name, of the pools whose writer this process holds. Each org is isolated. Returns the
@@ -312,6 +355,15 @@ def reconcile_orgs() -> int:
         .order_by("warehouse_id")
         .values_list("warehouse_id", flat=True)
     )
+    for pool_id in pools:
+        try:
+            remove_orphans(pool_id)
+        except (WriterFenced, PoolConflict) as exc:
+            cell = settings.cell_by_stored_id(pool_id)
+            if cell is not None:
+                _fence_lost(cell, exc)
+        except Exception:  # noqa: BLE001 - the org reconciles below still run
+            _log.exception("Trino pool %s: removing orphaned catalogs failed", pool_id)
     done = 0
     for org_id in org_ids:
         try:
@@ -331,4 +383,5 @@ __all__ = [
     "CatalogNameTaken",
     "reconcile_org",
     "reconcile_orgs",
+    "remove_orphans",
 ]

@@ -227,6 +227,7 @@ class TestClients:
         [
             ("list_catalogs", ()),
             ("describe", ("org_a",)),
+            ("owners", ()),
             ("nodes", ()),
             ("connectors", ()),
             ("revision", ()),

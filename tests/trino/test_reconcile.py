@@ -23,7 +23,7 @@ from tests.trino.catalog_doubles import (  # noqa: F401
     trino_row_json,
     whole_store,
 )
-from trino_pools import authority, catalog_writer
+from trino_pools import authority, catalog_writer, placement
 from trino_pools.authority import Authority
 from trino_pools.catalogs import catalog_name, payload_hash
 from trino_pools.reconcile import (
@@ -32,6 +32,7 @@ from trino_pools.reconcile import (
     WAITING_PUBLISH,
     reconcile_org,
     reconcile_orgs,
+    remove_orphans,
 )
 
 POOL_A = "registered:pool-a"
@@ -321,6 +322,39 @@ class TestBindings:
         assert reconcile_org(unassigned.org_id) == "unconfigured"
         assert [trino_row_json(gone.org_id), trino_row_json(unassigned.org_id)] == before
         assert whole_store(pools.store)[1:] == [[], []]
+
+
+class TestOrphans:
+    def test_a_moved_or_deleted_org_loses_its_catalog_in_the_old_pool(self, pools):
+        pools.lead("pool-a")
+        pools.lead("pool-b")
+        moved = pools.warehouse("moved")
+        deleted = pools.warehouse("deleted")
+        stays = pools.warehouse("stays")
+        disabled = pools.warehouse("disabled")
+        for wh in (moved, deleted, stays, disabled):
+            assert reconcile_org(wh.org_id) == "ready"
+        with psycopg.connect(pools.store.dsn, options="-c search_path=trino_catalogs") as conn:
+            conn.execute(
+                "INSERT INTO trino_catalogs VALUES (%s, 'foreign', '{}'::jsonb, 1, 'h', 1)",
+                [POOL_A],
+            )
+        placement.move_cell(moved.org_id, "pool-a", "pool-b", pools.settings)
+        Warehouse.objects.filter(pk=deleted.pk).delete()
+        WarehouseTrino.objects.filter(pk=disabled.org_id).update(enabled=False)
+        assert remove_orphans(POOL_A) == ["org_deleted", "org_moved"]
+        assert set(catalogs(pools.store, POOL_A)) == {"foreign", "org_disabled", "org_stays"}
+        assert pool_revision() == journal(pools.store)[-1][0]
+        reconcile_orgs()
+        assert set(catalogs(pools.store, POOL_A)) == {"foreign", "org_stays"}
+        assert set(catalogs(pools.store, POOL_B)) == {"org_moved"}
+        assert trino_row(moved.org_id).state == "ready"
+        assert remove_orphans(POOL_A) == []
+
+    def test_a_non_leader_removes_nothing(self, pools):
+        wh = pools.warehouse("acme", pool="pool-b")
+        assert remove_orphans(POOL_A) == []
+        assert trino_row(wh.org_id).state == "pending"
 
 
 class TestNames:
