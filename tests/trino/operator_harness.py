@@ -41,7 +41,9 @@ from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
 from tests.trino import blueprints, helpers
 from tests.trino.coordinator_double import CoordinatorDouble
 from tests.trino.gateway_double import GatewayDouble
-from trino_pools import config, operator
+from trino_pools import config
+from trino_pools import operator as trino_operator
+from trino_pools.authority import PoolConflict
 from trino_pools.blueprint import INSTANCE_LABEL
 from trino_pools.config import TrinoSettings
 from trino_pools.desired import read_desired
@@ -102,7 +104,7 @@ class PoolWorld:
         )
 
     # --- running -----------------------------------------------------------------------------
-    def tick(self, n: int = 1) -> list[operator.TickReport]:
+    def tick(self, n: int = 1) -> list[trino_operator.TickReport]:
         """The operator's real tick, ``n`` times."""
         return [self.operator.tick(self.settings) for _ in range(n)]
 
@@ -115,7 +117,7 @@ class PoolWorld:
             errors: list[BaseException] = []
             try:
                 outcomes.append(self._instance_pool_tick(cell, errors))
-            except operator.PoolConflict as exc:
+            except PoolConflict as exc:
                 self.operator.end_term(cell.stored_id, fenced=True, reason=str(exc))
                 outcomes.append(f"fenced: {exc}")
             self.last_errors = errors
@@ -126,19 +128,19 @@ class PoolWorld:
 
         op = self.operator
         desired = read_desired(self.settings, cell)
-        operator.seed_pool(cell)
+        trino_operator.seed_pool(cell)
         term = op.terms.get(cell.stored_id) or op._begin_term(self.settings, cell)
         if term is None:
             return "waiting: fenced recently"
         if desired.frozen_reason:
-            operator.freeze(term.auth, desired.frozen_reason)
+            trino_operator.freeze(term.auth, desired.frozen_reason)
             return f"frozen: {desired.frozen_reason}"
-        operator.upsert_spec(term.auth, desired)
-        operator.thaw(term.auth)
+        trino_operator.upsert_spec(term.auth, desired)
+        trino_operator.thaw(term.auth)
         ctx = self.context(pool=cell.id, desired=desired)
-        operator.configure_gateway_pool(ctx)
+        trino_operator.configure_gateway_pool(ctx)
         rows = list(TrinoPoolInstance.objects.filter(pool_id=cell.stored_id))
-        operator.record_snapshot(ctx, rows)
+        trino_operator.record_snapshot(ctx, rows)
         if instances.progress(ctx, rows, errors):
             return "progressed"
         return instances.apply_plan(ctx, rows)
@@ -149,7 +151,7 @@ class PoolWorld:
         desired = desired or read_desired(self.settings, cell)
         term = self.operator.terms.get(cell.stored_id)
         if term is None:
-            operator.seed_pool(cell)
+            trino_operator.seed_pool(cell)
             term = self.operator._begin_term(self.settings, cell)
             assert term is not None
         return PoolContext(
@@ -221,14 +223,14 @@ class PoolWorld:
             blueprints.IDENTITY["instance_label"]: instance_id,
             blueprints.IDENTITY["component_label"]: "coordinator",
         }
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "trino", "image": image}]},
         }
         core = client.CoreV1Api(self.kube.api_client)
-        pod = core.create_namespaced_pod(ns, body)
+        pod: Any = core.create_namespaced_pod(ns, body)
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         status = {
             "phase": "Running",

@@ -12,11 +12,16 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models.trino import TrinoPoolInstance, TrinoPoolOperationStep
-from tests.trino.gateway_double import gateway  # noqa: F401
-from tests.trino.operator_harness import PoolWorld, world  # noqa: F401
+from tests.trino import gateway_double, operator_harness
+from tests.trino.operator_harness import PoolWorld, make_world
+from trino_pools import config as trino_config
 from trino_pools import instances
 
 pytestmark = [pytest.mark.django_db, pytest.mark.kube]
+
+# Fixtures used here (pytest finds them by name in this module).
+gateway = gateway_double.gateway
+world = operator_harness.world
 
 ADVANCED = instances.ADVANCED
 RETIRED_LINE = instances.RETIRED_MESSAGE
@@ -61,19 +66,24 @@ def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
         "Deployment": [f"{first}-coordinator", f"{first}-worker"],
         "Service": [first],
     }
-    assert row.worker_config_map_name == f"{first}-worker-config" and row.worker_config_map_uid
+    assert row.worker_config_map_name == f"{first}-worker-config"
+    assert row.worker_config_map_uid
 
     _bring_to(world, first, "SERVING")
     row = world.row(first)
     member = world.gateway.member(world.routing_group(), first)
-    assert member is not None and member["state"] == "ACTIVE" and member["eligible"]
+    assert member is not None
+    assert member["state"] == "ACTIVE"
+    assert member["eligible"]
     assert row.coordinator_boot_id == world.coordinators[first].process_id
     assert row.coordinator_node_id == member["nodeId"]
     assert row.coordinator_id == member["coordinatorId"]
-    assert row.validation_receipt and row.validated_at is not None
+    assert row.validation_receipt
+    assert row.validated_at is not None
     assert row.gateway_state == "ACTIVE"
     backend = world.gateway.backend(f"{world.routing_group()}-{first}")
-    assert backend is not None and backend["proxyTo"] == row.endpoint_url
+    assert backend is not None
+    assert backend["proxyTo"] == row.endpoint_url
 
     # A new release: surge-create a replacement, then drain, seal, retire the old instance.
     world.put_desired(release_id="trino-476-r2", generation=2)
@@ -83,7 +93,9 @@ def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
     world.make_ready(second)
     _bring_to(world, second, "SERVING")
     _bring_to(world, first, "RETIRING", max_ticks=6)
-    assert world.row(first).retirement_receipt["kind"] == "DRAINED"
+    receipt = world.row(first).retirement_receipt
+    assert receipt is not None
+    assert receipt["kind"] == "DRAINED"
     # Objects are deleted by UID; the hand-made pod stays until the "kubelet" removes it.
     world.instance_tick(2)
     assert world.row(first).phase == "RETIRING"
@@ -91,7 +103,8 @@ def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
     world.remove_pods(first)
     _bring_to(world, first, "RETIRED", max_ticks=2)
     member = world.gateway.member(world.routing_group(), first)
-    assert member is not None and member["state"] == "RETIRED"
+    assert member is not None
+    assert member["state"] == "RETIRED"
     assert world.row(second).phase == "SERVING"
     assert world.instance_objects(second) == {
         "ConfigMap": [f"{second}-coordinator-config", f"{second}-worker-config"],
@@ -105,3 +118,287 @@ def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
             assert body["controllerEpoch"] == auth.epoch
             assert body["ownerIdentity"] == auth.owner
             assert body["operationId"].startswith("instance:")
+
+
+def _serve(world: PoolWorld, count: int, max_ticks: int = 80) -> list[str]:
+    """Tick (making every new instance ready) until ``count`` instances are SERVING."""
+
+    def ready_new() -> None:
+        for row in world.rows():
+            if row.phase == "CREATING" and row.instance_id not in world.coordinators:
+                world.make_ready(row.instance_id)
+
+    world.run_until(
+        lambda: sum(1 for r in world.rows() if r.phase == "SERVING") >= count,
+        max_ticks=max_ticks,
+        each=ready_new,
+    )
+    return [r.instance_id for r in world.rows() if r.phase == "SERVING"]
+
+
+@pytest.fixture
+def world2(kube_api: Any, gateway: Any, tmp_path: Any, settings: Any) -> Any:
+    """Two desired instances, min serving 1: one may drain while the other serves."""
+    built = make_world(kube_api, gateway, tmp_path, settings, desired_instances=2)
+    try:
+        yield built
+    finally:
+        built.operator.end_all_terms("test teardown")
+        built.close()
+        trino_config.install_for_tests(None)
+
+
+@pytest.mark.safeguard("trino-19")
+def test_boot_id_is_the_coordinator_process_id(world: PoolWorld) -> None:
+    world.run_until(lambda: bool(world.rows()), max_ticks=2)
+    instance_id = world.rows()[0].instance_id
+    _bring_to(world, instance_id, "CREATING", max_ticks=2)
+    coordinator = world.make_ready(instance_id)
+    # The Gateway refuses any bootId that is not the coordinator's processId.
+    world.gateway.set_process_id(world.routing_group(), instance_id, coordinator.process_id)
+    _bring_to(world, instance_id, "SERVING")
+    (register,) = _register_requests(world)
+    row = world.row(instance_id)
+    assert register["bootId"] == coordinator.process_id
+    assert register["podUid"] == row.coordinator_pod_uid != coordinator.process_id
+    (admit,) = _member_requests(world, instance_id, "admit")
+    assert admit["receipt"]["bootId"] == coordinator.process_id
+
+
+@pytest.mark.safeguard("trino-20")
+def test_a_lost_registration_response_is_adopted_with_the_gateways_identity(
+    world: PoolWorld,
+) -> None:
+    instance_id = _first_instance(world)
+    rg = world.routing_group()
+    coordinator = world.coordinators[instance_id]
+    world.gateway.fail_next("POST", rf"/pools/{rg}/members$", drop_response=True)
+    _bring_to(world, instance_id, "PREPARING", max_ticks=3)
+    assert len(_register_requests(world)) == 1  # adopted by reading the member back
+    row = world.row(instance_id)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert (row.coordinator_node_id, row.coordinator_id) == (
+        member["nodeId"],
+        member["coordinatorId"],
+    )
+    assert (row.coordinator_node_id, row.coordinator_id) == (
+        coordinator.node_id,
+        coordinator.coordinator_id,
+    )
+    assert row.coordinator_node_id != row.coordinator_id
+    _bring_to(world, instance_id, "SERVING")
+    # The coordinator dies: suspect, then the loss claim, both accepted by the Gateway.
+    world.terminate_coordinator(instance_id)
+    _bring_to(world, instance_id, "LOST", max_ticks=3)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "LOST"
+    (lost,) = _member_requests(world, instance_id, "lost")
+    assert lost["evidence"]["nodeId"] == member["nodeId"]
+    assert lost["evidence"]["coordinatorId"] == member["coordinatorId"]
+    assert "OOMKilled" in lost["evidence"]["observation"]
+
+
+@pytest.mark.safeguard("trino-21")
+def test_a_failed_candidate_is_walked_out_cleaned_up_and_failure_retired(
+    world: PoolWorld,
+) -> None:
+    instance_id = _first_instance(world)
+    rg = world.routing_group()
+    _bring_to(world, instance_id, "PREPARING", max_ticks=3)
+    world.coordinators[instance_id].restart()  # a new processId before admission
+    _bring_to(world, instance_id, "FAILED_PREPARING", max_ticks=4)
+    row = world.row(instance_id)
+    assert "restarted before admission" in row.failure_reason
+    # FAILED_PREPARING is not terminal: the member is walked PREPARING → SUSPECT → LOST and the
+    # objects are deleted (the planner does not create while it occupies capacity).
+    world.instance_tick(4)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "LOST"
+    assert world.instance_objects(instance_id) == {}
+    assert world.row(instance_id).phase == "FAILED_PREPARING"  # its pod is still there
+    world.remove_pods(instance_id)
+    _bring_to(world, instance_id, "FAILURE_RETIRED", max_ticks=2)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "RETIRED"
+    # The pool moves on: a replacement candidate is created.
+    world.run_until(lambda: len(world.rows()) == 2, max_ticks=2)
+
+
+@pytest.mark.safeguard("trino-22")
+def test_a_repair_names_the_lost_instance_in_repair_for(world: PoolWorld) -> None:
+    (lost_id,) = _serve(world, 1)
+    world.terminate_coordinator(lost_id)
+    _bring_to(world, lost_id, "LOST", max_ticks=3)
+    # Its pod stays (no kubelet), so it stays LOST while the planner creates a repair.
+    world.run_until(lambda: len(world.rows()) == 2, max_ticks=4)
+    repair = next(r for r in world.rows() if r.instance_id != lost_id)
+    assert repair.repair
+    assert repair.repair_for == lost_id
+    _bring_to(world, repair.instance_id, "CREATING", max_ticks=3)
+    world.make_ready(repair.instance_id)
+    _bring_to(world, repair.instance_id, "SERVING")
+    bodies = _register_requests(world)
+    assert [b["repairFor"] for b in bodies] == ["", lost_id]
+    member = world.gateway.member(world.routing_group(), repair.instance_id)
+    assert member is not None
+    assert member["repairFor"] == lost_id
+
+
+@pytest.mark.safeguard("trino-24")
+def test_seal_uses_the_recorded_generation_not_the_obligations_one(world2: PoolWorld) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    rg = world.routing_group()
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    recorded = world.row(old).gateway_generation
+    assert recorded is not None
+    world.gateway.set_obligations(rg, old, generation=recorded + 40)
+    _bring_to(world, old, "SEALED", max_ticks=2)
+    (seal,) = _member_requests(world, old, "seal")
+    assert seal["expectedGeneration"] == recorded
+
+
+@pytest.mark.safeguard("trino-25")
+def test_a_lost_admit_response_settles_on_retry(world: PoolWorld) -> None:
+    instance_id = _first_instance(world)
+    rg = world.routing_group()
+    _bring_to(world, instance_id, "VALIDATING")
+    world.gateway.fail_next("POST", rf"/members/{instance_id}/admit$", drop_response=True)
+    world.instance_tick()
+    row = world.row(instance_id)
+    assert row.phase == "VALIDATING"
+    assert "unknown" in row.last_error
+    step = TrinoPoolOperationStep.objects.get(
+        operation_id=f"instance:{instance_id}", step_id="admit"
+    )
+    assert step.outcome == "unknown"
+    _bring_to(world, instance_id, "SERVING", max_ticks=3)
+    step.refresh_from_db()
+    assert step.outcome == "ok"
+    # Resolved by reading the Gateway's operation journal back, not by a second admit.
+    assert len(_member_requests(world, instance_id, "admit")) == 1
+    assert world.gateway.requests_to("GET", rf"/pools/{rg}/operations/instance%3A{instance_id}$")
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "ACTIVE"
+    assert world.row(instance_id).last_error == ""
+
+
+@pytest.mark.safeguard("trino-35")
+def test_open_obligations_never_seal_and_the_wait_is_logged_once(
+    world2: PoolWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    rg = world.routing_group()
+    world.gateway.set_obligations(
+        rg, old, pending_requests=0, open_transactions=1, active_queries=2, ready_to_seal=False
+    )
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    caplog.set_level(logging.INFO, logger="duckgres.trino.operator")
+    world.instance_tick(20)
+    assert world.row(old).phase == "DRAINING"
+    assert _member_requests(world, old, "seal") == []
+    waits = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "Trino pool member is waiting." and r.instance == old  # type: ignore[attr-defined]
+    ]
+    assert len(waits) == 1
+    wait = waits[0]
+    assert (wait.reason, wait.open_transactions, wait.active_queries) == (  # type: ignore[attr-defined]
+        "gateway_obligations",
+        1,
+        2,
+    )
+    world.gateway.set_obligations(rg, old, open_transactions=0, active_queries=0, drained=True)
+    _bring_to(world, old, "SEALED", max_ticks=2)
+
+
+def test_the_serving_floor_refusal_is_authoritative(world: PoolWorld) -> None:
+    (only,) = _serve(world, 1)
+    outcome = instances.drain(world.context(), world.row(only))
+    assert "serving floor" in outcome
+    assert world.row(only).phase == "SERVING"
+    member = world.gateway.member(world.routing_group(), only)
+    assert member is not None
+    assert member["state"] == "ACTIVE"
+
+
+def test_a_superseded_candidate_fails(world: PoolWorld) -> None:
+    instance_id = _first_instance(world)
+    _bring_to(world, instance_id, "PREPARING", max_ticks=3)
+    world.put_desired(release_id="trino-476-r9", generation=5)
+    _bring_to(world, instance_id, "FAILED_PREPARING", max_ticks=2)
+    assert world.row(instance_id).failure_reason == instances.SUPERSEDED
+
+
+@pytest.mark.safeguard("trino-36")
+def test_a_failing_phase_cas_logs_neither_advanced_nor_retired(
+    world2: PoolWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    _bring_to(world, old, "RETIRING", max_ticks=4)
+    world.instance_tick()  # objects deleted; the pod remains
+    assert world.instance_objects(old) == {}
+    stale = [world.row(old)]
+    # Another writer moves the row on; this term's snapshot still says RETIRING.
+    TrinoPoolInstance.objects.filter(instance_id=old).update(phase="RETIRED")
+    world.remove_pods(old)
+    caplog.set_level(logging.INFO, logger="duckgres.trino.instances")
+    caplog.clear()
+    errors: list[BaseException] = []
+    assert not instances.progress(world.context(), stale, errors)
+    assert errors
+    assert isinstance(errors[0], instances.PhaseChanged)
+    messages = [r.getMessage() for r in caplog.records]
+    assert ADVANCED not in messages
+    assert RETIRED_LINE not in messages
+    assert world.row(old).last_error.startswith("PhaseChanged")
+
+
+@pytest.mark.safeguard("trino-36")
+def test_a_failing_create_cas_logs_no_advanced_line(
+    world: PoolWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.run_until(lambda: bool(world.rows()), max_ticks=2)
+    stale = world.rows()
+    (row,) = stale
+    TrinoPoolInstance.objects.filter(instance_id=row.instance_id).update(phase="FAILED_PREPARING")
+    caplog.set_level(logging.INFO, logger="duckgres.trino.instances")
+    caplog.clear()
+    errors: list[BaseException] = []
+    instances.progress(world.context(), stale, errors)
+    assert errors
+    assert isinstance(errors[0], instances.PhaseChanged)
+    assert ADVANCED not in [r.getMessage() for r in caplog.records]
+    # And a committed one does log (the check above is not vacuous).
+    TrinoPoolInstance.objects.filter(instance_id=row.instance_id).update(phase="PENDING")
+    caplog.clear()
+    world.instance_tick()
+    assert world.row(row.instance_id).phase == "CREATING"
+    assert ADVANCED in [r.getMessage() for r in caplog.records]
+
+
+def test_a_failing_instance_is_recorded_and_the_sweep_moves_on(world2: PoolWorld) -> None:
+    world = world2
+    first, second = _serve(world, 2)
+    ordered = sorted([first, second])
+    # The lower id's coordinator dies; its suspect claim is refused once by the Gateway.
+    world.terminate_coordinator(ordered[0])
+    world.terminate_coordinator(ordered[1])
+    world.gateway.fail_next(
+        "POST", rf"/members/{ordered[0]}/suspect$", refuse="POOL_EVIDENCE_REQUIRED"
+    )
+    world.instance_tick()
+    assert world.row(ordered[0]).phase == "SERVING"
+    assert "POOL_EVIDENCE_REQUIRED" in world.row(ordered[0]).last_error
+    assert world.row(ordered[1]).phase == "SUSPECT"
+    assert world.last_errors
+    assert type(world.last_errors[0]).__name__ == "GatewayRefused"
