@@ -28,10 +28,12 @@ The ``parse_*`` functions turn response bodies into dataclasses and raise
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -124,6 +126,34 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         except BaseException:
             sock.close()
             raise
+
+
+class _Watchdog:
+    """Hard deadlines: when a phase overruns, the socket is shut down so no read blocks past it."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self._conn = conn
+        self._timer: threading.Timer | None = None
+        self.fired = ""
+
+    def arm(self, seconds: float, reason: str) -> None:
+        self.cancel()
+        timer = threading.Timer(max(seconds, 0.0), self._fire, (reason,))
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self, reason: str) -> None:
+        self.fired = reason
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class GatewayClient:
@@ -238,20 +268,30 @@ class GatewayClient:
         what = f"{method} {path}"
         deadline = time.monotonic() + self._timeout
         conn = self._connection(min(self._header_timeout, self._timeout))
+        watchdog = _Watchdog(conn)
         try:
             try:
+                watchdog.arm(
+                    min(self._header_timeout, self._timeout),
+                    "no response headers within the header timeout",
+                )
                 conn.request(method, path, body=body, headers=headers)
-                started = time.monotonic()
                 response = conn.getresponse()
-                if time.monotonic() - started > self._header_timeout:
-                    raise TimeoutError("response headers took longer than the header timeout")
+                watchdog.arm(deadline - time.monotonic(), "the request budget is exhausted")
                 status = response.status
                 code = (response.getheader(ERROR_HEADER) or "").strip()
                 raw = self._read_body(conn, response, deadline)
-            except (OSError, http.client.HTTPException) as exc:
-                detail = self._scrub(f"{type(exc).__name__}: {exc}")[:_MESSAGE_LIMIT]
-                raise UnknownOutcome(f"{what}: no answer from the Gateway ({detail})") from None
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                detail = watchdog.fired or self._scrub(f"{type(exc).__name__}: {exc}")
+                if not watchdog.fired and time.monotonic() >= deadline:
+                    detail = "the request budget is exhausted"
+                raise UnknownOutcome(
+                    f"{what}: no answer from the Gateway ({detail[:_MESSAGE_LIMIT]})"
+                ) from None
+            if watchdog.fired:
+                raise UnknownOutcome(f"{what}: no answer from the Gateway ({watchdog.fired})")
         finally:
+            watchdog.cancel()
             conn.close()
         if status in (200, 201):
             if raw is None:

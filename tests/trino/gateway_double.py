@@ -11,6 +11,7 @@ readers for tests. The fixture ``gateway`` yields a started double and stops it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -302,6 +303,8 @@ class GatewayDouble:
                 status, body = handler(self, *args, body=parsed)
         except Refusal as refusal:
             return refusal.status, {"code": refusal.code, "message": refusal.message}, refusal.code
+        except Exception as exc:  # a bug in the double: visible as a 500, never a hang
+            return 500, {"message": f"gateway double error: {type(exc).__name__}: {exc}"}, ""
         return status, body, ""
 
     def _route(self, method: str, path: str) -> tuple[Any, list[str]] | int | None:
@@ -977,7 +980,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        with contextlib.suppress(OSError):  # the client gave up (timeouts under test)
+            self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -247,6 +248,56 @@ def test_a_slow_answer_times_out_as_an_unknown_outcome(gateway):  # noqa: F811
     client = GatewayClient(gateway.url, gateway.token, allow_http=True, header_timeout=0.3)
     gateway.fail_next("GET", r".", delay=1.0)
     fail(client.get, UnknownOutcome, GatewayClient.BACKEND_ALL)
+
+
+@pytest.fixture
+def dribbler() -> Iterator[Callable[[bytes, bytes], int]]:
+    """A raw server sending ``head`` at once, then ``tail`` one byte every 0.2 s."""
+    listeners: list[socket.socket] = []
+    stop = threading.Event()
+
+    def start(head: bytes, tail: bytes) -> int:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        listeners.append(listener)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(head)
+                for byte in tail:
+                    if stop.wait(0.2):
+                        return
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        return
+
+        threading.Thread(target=serve, daemon=True).start()
+        return int(listener.getsockname()[1])
+
+    yield start
+    stop.set()
+    for listener in listeners:
+        listener.close()
+
+
+def test_slow_headers_and_slow_bodies_hit_hard_deadlines(dribbler):
+    headers = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+    port = dribbler(b"", headers)
+    client = http_client(f"http://127.0.0.1:{port}", header_timeout=0.5, timeout=5.0)
+    started = time.monotonic()
+    error = fail(client.get, UnknownOutcome, GatewayClient.BACKEND_ALL)
+    assert time.monotonic() - started < 2.0
+    assert "header timeout" in str(error)
+    port = dribbler(headers, b"[" + b" " * 38 + b"]")
+    client = http_client(f"http://127.0.0.1:{port}", header_timeout=0.5, timeout=1.0)
+    started = time.monotonic()
+    error = fail(client.get, UnknownOutcome, GatewayClient.BACKEND_ALL)
+    assert time.monotonic() - started < 2.5
+    assert "budget" in str(error)
 
 
 def test_every_error_is_free_of_the_token(gateway):  # noqa: F811
