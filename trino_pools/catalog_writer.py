@@ -11,7 +11,8 @@ Invariants:
    ``FOR UPDATE`` (``lock_timeout`` 1 s, ``statement_timeout`` 3 s, 5 s for the whole call).
    ``takeover`` refuses a higher recorded epoch and an equal epoch held by another identity;
    ``apply`` requires the exact epoch **and** identity. Refusals raise ``WriterFenced`` — a
-   decision, never retried with another epoch.
+   decision, never retried with another epoch. ``list_catalogs`` (the reconciler's first
+   call) also checks the fence, so a fenced writer is found before any config-store write.
 2. **One transaction per change.** ``apply`` writes or deletes the definition, bumps
    ``revision``, recomputes ``catalog_count`` from the rows and journals ``(revision,
    operation_id, ADD_OR_REPLACE|REMOVE, catalog, version, payload_hash, writer_epoch)`` in the
@@ -62,6 +63,7 @@ LOCK_TIMEOUT_MS = 1000
 STATEMENT_TIMEOUT_MS = 3000
 OVERALL_BUDGET_SECONDS = 5.0
 MIN_CONNECT_SECONDS = 2  # libpq treats smaller connect timeouts as 2 s
+RESOLVE_FLOOR_SECONDS = 2.0
 APPLICATION_NAME = "duckgres-admin-trino-writer"
 
 ADD_OR_REPLACE = "ADD_OR_REPLACE"
@@ -344,9 +346,12 @@ class CatalogWriter:
         )
         return new_revision
 
-    def _resolve(self, name: str, digest: str, before: int) -> int | None:
-        """After a lost COMMIT: the journal entry of this intent above ``before``, if any."""
-        deadline = time.monotonic() + OVERALL_BUDGET_SECONDS
+    def _resolve(self, name: str, digest: str, before: int, deadline: float) -> int | None:
+        """After a lost COMMIT: the journal entry of this intent above ``before``, if any.
+
+        Runs in what is left of the call's budget, but gets at least ``RESOLVE_FLOOR_SECONDS``
+        (a reconnect and one indexed read) so a late loss can still be resolved."""
+        deadline = max(deadline, time.monotonic() + RESOLVE_FLOOR_SECONDS)
         try:
             conn = self._connection(deadline)
             with conn.transaction():
@@ -381,7 +386,7 @@ class CatalogWriter:
                 self._discard()
                 if not read:  # the writer row was never read: nothing can have committed
                     raise self._error(exc, f"apply {catalog}") from None
-                resolved = self._resolve(catalog, payload_hash, read[0])
+                resolved = self._resolve(catalog, payload_hash, read[0], deadline)
                 if resolved is None:
                     raise CatalogStoreError(
                         f"the Trino catalog store (apply {catalog} for {self.pool_key}): the "
