@@ -49,7 +49,6 @@ with another generation, and then it is a new attempt of the same step.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +65,7 @@ from duckgres_admin.lib.gateway import (
     GatewayRefused,
     Member,
     parse_backends,
+    parse_failure_receipt,
     parse_member,
     parse_obligations,
     parse_operation,
@@ -77,7 +77,7 @@ from duckgres_admin.models.trino import (
 )
 from trino_pools import authority, effects, instantiate, phases, planner, probes
 from trino_pools.authority import PoolConflict
-from trino_pools.blueprint import INSTANCE_LABEL
+from trino_pools.blueprint import INSTANCE_LABEL, BlueprintError
 
 if TYPE_CHECKING:
     from trino_pools.operator import PoolContext
@@ -478,9 +478,14 @@ def _inventory(row: TrinoPoolInstance) -> dict[str, tuple[str, str]]:
 
 def _step_pending(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     namespace = _namespace(row)
-    docs = instantiate.instance_objects(
-        row.instance_id, ctx.cell.id, ctx.cell.routing_group, _snapshot(row), ctx.auth.epoch
-    )
+    try:
+        docs = instantiate.instance_objects(
+            row.instance_id, ctx.cell.id, ctx.cell.routing_group, _snapshot(row), ctx.auth.epoch
+        )
+    except (instantiate.InstanceSpecError, BlueprintError) as exc:
+        # The instance's own snapshot can never produce objects: nothing was created.
+        _fail_candidate(ctx, row, f"the instance snapshot cannot be instantiated: {exc}")
+        return True
     names = sorted(f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs)
     ctx.ensure_leading()
     state = effects.run_step(
@@ -643,9 +648,15 @@ def _step_creating(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         _adopt_member(ctx, row, member)
         return True
     namespace = _namespace(row)
-    coordinator_ready, ready_workers, desired_workers = instantiate.workers_ready(
-        namespace, row.instance_id
-    )
+    try:
+        coordinator_ready, ready_workers, desired_workers = instantiate.workers_ready(
+            namespace, row.instance_id
+        )
+    except k8s.KubeError as exc:
+        if exc.status != 404:
+            raise
+        _fail_candidate(ctx, row, f"an instance Deployment is missing: {exc}")
+        return True
     if not (coordinator_ready and desired_workers > 0 and ready_workers == desired_workers):
         return _wait(
             ctx,
@@ -786,10 +797,9 @@ def _step_validating(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     if state.outcome == "failed":
         code = state.refusal_code
         if code == "POOL_PUBLICATION_BARRIER":
-            admission = importlib.import_module("trino_pools.admission")
-            release = getattr(admission, "release_barrier", None)
-            if release is not None:
-                release(ctx, "a candidate is waiting to join")
+            from trino_pools import admission
+
+            admission.release_barrier(ctx, "a candidate is waiting to join")
             return True
         if code == "POOL_NOT_CERTIFIED":
             advance(ctx, row, P.PREPARING, validation_receipt=None, validated_at=None)
@@ -938,10 +948,12 @@ def _step_sealed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     return True
 
 
-def delete_resources(row: TrinoPoolInstance) -> bool:
+def delete_resources(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     """UID-preconditioned deletes of the recorded objects; True when all verifiably absent."""
-    if not phases.deletion_permitted(row.phase):
+    lost_with_receipt = row.phase == P.LOST and isinstance(row.retirement_receipt, dict)
+    if not phases.deletion_permitted(row.phase) and not lost_with_receipt:
         raise InstanceError(f"refusing to delete the objects of {row.instance_id} in {row.phase}")
+    ctx.ensure_leading()
     return bool(
         instantiate.delete_objects(_namespace(row), _inventory(row), instance_id=row.instance_id)
     )
@@ -965,7 +977,7 @@ def _retired(ctx: PoolContext, row: TrinoPoolInstance, to: str) -> bool:
 
 
 def _step_retiring(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    if not delete_resources(row):
+    if not delete_resources(ctx, row):
         return _wait(ctx, row, "kubernetes_resources")
     return _retired(ctx, row, P.RETIRED)
 
@@ -991,7 +1003,22 @@ def _failure_evidence(row: TrinoPoolInstance) -> dict[str, Any]:
 
 
 def _step_lost(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    if not delete_resources(row):
+    if not isinstance(row.retirement_receipt, dict):
+        # The Gateway's failure receipt is its irreversible record of the loss: only with it
+        # may the objects of an instance that once served be deleted (invariant 6).
+        path = _member_path(ctx, row.instance_id, "failure-receipt")
+        receipt = parse_failure_receipt(ctx.gateway.get(path))
+        _update(
+            ctx,
+            row,
+            retirement_receipt={
+                "kind": receipt.kind,
+                "state": receipt.state,
+                "generation": receipt.generation,
+                "recordedAt": receipt.recorded_at,
+            },
+        )
+    if not delete_resources(ctx, row):
         return _wait(ctx, row, "kubernetes_resources")
     return _retired(ctx, row, P.FAILURE_RETIRED)
 
@@ -1004,7 +1031,7 @@ def _step_failed_preparing(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         claimed = _claim(ctx, row, step_id, _failure_evidence(row))
         _update(ctx, row, **_member_fields(claimed))
         return True
-    if not delete_resources(row):
+    if not delete_resources(ctx, row):
         return _wait(ctx, row, "kubernetes_resources")
     if member is not None and member.state == "LOST":
         return _retired(ctx, row, P.FAILURE_RETIRED)

@@ -198,6 +198,17 @@ def test_a_lost_registration_response_is_adopted_with_the_gateways_identity(
     assert lost["evidence"]["nodeId"] == member["nodeId"]
     assert lost["evidence"]["coordinatorId"] == member["coordinatorId"]
     assert "OOMKilled" in lost["evidence"]["observation"]
+    # Failure retirement: the Gateway's failure receipt first, then the objects, then retired.
+    world.instance_tick()
+    receipt = world.row(instance_id).retirement_receipt
+    assert receipt is not None
+    assert receipt["kind"] == "FAILED"
+    assert world.instance_objects(instance_id) == {}
+    world.remove_pods(instance_id)
+    _bring_to(world, instance_id, "FAILURE_RETIRED", max_ticks=3)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "RETIRED"
 
 
 @pytest.mark.safeguard("trino-21")
@@ -402,3 +413,18 @@ def test_a_failing_instance_is_recorded_and_the_sweep_moves_on(world2: PoolWorld
     assert world.row(ordered[1]).phase == "SUSPECT"
     assert world.last_errors
     assert type(world.last_errors[0]).__name__ == "GatewayRefused"
+
+
+def test_the_operators_real_tick_drives_an_instance_to_serving(world: PoolWorld) -> None:
+    def tick_until(predicate: Any, max_ticks: int) -> None:
+        for _ in range(max_ticks):
+            if predicate():
+                return
+            report = world.tick()[0]
+            assert report.leader
+        assert predicate(), world.phases()
+
+    tick_until(lambda: world.rows() and world.rows()[0].phase == "CREATING", 3)
+    (row,) = world.rows()
+    world.make_ready(row.instance_id)
+    tick_until(lambda: world.row(row.instance_id).phase == "SERVING", 20)
