@@ -43,6 +43,7 @@ from duckgres_admin.lib.gateway import GatewayClient
 from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
 from trino_pools import authority, config, effects, lease, term_metrics
 from trino_pools.authority import Authority, PoolConflict
+from trino_pools.catalog_writer import WriterFenced
 from trino_pools.desired import Desired, read_desired
 from trino_pools.registry import Cell
 from trino_pools.waitlog import WaitLog
@@ -233,7 +234,7 @@ class Operator:
         except LeadershipLost as exc:
             self.end_all_terms(str(exc))
             return "leadership lost"
-        except PoolConflict as exc:
+        except (PoolConflict, WriterFenced) as exc:
             errors.append(exc)
             self.end_term(cell.stored_id, fenced=True, reason=str(exc))
             return f"fenced: {exc}"
@@ -277,7 +278,7 @@ class Operator:
         configure_gateway_pool(ctx)  # 7.
         try:
             admission.run(ctx)  # 8. failures are counted, never stop instance work
-        except (PoolConflict, LeadershipLost):
+        except (PoolConflict, WriterFenced, LeadershipLost):
             raise
         except Exception as exc:  # noqa: BLE001 - tenant isolation (invariant 8)
             errors.append(exc)
