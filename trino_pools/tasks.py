@@ -121,6 +121,12 @@ def worker_start(settings: config.TrinoSettings) -> None:
         except OSError as exc:
             _log.error("trino worker: cannot start the metrics exporter: %s", exc)
     metrics.mark_configured(settings)
+    if settings.node_disruption_enabled:
+        _log.warning(
+            "DUCKGRES_TRINO_POOL_NODE_DISRUPTION_ENABLED is true, but node replacement "
+            "(spec 4.13) is not built in this version: no node is protected, cordoned or "
+            "replaced; set it to false to silence this warning"
+        )
     if settings.catalog_writer_enabled:
         catalog_store.check_writer(settings, bootstrap=settings.catalog_bootstrap)
     start_audit(settings)

@@ -152,6 +152,24 @@ def test_worker_start_fails_when_the_catalog_store_is_unreachable(
     assert "pw-9x8c7v6b" not in str(info.value)
 
 
+def test_worker_start_warns_that_node_replacement_is_not_built(
+    tmp_path, trino_settings_reset, monkeypatch, caplog
+):
+    env = full_env(
+        tmp_path,
+        DUCKGRES_TRINO_POOL_NODE_DISRUPTION_ENABLED="true",
+        DUCKGRES_TRINO_METRICS_PORT="0",
+        DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED="false",
+        DUCKGRES_TRINO_POOL_OPERATOR_ENABLED="false",
+        DUCKGRES_TRINO_DEFAULT_CELL="",
+    )
+    settings = load(env, service_account_token="/nonexistent")
+    monkeypatch.setattr(tasks, "start_audit", lambda s: None)
+    with caplog.at_level("WARNING", logger="duckgres.trino.worker"):
+        tasks.worker_start(settings)
+    assert any("node replacement" in r.getMessage() for r in caplog.records)
+
+
 def test_control_worker_start_runs_the_audit_log_only(monkeypatch, wired, make_warehouse, caplog):
     from trino_pools.metrics import TRINO_REGISTRY, set_unconfigured_owners
 
