@@ -30,11 +30,16 @@ Invariants:
    Gateway's last member answer, never the one reported by ``/obligations`` (safeguard 24). A
    ``POOL_STALE_GENERATION`` refusal refreshes the recorded generation from ``GET /members/<id>``
    and the step is retried on a later tick.
-6. **Drain by obligations only.** ``DRAINING`` seals only when (``readyToSeal`` or ``drained``)
+6. **Health by evidence only.** ``ADMITTED``/``SERVING`` become ``SUSPECT`` only with termination
+   evidence from the registered coordinator pod's container status; a ``SUSPECT`` with evidence
+   becomes ``LOST``, one without is drained and retired normally; nothing returns to ``SERVING``.
+   ``LOST`` objects are deleted only once the Gateway's failure receipt (its irreversible loss
+   record) is stored on the row.
+7. **Drain by obligations only.** ``DRAINING`` seals only when (``readyToSeal`` or ``drained``)
    and ``pendingRequests + openTransactions + activeQueries == 0`` as read from
    ``/obligations``; there is no drain deadline. A serving-floor refusal of the drain is
    authoritative: no CAS, retried on a later tick.
-7. **Deletes are guarded.** Kubernetes objects are deleted only in ``RETIRING`` (after the
+8. **Deletes are guarded.** Kubernetes objects are deleted only in ``RETIRING`` (after the
    Gateway's irreversible retire claim), ``LOST`` (after the Gateway's loss record) and
    ``FAILED_PREPARING`` (never admitted), always by recorded name and UID (the worker ConfigMap
    included, safeguard 23). ``RETIRED`` needs every object verifiably absent.
@@ -881,9 +886,15 @@ def _step_serving(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 
 
 def _step_suspect(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    """Evidence still there → lost. Gone (the registered pod vanished or no longer reports a
+    termination) → drain it and retire it normally: a suspect never serves again."""
     if _observe(ctx, row):
         return True
-    return _wait(ctx, row, "suspect_without_evidence")
+    state = _gateway_step(ctx, row, "drain", {}, _member_path(ctx, row.instance_id, "drain"))
+    if state.outcome == "failed":
+        raise _refusal(state)
+    advance(ctx, row, P.DRAINING, **_member_fields(parse_member(state.result)))
+    return True
 
 
 # DRAINING, SEALED, RETIRING --------------------------------------------------------------------

@@ -73,6 +73,7 @@ class PoolWorld:
     coordinators: dict[str, CoordinatorDouble] = field(default_factory=dict)
     registry_cells: list[dict[str, Any]] = field(default_factory=list)
     last_errors: list[BaseException] = field(default_factory=list)  # of the last instance_tick
+    extra_namespaces: list[str] = field(default_factory=list)
 
     # --- configuration ---------------------------------------------------------------------
     @property
@@ -199,12 +200,23 @@ class PoolWorld:
         return {r.instance_id: r.phase for r in self.rows(pool)}
 
     # --- Kubernetes by hand --------------------------------------------------------------------
+    def pool_of(self, instance_id: str) -> str:
+        """The public id of the pool the instance belongs to."""
+        return str(self.row(instance_id).pool_id).removeprefix("registered:")
+
+    def ns_of(self, instance_id: str) -> str:
+        """The namespace of the instance's pool (the first pool uses the kube_api namespace)."""
+        return self.cell(self.pool_of(instance_id)).namespace
+
+    def worker_replicas(self, instance_id: str) -> int:
+        return int(self.blueprint_kwargs.get(self.pool_of(instance_id), {}).get("replicas", 2))
+
     def set_deployment_ready(
         self, instance_id: str, *, coordinator: int = 1, workers: int | None = None
     ) -> None:
         if workers is None:
-            workers = int(self.blueprint_kwargs.get("pool-a", {}).get("replicas", 2))
-        ns = self.namespace
+            workers = self.worker_replicas(instance_id)
+        ns = self.ns_of(instance_id)
         blueprints.set_deployment_ready(
             self.kube.api_client, ns, f"{instance_id}-coordinator", coordinator
         )
@@ -216,7 +228,7 @@ class PoolWorld:
         """A running coordinator pod (what the Deployment + kubelet would have made)."""
         from kubernetes import client
 
-        ns = self.namespace
+        ns = self.ns_of(instance_id)
         name = f"{instance_id}-coordinator-{secrets.token_hex(3)}"
         labels = {
             INSTANCE_LABEL: instance_id,
@@ -264,11 +276,11 @@ class PoolWorld:
                     "terminated": {"exitCode": 137, "reason": reason, "finishedAt": finished}
                 }
             core.patch_namespaced_pod_status(
-                name, self.namespace, {"status": {"containerStatuses": statuses}}
+                name, self.ns_of(instance_id), {"status": {"containerStatuses": statuses}}
             )
 
     def instance_pods(self, instance_id: str) -> list[dict[str, Any]]:
-        return k8s.list_pods(self.namespace, f"{INSTANCE_LABEL}={instance_id}")
+        return k8s.list_pods(self.ns_of(instance_id), f"{INSTANCE_LABEL}={instance_id}")
 
     def remove_pods(self, instance_id: str) -> None:
         """What the garbage collector and kubelet would do once the Deployments are gone."""
@@ -277,7 +289,7 @@ class PoolWorld:
         core = client.CoreV1Api(self.kube.api_client)
         for pod in self.instance_pods(instance_id):
             core.delete_namespaced_pod(
-                pod["metadata"]["name"], self.namespace, grace_period_seconds=0
+                pod["metadata"]["name"], self.ns_of(instance_id), grace_period_seconds=0
             )
 
     def instance_objects(self, instance_id: str) -> dict[str, list[str]]:
@@ -286,7 +298,9 @@ class PoolWorld:
         for kind in ("Service", "Deployment", "ConfigMap"):
             names = sorted(
                 o["metadata"]["name"]
-                for o in k8s.list_objects(self.namespace, kind, f"{INSTANCE_LABEL}={instance_id}")
+                for o in k8s.list_objects(
+                    self.ns_of(instance_id), kind, f"{INSTANCE_LABEL}={instance_id}"
+                )
             )
             if names:
                 found[kind] = names
@@ -297,21 +311,19 @@ class PoolWorld:
         """The instance's stand-in coordinator, reachable at its Service host (created once)."""
         double = self.coordinators.get(instance_id)
         if double is None:
-            workers = int(self.blueprint_kwargs.get("pool-a", {}).get("replicas", 2))
+            workers = self.worker_replicas(instance_id)
             double = CoordinatorDouble(
                 node_id=f"{instance_id}-coordinator-node",
                 workers=workers,
                 expected_credential=OBSERVER,
                 **kwargs,
             )
-            port = self.cell("pool-a").pool.coordinator_service_port
-            double.host_alias(instance_id, self.namespace, port)
+            port = self.cell(self.pool_of(instance_id)).pool.coordinator_service_port
+            double.host_alias(instance_id, self.ns_of(instance_id), port)
             self.coordinators[instance_id] = double
         return double
 
-    def make_ready(
-        self, instance_id: str, pool: str = "pool-a", *, identity: bool = True
-    ) -> CoordinatorDouble:
+    def make_ready(self, instance_id: str, *, identity: bool = True) -> CoordinatorDouble:
         """Deployments ready, a running coordinator pod, a coordinator double answering for it
         and (``identity``) the Gateway told the coordinator's node and coordinator ids, which it
         records at registration like the real Gateway."""
@@ -320,7 +332,7 @@ class PoolWorld:
         self.create_coordinator_pod(instance_id)
         if identity:
             self.gateway.set_identity(
-                self.routing_group(pool),
+                self.routing_group(self.pool_of(instance_id)),
                 instance_id,
                 node_id=double.node_id,
                 coordinator_id=double.coordinator_id,
@@ -331,6 +343,13 @@ class PoolWorld:
         for double in self.coordinators.values():
             double.close()
         self.coordinators.clear()
+        for extra in self.extra_namespaces:
+            try:
+                self.kube.core.delete_collection_namespaced_pod(extra, grace_period_seconds=0)
+                self.kube.core.delete_namespace(extra)
+            except Exception as exc:  # cleanup is best effort; the name is unique
+                print(f"cleanup of {extra}: {exc}")
+        self.extra_namespaces = []
 
 
 def make_world(
@@ -348,24 +367,35 @@ def make_world(
     catalog_store: Any = None,
     blueprint: dict[str, Any] | None = None,
 ) -> PoolWorld:
-    """Configure ``pools`` on the kube_api namespace (all pools share it) and an Operator."""
+    """Configure ``pools`` and an Operator. The first pool lives in the kube_api namespace, each
+    further pool in its own namespace ``<kube_api namespace>-<n>`` (created here, deleted by
+    ``PoolWorld.close``); every pool's ConfigMap is in the kube_api namespace."""
     for key, value in kube_api.settings_overrides().items():
         setattr(django_settings, key, value)
     k8s.api_client.cache_clear()
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api.api_client)
-    core.create_namespaced_secret(
-        kube_api.namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="trino-observer"),
-            string_data={"username": OBSERVER[0], "password": OBSERVER[1]},
-        ),
-    )
     ns = kube_api.namespace
+    extra_namespaces = [f"{ns}-{i}" for i in range(1, len(pools))]
+    for extra in extra_namespaces:
+        core.create_namespace(
+            client.V1Namespace(
+                metadata=client.V1ObjectMeta(name=extra, labels={"duckgres-test": "1"})
+            )
+        )
+    for pool_ns in [ns, *extra_namespaces]:
+        core.create_namespaced_secret(
+            pool_ns,
+            client.V1Secret(
+                metadata=client.V1ObjectMeta(name="trino-observer"),
+                string_data={"username": OBSERVER[0], "password": OBSERVER[1]},
+            ),
+        )
     cells_docs = []
     for i, pool in enumerate(pools):
-        doc = helpers.cell(pool, namespace=ns, routing_group=f"rg-{pool}-{i}")
+        pool_ns = ns if i == 0 else extra_namespaces[i - 1]
+        doc = helpers.cell(pool, namespace=pool_ns, routing_group=f"rg-{pool}-{i}")
         doc["pool"].update(
             desired_instances=desired_instances,
             min_serving=min_serving,
@@ -412,6 +442,7 @@ def make_world(
         operator=op,
         tmp=tmp_path,
         registry_cells=cells_docs,
+        extra_namespaces=extra_namespaces,
     )
     for pool in pools:
         world.put_desired(pool, **(blueprint or {}))

@@ -428,3 +428,33 @@ def test_the_operators_real_tick_drives_an_instance_to_serving(world: PoolWorld)
     (row,) = world.rows()
     world.make_ready(row.instance_id)
     tick_until(lambda: world.row(row.instance_id).phase == "SERVING", 20)
+
+
+def test_a_suspect_without_evidence_is_drained_never_served_again(world: PoolWorld) -> None:
+    (instance_id,) = _serve(world, 1)
+    world.terminate_coordinator(instance_id)
+    world.instance_tick()
+    assert world.row(instance_id).phase == "SUSPECT"
+    world.remove_pods(instance_id)  # the registered pod vanished: the evidence is gone
+    world.instance_tick()
+    assert world.row(instance_id).phase == "DRAINING"
+    member = world.gateway.member(world.routing_group(), instance_id)
+    assert member is not None
+    assert member["state"] == "DRAINING"
+
+
+def test_two_pools_each_create_their_own_instance(
+    kube_api: Any, gateway: Any, tmp_path: Any, settings: Any
+) -> None:
+    both = make_world(kube_api, gateway, tmp_path, settings, pools=("pool-a", "pool-b"))
+    try:
+        both.tick(2)
+        a, b = both.rows("pool-a"), both.rows("pool-b")
+        assert [r.phase for r in a] == ["CREATING"]
+        assert [r.phase for r in b] == ["CREATING"]
+        assert both.pool_of(b[0].instance_id) == "pool-b"
+        assert both.instance_objects(b[0].instance_id)["Service"] == [b[0].instance_id]
+    finally:
+        both.operator.end_all_terms("test teardown")
+        both.close()
+        trino_config.install_for_tests(None)
