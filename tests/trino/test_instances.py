@@ -53,6 +53,7 @@ def _first_instance(world: PoolWorld) -> str:
     return instance_id
 
 
+@pytest.mark.safeguard("trino-26")
 def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
     world: PoolWorld,
 ) -> None:
