@@ -878,7 +878,15 @@ def _step_admitted(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     if member is not None and member.state == "ACTIVE" and member.eligible:
         advance(ctx, row, P.SERVING, **_member_fields(member))
         return True
-    return _observe(ctx, row)
+    if _observe(ctx, row):
+        return True
+    return _wait(
+        ctx,
+        row,
+        "gateway_member_state",
+        member_state=member.state if member is not None else "absent",
+        eligible=bool(member and member.eligible),
+    )
 
 
 def _step_serving(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
