@@ -6,19 +6,27 @@ Gateway double (``tests/trino/gateway_double.py``), one coordinator double per i
 (``tests/trino/coordinator_double.py``, reached through ``probes.CONNECT_OVERRIDES``), the real
 config store and, optionally, a real catalog store.
 
-    from tests.trino.gateway_double import gateway  # noqa: F401
-    from tests.trino.operator_harness import PoolWorld, make_world, world  # noqa: F401
+    from tests.trino import gateway_double, operator_harness
+    from tests.trino.operator_harness import PoolWorld
+
+    gateway = gateway_double.gateway  # fixtures, found by name in the test module
+    world = operator_harness.world
 
     def test_x(world: PoolWorld) -> None:       # one pool "pool-a", desired 1
-        world.instance_ticks(2)                   # create, then the Kubernetes objects
+        world.instance_tick(2)                    # create, then the Kubernetes objects
         (row,) = world.rows()
         world.make_ready(row.instance_id)         # Deployments ready + a running coordinator pod
         world.run_until(lambda: world.row(row.instance_id).phase == "SERVING")
 
-``make_world(kube_api, gateway, tmp_path, settings_fixture, pools=("pool-a", "pool-b"),
-desired_instances=…)`` builds other shapes. ``tick()`` is the operator's real tick (tenant
-admission included, which needs ``trino_pools.admission``); ``instance_tick()`` is the same pool
-tick without tenant admission (steps 1-7 and 9-11 of §4.4), for instance-lifecycle tests.
+``make_world(kube_api, gateway, tmp_path, settings, pools=("pool-a", "pool-b"),
+desired_instances=…, catalog_store=…)`` builds other shapes (each further pool gets its own
+namespace; ``catalog_store`` enables the catalog writer). ``tick()`` is the operator's real tick
+(tenant admission included); ``instance_tick()`` is the same pool tick without tenant admission
+(steps 1-7 and 9-11 of §4.4), for instance-lifecycle tests. Other helpers:
+``set_deployment_ready``, ``create_coordinator_pod``, ``terminate_coordinator`` (termination
+evidence), ``remove_pods`` (what the garbage collector would do), ``instance_objects``,
+``rows``/``row``/``phases``, ``context()`` (a ``PoolContext`` of the live term) and
+``last_errors`` (of the last ``instance_tick``).
 
 Use with ``pytest.mark.django_db`` and ``pytest.mark.kube``.
 """
