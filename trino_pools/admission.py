@@ -44,11 +44,11 @@ Invariants:
 7. **Every publication row write is fenced** (``authority.fenced``) and a compare-and-set on the
    row's ``attempt`` and ``pending_intent`` with the row count checked. Revoked rows are kept.
 
-Until the integrator's migration turns ``principal_revision``, ``target_revision`` and
-``admitted_target_revision`` into text columns, the string revisions are kept in
-``gateway_receipt`` (keys ``principalRevision``, ``targetRevision``, ``admittedTargetRevision``)
-and the bigint columns carry a non-zero marker (the attempt number) exactly when the string is
-set, so "non-empty" reads the same either way. Once the columns are text they get the strings.
+The revisions are strings (migration 0007): ``principal_revision`` = the binding revision last
+published (32 hex), ``target_revision`` = the target of the live or last barrier
+(``b<binding>.a<attempt>``), ``admitted_target_revision`` = the last target the Gateway admitted
+(empty = never admitted). ``gateway_receipt`` holds the live barrier's record
+``{"barrier": {"publicationId", "targetRevision", "catalogRevision"}}``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, models
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -155,11 +155,6 @@ def binding_of(target: str) -> str:
     return target[1:].rsplit(".a", 1)[0]
 
 
-def attempt_of(target: str) -> int:
-    tail = target.rsplit(".a", 1)[-1] if ".a" in target else ""
-    return int(tail) if tail.isdigit() else 0
-
-
 def publication_id(tenant: str, target: str) -> str:
     return "pub." + _sha256(f"{tenant}\0{target}")[:DIGEST_HEX]
 
@@ -197,24 +192,7 @@ def backoff_delay(failures: int, rng: Callable[[], float] = _random.random) -> f
 
 # --- the publication row -------------------------------------------------------------------------
 
-_REV_FIELDS = {
-    "principal_revision": "principalRevision",
-    "target_revision": "targetRevision",
-    "admitted_target_revision": "admittedTargetRevision",
-}
-
-
-def _text_column(name: str) -> bool:
-    return isinstance(TrinoPoolPublication._meta.get_field(name), models.TextField)
-
-
-def _column_value(name: str, value: str, attempt: int) -> Any:
-    """The column value of a string revision (the interim bigint marker until the migration)."""
-    if _text_column(name):
-        return value
-    if not value:
-        return 0
-    return attempt_of(value) or max(attempt, 1)
+_REV_FIELDS = ("principal_revision", "target_revision", "admitted_target_revision")
 
 
 @dataclass
@@ -252,12 +230,9 @@ class Row:
         return None
 
 
-def _rev(obj: TrinoPoolPublication, receipt: dict[str, Any], name: str) -> str:
+def _rev(obj: TrinoPoolPublication, name: str) -> str:
     value = getattr(obj, name)
-    if isinstance(value, str) and value:
-        return value
-    stored = receipt.get(_REV_FIELDS[name])
-    return stored if isinstance(stored, str) else ""
+    return value if isinstance(value, str) else ""
 
 
 def _row(obj: TrinoPoolPublication) -> Row:
@@ -271,9 +246,9 @@ def _row(obj: TrinoPoolPublication) -> Row:
         pending_intent=obj.pending_intent,
         pending_body=obj.pending_request_body,
         publication_id=obj.publication_id,
-        principal_revision=_rev(obj, receipt, "principal_revision"),
-        target_revision=_rev(obj, receipt, "target_revision"),
-        admitted_target_revision=_rev(obj, receipt, "admitted_target_revision"),
+        principal_revision=_rev(obj, "principal_revision"),
+        target_revision=_rev(obj, "target_revision"),
+        admitted_target_revision=_rev(obj, "admitted_target_revision"),
         receipt=dict(receipt),
         last_error=obj.last_error,
     )
@@ -294,12 +269,10 @@ def _write(ctx: PoolContext, row: Row, **changes: Any) -> None:
     """Fenced compare-and-set on ``(attempt, pending_intent)``; updates ``row`` in place."""
     receipt = dict(row.receipt)
     fields: dict[str, Any] = {}
-    new_attempt = int(changes.get("attempt", row.attempt))
-    for name, key in _REV_FIELDS.items():
+    for name in _REV_FIELDS:
         if name in changes:
             value = str(changes.pop(name))
-            receipt[key] = value
-            fields[name] = _column_value(name, value, new_attempt)
+            fields[name] = value
             setattr(row, name, value)
     if "barrier" in changes:
         barrier = changes.pop("barrier")
