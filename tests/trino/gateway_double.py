@@ -18,6 +18,7 @@ import json
 import re
 import secrets
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -149,13 +150,22 @@ class GatewayDouble:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> GatewayDouble:
+    def start(self, tls: ssl.SSLContext | None = None) -> GatewayDouble:
+        """Serve on 127.0.0.1:<ephemeral>; with ``tls`` (a server context) over HTTPS."""
         double = self
 
         class Handler(_Handler):
             gateway = double
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def get_request(self) -> tuple[Any, Any]:
+                conn, addr = super().get_request()
+                if tls is not None:  # handshake in the handler thread, not the accept loop
+                    conn = tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                return conn, addr
+
+        self._tls = tls is not None
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -171,7 +181,8 @@ class GatewayDouble:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if getattr(self, "_tls", False) else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     # -- test conveniences ---------------------------------------------------------------------
 
