@@ -20,7 +20,8 @@ config store and, optionally, a real catalog store.
 
 ``make_world(kube_api, gateway, tmp_path, settings, pools=("pool-a", "pool-b"),
 desired_instances=…, catalog_store=…)`` builds other shapes (each further pool gets its own
-namespace; ``catalog_store`` enables the catalog writer). ``tick()`` is the operator's real tick
+namespace; ``catalog_store`` — the ``catalog_store`` fixture — is bootstrapped and enables the
+catalog writer). ``tick()`` is the operator's real tick
 (tenant admission included); ``instance_tick()`` is the same pool tick without tenant admission
 (steps 1-7 and 9-11 of §4.4), for instance-lifecycle tests. Other helpers:
 ``set_deployment_ready``, ``create_coordinator_pod``, ``terminate_coordinator`` (termination
@@ -430,6 +431,14 @@ def make_world(
         config_namespace=ns,
     )
     if catalog_store is not None:
+        import psycopg
+
+        from trino_pools.catalog_store import BOOTSTRAP_DDL
+
+        with psycopg.connect(
+            catalog_store.dsn, autocommit=True, options=f"-c search_path={catalog_store.schema}"
+        ) as conn:
+            conn.execute(BOOTSTRAP_DDL)
         dsn_file = tmp_path / "catalog-dsn"
         dsn_file.write_text(catalog_store.dsn + "\n", encoding="utf-8")
         settings = replace(

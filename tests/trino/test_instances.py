@@ -459,3 +459,17 @@ def test_two_pools_each_create_their_own_instance(
         both.operator.end_all_terms("test teardown")
         both.close()
         trino_config.install_for_tests(None)
+
+
+def test_the_real_tick_with_the_catalog_writer_enabled(
+    kube_api: Any, gateway: Any, tmp_path: Any, settings: Any, catalog_store: Any
+) -> None:
+    with_writer = make_world(kube_api, gateway, tmp_path, settings, catalog_store=catalog_store)
+    try:
+        reports = with_writer.tick(2)
+        assert reports[-1].pools == {"pool-a": "progressed"}
+        assert [r.phase for r in with_writer.rows()] == ["CREATING"]
+    finally:
+        with_writer.operator.end_all_terms("test teardown")
+        with_writer.close()
+        trino_config.install_for_tests(None)
