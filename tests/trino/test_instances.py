@@ -473,3 +473,32 @@ def test_the_real_tick_with_the_catalog_writer_enabled(
         with_writer.operator.end_all_terms("test teardown")
         with_writer.close()
         trino_config.install_for_tests(None)
+
+
+def test_admit_refusals_barrier_then_not_certified_are_retried(world: PoolWorld) -> None:
+    instance_id = _first_instance(world)
+    _bring_to(world, instance_id, "VALIDATING")
+    admit = rf"/members/{instance_id}/admit$"
+    world.gateway.fail_next("POST", admit, refuse="POOL_PUBLICATION_BARRIER")
+    world.instance_tick()
+    assert world.row(instance_id).phase == "VALIDATING"  # barrier released, admit retried later
+    world.gateway.fail_next("POST", admit, refuse="POOL_NOT_CERTIFIED")
+    world.instance_tick()
+    row = world.row(instance_id)
+    assert row.phase == "PREPARING"  # a fresh validation pass, then a new admit
+    assert row.validation_receipt is None
+    _bring_to(world, instance_id, "SERVING")
+    assert len(_member_requests(world, instance_id, "admit")) == 3
+
+
+def test_a_stale_generation_on_seal_refreshes_the_recorded_generation(world2: PoolWorld) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    world.gateway.fail_next("POST", rf"/members/{old}/seal$", refuse="POOL_STALE_GENERATION")
+    world.instance_tick()
+    assert world.row(old).phase == "DRAINING"
+    _bring_to(world, old, "SEALED", max_ticks=2)
+    seals = _member_requests(world, old, "seal")
+    assert len(seals) == 2
+    assert seals[0]["expectedGeneration"] == seals[1]["expectedGeneration"]
