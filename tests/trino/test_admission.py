@@ -575,3 +575,89 @@ def test_pool_without_tenant_admission_does_nothing(env: Env) -> None:
     env.org("org-1", "acme_wh")
     assert env.tick() is None
     assert env.gw.requests_to("PUT", r"/principals$") == []
+
+
+# --- revision evidence, lost answers, membership ------------------------------------------------
+
+
+@pytest.mark.safeguard("trino-18")
+def test_every_pass_recovers_the_revision_watermark_first(env: Env) -> None:
+    env.org("org-1", "acme_wh")  # the catalog write bumps the store, not the pool row
+    assert TrinoPool.objects.get(pool_id=env.pool_id).publication_revision == 0
+    assert env.tick() is None
+    assert TrinoPool.objects.get(pool_id=env.pool_id).publication_revision == env.writer.revision()
+
+
+def test_a_lost_open_answer_is_read_back_not_opened_twice(env: Env) -> None:
+    env.org("org-1", "acme_wh")
+    instance_id, _ = env.member()
+    env.tick()  # principals
+    env.gw.fail_next("POST", r"/publications$", drop_response=True)
+    assert isinstance(env.tick(), effects.EffectUnknown)
+    row = env.row("org-1")
+    assert row.publication_id
+    assert row.state == PublicationState.ADMITTING
+    env.unblock()
+    for _ in range(3):
+        assert env.tick() is None
+    assert len(env.gw.requests_to("POST", r"/publications$")) == 1
+    assert env.row("org-1").state == PublicationState.ADMITTED
+    assert env.steps("POST", r"/receipts$") == [f"receipt.{row.publication_id}.{instance_id}"]
+
+
+def test_a_membership_change_releases_the_barrier(env: Env) -> None:
+    env.org("org-1", "acme_wh")
+    env.member()
+    leaving, _ = env.member()
+    env.tick()
+    env.tick()
+    pub = env.row("org-1").publication_id
+    assert leaving in env.publication(pub)["requiredMembers"]
+    env.client.send(  # a member drains: the membership generation moves
+        "POST",
+        GatewayClient.pool_path(env.rg, "members", leaving, "drain"),
+        env.mutation(f"instance:{leaving}", "drain"),
+    )
+    assert env.tick() is None
+    assert env.publication(pub)["state"] == "ABANDONED"
+    assert env.gw.requests_to("POST", r"/abandon$")[-1][3]["reason"] == admission.MEMBERSHIP_REASON
+    assert env.gw.requests_to("POST", r"/receipts$") == []
+
+
+def test_a_departing_tenant_releases_its_barrier_then_is_revoked(env: Env) -> None:
+    env.org("org-1", "acme_wh")
+    env.member()
+    env.tick()
+    env.tick()
+    pub = env.row("org-1").publication_id
+    WarehouseTrino.objects.filter(warehouse_id="org-1").update(enabled=False)
+    assert env.tick() is None
+    assert env.publication(pub)["state"] == "ABANDONED"
+    assert env.gw.requests_to("DELETE", r"/tenants/org-1$") == []
+    assert env.tick() is None
+    assert env.steps("DELETE", r"/tenants/org-1$") == ["revoke.a2"]
+    row = env.row("org-1")
+    assert row.state == PublicationState.REVOKED
+    assert row.admitted_target_revision == ""
+    assert reconcile._gate("org-1", env.ctx.cell)[0] == "provisioning"
+
+
+def test_an_admitted_tenant_stays_ready_while_a_new_binding_is_admitted(env: Env) -> None:
+    from duckgres_admin.models import Warehouse
+
+    env.org("org-1", "acme_wh")
+    env.member()
+    for _ in range(4):
+        env.tick()
+    first = env.row("org-1").admitted_target_revision
+    assert first
+    Warehouse.objects.filter(org_id="org-1").update(database_name="acme_wh_v2")
+    seen = []
+    for _ in range(4):
+        assert env.tick() is None
+        seen.append(reconcile._gate("org-1", env.ctx.cell)[0])
+    assert seen == ["ready"] * 4
+    row = env.row("org-1")
+    assert row.admitted_target_revision != first
+    assert admission.binding_of(row.admitted_target_revision) == binding_revision(["acme_wh_v2"])
+    assert env.steps("PUT", r"/principals$") == ["principals.a1", "principals.a2"]
