@@ -218,7 +218,7 @@ def _read_member(ctx: PoolContext, instance_id: str) -> Member | None:
     try:
         return parse_member(ctx.gateway.get(_member_path(ctx, instance_id)))
     except GatewayRefused as exc:
-        if exc.code == "POOL_NOT_FOUND" or exc.status == 404:
+        if exc.code == "POOL_NOT_FOUND":  # decisive: the Gateway has no such member
             return None
         raise
 
