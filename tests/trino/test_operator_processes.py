@@ -33,7 +33,7 @@ from trino_pools.catalog_writer import CatalogWriter, WriterFenced
 
 pytestmark = [pytest.mark.kube, pytest.mark.django_db(transaction=True)]
 
-POOLS = ("pool-a",)
+POOLS = ("pool-a", "pool-b")
 LEASE_SECONDS = 4
 RENEW_DEADLINE_SECONDS = 3
 
