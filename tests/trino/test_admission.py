@@ -577,7 +577,7 @@ def test_pool_without_tenant_admission_does_nothing(env: Env) -> None:
     assert env.gw.requests_to("PUT", r"/principals$") == []
 
 
-# --- revision evidence, lost answers, membership ------------------------------------------------
+# --- revision evidence, lost answers, membership -------------------------------------------------
 
 
 @pytest.mark.safeguard("trino-18")
@@ -661,3 +661,61 @@ def test_an_admitted_tenant_stays_ready_while_a_new_binding_is_admitted(env: Env
     assert row.admitted_target_revision != first
     assert admission.binding_of(row.admitted_target_revision) == binding_revision(["acme_wh_v2"])
     assert env.steps("PUT", r"/principals$") == ["principals.a1", "principals.a2"]
+
+
+# --- the operator's real tick --------------------------------------------------------------------
+
+
+@pytest.mark.kube
+def test_the_operator_tick_admits_a_tenant_end_to_end(
+    kube_api: Any,
+    gateway: GatewayDouble,  # noqa: F811
+    tmp_path: Any,
+    settings: Any,
+    catalog_store: Any,
+    make_warehouse: Any,
+    trino_settings_reset: None,
+) -> None:
+    """Real ticks: an instance reaches SERVING through validation (no barrier is ever in its
+    way), then a tenant is published, admitted through one barrier and the org's gate opens;
+    the receipt probe reads the pool's real observer Secret."""
+    from tests.trino.operator_harness import make_world
+
+    world = make_world(
+        kube_api, gateway, tmp_path, settings, tenant_admission=True, catalog_store=catalog_store
+    )
+    try:
+        world.tick(2)
+        (instance,) = world.rows()
+        world.make_ready(instance.instance_id)
+        for _ in range(40):
+            if world.row(instance.instance_id).phase == InstancePhase.SERVING:
+                break
+            world.tick()
+        assert world.row(instance.instance_id).phase == InstancePhase.SERVING
+
+        pool_cell = world.cell()
+        warehouse = make_warehouse(org_id="org-e2e", database_name="e2e_wh")
+        name = catalog_name("e2e_wh")
+        WarehouseTrino.objects.create(
+            warehouse=warehouse, enabled=True, trino_cell_id=pool_cell.stored_id, catalog_name=name
+        )
+        definition = {"catalog": name, "org_id": "org-e2e"}
+        catalog_writer.client_for(pool_cell.stored_id).create(
+            name, definition, payload_hash(definition)
+        )
+        for _ in range(8):
+            world.tick()
+            rows = admission.load_rows(pool_cell.stored_id)
+            if rows["org-e2e"].state == PublicationState.ADMITTED:
+                break
+        row = admission.load_rows(pool_cell.stored_id)["org-e2e"]
+        assert row.state == PublicationState.ADMITTED, row.last_error
+        assert reconcile._gate("org-e2e", pool_cell) == ("ready", "")
+        tenant = gateway.tenant(pool_cell.routing_group, "org-e2e")
+        assert tenant is not None
+        assert tenant["admittedTargetRevision"] == row.admitted_target_revision
+        assert world.row(instance.instance_id).phase == InstancePhase.SERVING
+    finally:
+        world.operator.end_all_terms("test teardown")
+        world.close()
