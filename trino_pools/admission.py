@@ -58,7 +58,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -395,7 +395,6 @@ class _Pass:
     tenants: dict[str, Tenant]
     rows: dict[str, Row]
     instances: list[TrinoPoolInstance]
-    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rg(self) -> str:
