@@ -230,35 +230,52 @@ class Row:
         return None
 
 
-def _rev(obj: TrinoPoolPublication, name: str) -> str:
-    value = getattr(obj, name)
+ROW_FIELDS = (
+    "org_id",
+    "state",
+    "attempt",
+    "attempts",
+    "next_attempt_at",
+    "pending_intent",
+    "pending_request_body",
+    "publication_id",
+    "principal_revision",
+    "target_revision",
+    "admitted_target_revision",
+    "gateway_receipt",
+    "last_error",
+)
+
+
+def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _row(obj: TrinoPoolPublication) -> Row:
-    receipt = obj.gateway_receipt if isinstance(obj.gateway_receipt, dict) else {}
+def _row(values: dict[str, Any]) -> Row:
+    receipt = values["gateway_receipt"]
     return Row(
-        org_id=obj.org_id,
-        state=obj.state,
-        attempt=int(obj.attempt),
-        attempts=int(obj.attempts),
-        next_attempt_at=obj.next_attempt_at,
-        pending_intent=obj.pending_intent,
-        pending_body=obj.pending_request_body,
-        publication_id=obj.publication_id,
-        principal_revision=_rev(obj, "principal_revision"),
-        target_revision=_rev(obj, "target_revision"),
-        admitted_target_revision=_rev(obj, "admitted_target_revision"),
-        receipt=dict(receipt),
-        last_error=obj.last_error,
+        org_id=values["org_id"],
+        state=values["state"],
+        attempt=int(values["attempt"]),
+        attempts=int(values["attempts"]),
+        next_attempt_at=values["next_attempt_at"],
+        pending_intent=values["pending_intent"],
+        pending_body=values["pending_request_body"],
+        publication_id=values["publication_id"],
+        principal_revision=_text(values["principal_revision"]),
+        target_revision=_text(values["target_revision"]),
+        admitted_target_revision=_text(values["admitted_target_revision"]),
+        receipt=dict(receipt) if isinstance(receipt, dict) else {},
+        last_error=values["last_error"],
     )
 
 
-def load_rows(pool_id: str) -> dict[str, Row]:
-    return {
-        obj.org_id: _row(obj)
-        for obj in TrinoPoolPublication.objects.filter(pool_id=pool_id).order_by("org_id")
-    }
+def load_rows(pool_id: str, org_ids: Iterable[str] | None = None) -> dict[str, Row]:
+    """The pool's publication rows (plain values: one query, no model instances)."""
+    query = TrinoPoolPublication.objects.filter(pool_id=pool_id)
+    if org_ids is not None:
+        query = query.filter(org_id__in=list(org_ids))
+    return {v["org_id"]: _row(v) for v in query.order_by("org_id").values(*ROW_FIELDS)}
 
 
 class RowChanged(Exception):
@@ -320,20 +337,13 @@ def _ensure_rows(ctx: PoolContext, org_ids: Iterable[str], existing: dict[str, R
     if not missing:
         return
     with authority.fenced(ctx.auth), connection.cursor() as cursor:
-        for org_id in missing:
-            cursor.execute(
-                "INSERT INTO duckgres_trino_pool_publications (pool_id, org_id) VALUES (%s, %s) "
-                "ON CONFLICT (pool_id, org_id) DO NOTHING",
-                [ctx.auth.pool_id, org_id],
-            )
-    existing.update(
-        {
-            obj.org_id: _row(obj)
-            for obj in TrinoPoolPublication.objects.filter(
-                pool_id=ctx.auth.pool_id, org_id__in=missing
-            )
-        }
-    )
+        # One statement however many tenants appeared (constant queries per pool per tick).
+        cursor.execute(
+            "INSERT INTO duckgres_trino_pool_publications (pool_id, org_id) "
+            "SELECT %s, unnest(%s::text[]) ON CONFLICT (pool_id, org_id) DO NOTHING",
+            [ctx.auth.pool_id, missing],
+        )
+    existing.update(load_rows(ctx.auth.pool_id, missing))
 
 
 # --- tenants -------------------------------------------------------------------------------------
@@ -350,16 +360,25 @@ class Tenant:
         return binding_revision(self.principals)
 
 
+@dataclass(frozen=True)
+class _WarehouseView:
+    """The columns of a warehouse that ``tenant_principals`` reads."""
+
+    database_name: str
+
+
 def wanted_tenants(pool_id: str) -> dict[str, Tenant]:
-    """Orgs owned by this pool, enabled, with at least one principal."""
+    """Orgs owned by this pool, enabled, with at least one principal (one query, plain values)."""
     result: dict[str, Tenant] = {}
-    rows = WarehouseTrino.objects.filter(trino_cell_id=pool_id, enabled=True).select_related(
-        "warehouse"
+    rows = (
+        WarehouseTrino.objects.filter(trino_cell_id=pool_id, enabled=True)
+        .order_by("warehouse_id")
+        .values_list("warehouse_id", "catalog_name", "warehouse__database_name")
     )
-    for trino in rows.order_by("warehouse_id"):
-        principals = tuple(tenant_principals(trino.warehouse))
+    for org_id, catalog, database_name in rows:
+        principals = tuple(tenant_principals(_WarehouseView(database_name or "")))
         if principals:
-            result[trino.warehouse_id] = Tenant(trino.warehouse_id, principals, trino.catalog_name)
+            result[str(org_id)] = Tenant(str(org_id), principals, catalog)
     return result
 
 

@@ -31,7 +31,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from duckgres_admin.models.trino import WarehouseTrino
 from duckgres_admin.models.warehouses import Warehouse
@@ -178,7 +178,14 @@ def render_definition(
     }
 
 
-def tenant_principals(warehouse: Warehouse) -> list[str]:
+class HasDatabaseName(Protocol):
+    """What ``tenant_principals`` reads of a warehouse (a row or a light projection of one)."""
+
+    @property
+    def database_name(self) -> str: ...
+
+
+def tenant_principals(warehouse: HasDatabaseName) -> list[str]:
     """The tenant's principals: the root login (``database_name``); sorted, de-duplicated."""
     candidates: Iterable[str] = (warehouse.database_name,)
     return sorted({p for p in candidates if p})
