@@ -18,7 +18,12 @@ from prometheus_client import generate_latest
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.lib.gateway import GatewayClient
-from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
+from duckgres_admin.models.trino import (
+    TrinoPool,
+    TrinoPoolInstance,
+    TrinoPoolPublication,
+    WarehouseTrino,
+)
 from tests.trino.gateway_double import GatewayDouble
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import authority, config, operator, term_metrics
@@ -291,3 +296,49 @@ def test_worker_shutdown_ends_every_term(world: PoolWorld) -> None:
     assert world.operator.terms == {}
     assert authority.HOLDER.get(POOL_A) is None
     assert term_metrics.current_token("pool-a") is None
+
+
+@pytest.mark.safeguard("trino-28")
+def test_a_permanently_failing_tenant_does_not_stop_instance_progress(
+    kube_api: Any,
+    gateway: GatewayDouble,
+    tmp_path: Path,
+    settings: Any,
+    catalog_store: Any,
+    make_warehouse: Any,
+) -> None:
+    """Every admission step of the pool fails (the tenant's principals are always refused),
+    and the pool's candidate still walks PENDING → CREATING → PREPARING on the same ticks."""
+    built = make_world(
+        kube_api, gateway, tmp_path, settings, tenant_admission=True, catalog_store=catalog_store
+    )
+    try:
+        warehouse = make_warehouse(state="ready", database_name="stuck_wh")
+        WarehouseTrino.objects.create(
+            warehouse=warehouse, trino_cell_id=POOL_A, enabled=True, state="ready"
+        )
+        for _ in range(40):
+            gateway.fail_next("PUT", r"/principals$", refuse="POOL_PRINCIPAL_CONFLICT")
+        metric = "duckgres_trino_pool_reconcile_failures_total"
+        failures_before = _sample(metric, pool="pool-a", reason="gateway_refused") or 0.0
+        phases: list[str] = []
+        for _ in range(12):
+            built.tick()
+            rows = built.rows()
+            if rows:
+                phases.append(rows[0].phase)
+                if rows[0].phase == "CREATING":
+                    built.make_ready(rows[0].instance_id)
+            if "PREPARING" in phases:
+                break
+            TrinoPoolPublication.objects.filter(pool_id=POOL_A).update(next_attempt_at=None)
+        assert "PREPARING" in phases, phases
+        refused = gateway.requests_to("PUT", r"/tenants/.+/principals$")
+        assert refused, "the tenant was never attempted"
+        failures = _sample(metric, pool="pool-a", reason="gateway_refused") or 0.0
+        assert failures > failures_before  # counted, never blocking
+    finally:
+        built.operator.end_all_terms("teardown")
+        built.close()
+        config.install_for_tests(None)
+        k8s.api_client.cache_clear()
