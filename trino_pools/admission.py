@@ -500,6 +500,7 @@ def release_barrier(ctx: PoolContext, reason: str) -> bool:
 def _release(ctx: PoolContext, row: Row, reason: str) -> None:
     pub = row.publication_id
     rg = ctx.cell.routing_group
+    ctx.ensure_leading()
     state = effects.run_step(
         ctx.auth,
         operation_id=operation_id(row.org_id),
@@ -718,6 +719,7 @@ def _run(
     ctx: PoolContext, row: Row, step: str, body: dict[str, Any], method: str, path: str
 ) -> effects.StepState:
     """One durable Gateway mutation of the tenant's operation; unknown → backoff, re-raised."""
+    ctx.ensure_leading()  # renew before the effect: never send past the renew deadline
     try:
         return effects.run_step(
             ctx.auth,

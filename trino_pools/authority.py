@@ -13,9 +13,12 @@ Invariants:
 3. **A fence refusal ends the term; it never fights back.** Callers that get ``PoolConflict``
    drop the authority (``HOLDER.clear``), release the catalog writer and stop; they never
    re-acquire with a fresher epoch in the same term (``trino_pools.operator``).
-4. **No external call under the row lock.** ``fenced`` is for database writes only; external
+4. **Bounded.** Every statement that locks the pool row runs with ``lock_timeout`` 2 s and
+   ``statement_timeout`` 5 s (transaction-local): a blocked row fails the write, never hangs
+   the tick.
+5. **No external call under the row lock.** ``fenced`` is for database writes only; external
    effects happen after commit (``trino_pools.effects``).
-5. **The holder is lock-protected.** Org-reconcile code reads the current authority of a pool
+6. **The holder is lock-protected.** Org-reconcile code reads the current authority of a pool
    through ``HOLDER`` (never a bare global), so it never sees a torn value (safeguard 10).
 """
 
@@ -25,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection, transaction
 
@@ -59,9 +63,20 @@ class Authority:
         return self.pool_id.removeprefix("registered:")
 
 
+LOCK_TIMEOUT = "2s"
+STATEMENT_TIMEOUT = "5s"
+
+
+def _bound(cursor: Any) -> None:
+    """Transaction-local timeouts for the statements that lock the pool row."""
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
+    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [STATEMENT_TIMEOUT])
+
+
 def acquire(pool_id: str, owner: str) -> Authority:
     """Take the pool's authority: one transaction, row locked, epoch incremented."""
     with transaction.atomic(), connection.cursor() as cursor:
+        _bound(cursor)
         cursor.execute(
             "SELECT authority_epoch FROM duckgres_trino_pools WHERE pool_id = %s FOR UPDATE",
             [pool_id],
@@ -83,6 +98,7 @@ def acquire(pool_id: str, owner: str) -> Authority:
 def check_fence(auth: Authority) -> None:
     """Lock the pool row and verify the fence; must run inside a transaction."""
     with connection.cursor() as cursor:
+        _bound(cursor)
         cursor.execute(
             "SELECT authority_epoch, authority_owner FROM duckgres_trino_pools "
             "WHERE pool_id = %s FOR UPDATE",

@@ -19,6 +19,10 @@ Every Gateway, Kubernetes or catalog-store mutation of the operator goes through
    stored payload byte for byte. In a newer term the stored envelope carries a stale epoch, so
    the envelope is rebuilt with the new epoch (recorded first, fenced) and the business body is
    kept identical; the Gateway hashes the body without the envelope, so this is the same intent.
+   A re-send in a newer term happens only after the read-back proved the earlier request never
+   arrived or was refused (nothing applied), so it is a fresh attempt of the same intent. A
+   read-back showing a ``POOL_STALE_EPOCH`` refusal is no verdict on this term: the step is sent
+   again, and a stale term learns it from that answer.
    A caller that now wants a different body for an unsettled step still gets the stored intent
    resolved first (``StepState.intent_changed`` tells it so); a new body is never sent over an
    unsettled step.
@@ -129,6 +133,11 @@ def default_classify(exc: BaseException) -> Verdict:
     if name == "GatewayRefused":
         return "fenced" if code == "POOL_STALE_EPOCH" else "failed"
     return "unknown"
+
+
+def _stale_epoch_refusal(verdict: Settled) -> bool:
+    result = verdict.result if isinstance(verdict.result, dict) else {}
+    return verdict.outcome == "failed" and result.get("code") == "POOL_STALE_EPOCH"
 
 
 def _load(operation_id: str, step_id: str, *, lock: bool) -> StepState | None:
@@ -273,6 +282,10 @@ def run_step(
             verdict = read_back(state)
         except Exception as exc:  # noqa: BLE001 - a failed read-back keeps the step unknown
             raise EffectUnknown(operation_id, step_id, f"read-back failed: {exc}") from None
+        if verdict is not None and _stale_epoch_refusal(verdict):
+            # The Gateway refused an earlier attempt as stale: nothing was applied. Send it again
+            # under this term; if this term is stale too, that answer raises PoolConflict.
+            verdict = None
         if verdict is not None:
             _log.info("resolved %s/%s by read-back: %s", operation_id, step_id, verdict.outcome)
             return _record(auth, state, verdict.outcome, verdict.result)

@@ -137,6 +137,7 @@ class Operator:
         self.terms: dict[str, PoolTerm] = {}
         self.fenced_until: dict[str, float] = {}
         self._gateway: GatewayClient | None = None
+        self._lease_epoch: int | None = None  # the lease epoch the live terms started under
 
     # --- leadership -------------------------------------------------------------------------------
     @property
@@ -153,15 +154,21 @@ class Operator:
 
         with self._lock:
             term = self.terms.pop(pool_id, None)
+            if fenced:
+                # Also when the refusal came while a term was starting (acquire or the writer
+                # takeover): a fenced pool is never re-acquired before one lease duration.
+                self.fenced_until[pool_id] = self._clock() + self.lease.duration_seconds()
         if term is None:
+            if fenced:
+                _log.warning(
+                    "Trino pool term not started (fenced): %s", reason, extra={"pool_id": pool_id}
+                )
             return
         authority.HOLDER.clear(pool_id, term.auth)
         catalog_writer.uninstall(pool_id)
         term_metrics.end_term(term.auth.public_id, term.metrics_token)
         if term.validator is not None:
             term.validator.clear()
-        if fenced:
-            self.fenced_until[pool_id] = self._clock() + self.lease.duration_seconds()
         _log.warning(
             "Trino pool term ended%s: %s",
             " (fenced)" if fenced else "",
@@ -216,6 +223,11 @@ class Operator:
         if not self.lease.acquire():
             self.end_all_terms("the trino lease is not held by this process")
             return report
+        if self._lease_epoch is not None and self.lease.epoch != self._lease_epoch:
+            # The lease was lost and taken again (perhaps by another task of this process):
+            # a term never spans a leadership gap.
+            self.end_all_terms("the trino lease was lost and re-taken since the last tick")
+        self._lease_epoch = self.lease.epoch
         report.leader = True
         for cell in settings.cells:
             try:

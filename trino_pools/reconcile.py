@@ -253,11 +253,16 @@ def _teardown(row: WarehouseTrino, cell: Cell) -> str:
 
 
 def _fence_lost(cell: Cell, exc: BaseException) -> None:
+    """A fence refusal ends the pool's term (``operator.end_term``: holder, writer, metrics, and
+    no new term for one lease duration), exactly as it would inside the pool tick."""
+    from trino_pools import operator
+
     auth = authority.HOLDER.get(cell.stored_id)
     writer = catalog_writer.installed(cell.stored_id)
     catalog_writer.uninstall(cell.stored_id, writer)
     if auth is not None:
         authority.HOLDER.clear(cell.stored_id, auth)
+    operator.operator().end_term(cell.stored_id, fenced=True, reason=f"org reconcile: {exc}")
     _log.warning("Trino pool %s: catalog writer fenced during an org reconcile: %s", cell.id, exc)
 
 

@@ -113,7 +113,11 @@ def create_pod(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def list_pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
     try:
-        result = core().list_namespaced_pod(namespace=namespace, label_selector=label_selector)
+        result = core().list_namespaced_pod(
+            namespace=namespace,
+            label_selector=label_selector,
+            _request_timeout=CALL_TIMEOUT_SECONDS,
+        )
     except Exception as exc:  # noqa: BLE001 - mapped to a named cause
         raise _wrap(exc, "list", f"pods ({label_selector}) in namespace {namespace}") from None
     return [_plain(item) for item in result.items or []]
@@ -189,7 +193,9 @@ def read_secret_key(namespace: str, name: str, key: str) -> str:
     """One key of a Secret, decoded; errors name the reference and cause, never a value."""
     ref = f"k8s:{namespace}/{name}#{key}"
     try:
-        secret: Any = core().read_namespaced_secret(name=name, namespace=namespace)
+        secret: Any = core().read_namespaced_secret(
+            name=name, namespace=namespace, _request_timeout=CALL_TIMEOUT_SECONDS
+        )
     except Exception as exc:  # noqa: BLE001 - mapped to a named cause below
         wrapped = _wrap(exc, "get", f"secrets/{name} in namespace {namespace}")
         raise KubeError(f"secret {ref}: {wrapped}", wrapped.status) from None

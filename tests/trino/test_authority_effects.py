@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from duckgres_admin.models.trino import TrinoPool, TrinoPoolOperation, TrinoPoolOperationStep
 from trino_pools import authority, effects
@@ -305,3 +306,46 @@ def test_no_intent_is_written_and_nothing_called_without_the_fence(pool: TrinoPo
         )
     assert calls == []
     assert not TrinoPoolOperationStep.objects.filter(operation_id="op-7").exists()
+
+
+def test_a_blocked_pool_row_fails_the_fenced_write_within_the_lock_timeout(
+    pool: TrinoPool,
+) -> None:
+    auth = authority.acquire(POOL, "a.0000")
+    db = connection.settings_dict
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], dbname=db["NAME"], user=db["USER"]
+    ) as blocker:
+        blocker.execute("SELECT 1 FROM duckgres_trino_pools WHERE pool_id = %s FOR UPDATE", [POOL])
+        started = time.monotonic()
+        with pytest.raises(DatabaseError, match="lock timeout"), authority.fenced(auth):
+            pass
+        assert time.monotonic() - started < 4
+        blocker.rollback()
+
+
+def test_a_read_back_stale_epoch_refusal_is_sent_again_under_this_term(pool: TrinoPool) -> None:
+    old = authority.acquire(POOL, "a.0000")
+    with pytest.raises(EffectUnknown):
+        effects.run_step(
+            old,
+            operation_id="op-8",
+            kind="retire",
+            step_id="seal",
+            body={"g": 1},
+            call=lambda p: (_ for _ in ()).throw(TimeoutError()),
+        )
+    new = authority.acquire(POOL, "b.0000")
+    sent: list[str] = []
+    state = effects.run_step(
+        new,
+        operation_id="op-8",
+        kind="retire",
+        step_id="seal",
+        body={"g": 1},
+        call=recorder(sent, {"state": "SEALED"}),
+        read_back=lambda s: Settled("failed", {"code": "POOL_STALE_EPOCH"}),
+    )
+    assert state.outcome == "ok"
+    assert len(sent) == 1
+    assert json.loads(sent[0])["controllerEpoch"] == new.epoch

@@ -27,6 +27,7 @@ from duckgres_admin.models.trino import (
 from tests.trino.gateway_double import GatewayDouble
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import authority, config, operator, term_metrics
+from trino_pools import catalog_store as catalog_store_module
 from trino_pools.lease import TrinoLease
 from trino_pools.metrics import TRINO_REGISTRY
 from trino_pools.operator import Operator
@@ -337,6 +338,107 @@ def test_a_permanently_failing_tenant_does_not_stop_instance_progress(
         assert refused, "the tenant was never attempted"
         failures = _sample(metric, pool="pool-a", reason="gateway_refused") or 0.0
         assert failures > failures_before  # counted, never blocking
+    finally:
+        built.operator.end_all_terms("teardown")
+        built.close()
+        config.install_for_tests(None)
+        k8s.api_client.cache_clear()
+
+
+def _writer_store(catalog_store: Any) -> None:
+    with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {catalog_store.schema}")
+        conn.execute(catalog_store_module.BOOTSTRAP_DDL)
+
+
+@pytest.mark.safeguard("trino-11")
+def test_a_fence_refusal_while_a_term_starts_is_not_retried_for_a_lease_duration(
+    kube_api: Any, gateway: GatewayDouble, tmp_path: Path, settings: Any, catalog_store: Any
+) -> None:
+    """The catalog store is held at a higher epoch: the writer takeover at term start is
+    refused; the operator does not come back with epoch + 1 on the next tick."""
+    _writer_store(catalog_store)
+    with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {catalog_store.schema}.trino_catalog_writer_state "
+            "(pool_key, writer_epoch, writer_identity) VALUES (%s, 50, 'elsewhere.0')",
+            [POOL_A],
+        )
+    built = make_world(kube_api, gateway, tmp_path, settings, catalog_store=catalog_store)
+    clock = Clock()
+    op = _operator_with_clock(built, clock)
+    try:
+        first = op.tick(built.settings).pools["pool-a"]
+        assert first.startswith("fenced"), first
+        epoch = _epoch()
+        assert op.tick(built.settings).pools["pool-a"] == "waiting: fenced recently"
+        assert _epoch() == epoch  # no fight: the epoch was not bumped again
+        assert POOL_A not in op.terms
+    finally:
+        op.end_all_terms("teardown")
+        built.close()
+        config.install_for_tests(None)
+        k8s.api_client.cache_clear()
+
+
+def test_terms_never_span_a_lost_and_retaken_lease(world: PoolWorld) -> None:
+    world.tick()
+    before = world.operator.terms[POOL_A]
+    # Another task of this process lost the lease and took it again (a new lease epoch).
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE duckgres_leases SET expires_at = now() WHERE name = 'trino'")
+    assert world.operator.lease.acquire()
+    world.tick()
+    after = world.operator.terms[POOL_A]
+    assert after is not before
+    assert after.auth.epoch == before.auth.epoch + 1
+    assert after.metrics_token is not before.metrics_token
+
+
+@pytest.mark.safeguard("trino-11")
+def test_a_fence_refusal_in_an_org_reconcile_ends_the_pools_term(
+    kube_api: Any,
+    gateway: GatewayDouble,
+    tmp_path: Path,
+    settings: Any,
+    catalog_store: Any,
+    make_warehouse: Any,
+) -> None:
+    from trino_pools import reconcile
+
+    _writer_store(catalog_store)
+    built = make_world(kube_api, gateway, tmp_path, settings, catalog_store=catalog_store)
+    try:
+        with operator.installed(built.operator):
+            built.tick()
+            assert POOL_A in built.operator.terms
+            warehouse = make_warehouse(
+                state="ready",
+                database_name="fenced_wh",
+                metadata_store_kind="external",
+                metadata_store_host="meta-1.example.internal",
+                metadata_store_port=5432,
+                metadata_store_database="fenced_wh",
+                metadata_store_user="fenced_wh",
+                metadata_store_password_ref="env:TENANT_PASSWORD",
+                data_bucket="tenant-data",
+                data_region="us-east-1",
+            )
+            WarehouseTrino.objects.create(warehouse=warehouse, trino_cell_id=POOL_A, enabled=True)
+            # Another control plane's writer takes the catalog store over at a higher epoch.
+            with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"UPDATE {catalog_store.schema}.trino_catalog_writer_state SET "
+                    "writer_epoch = writer_epoch + 10, writer_identity = 'elsewhere.0' "
+                    "WHERE pool_key = %s",
+                    [POOL_A],
+                )
+            assert reconcile.reconcile_org(warehouse.org_id) == "fenced"
+            assert POOL_A not in built.operator.terms
+            assert authority.HOLDER.get(POOL_A) is None
+            assert built.operator.tick(built.settings).pools["pool-a"] == (
+                "waiting: fenced recently"
+            )
     finally:
         built.operator.end_all_terms("teardown")
         built.close()
