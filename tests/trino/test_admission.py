@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection
 
 from duckgres_admin.lib.gateway import GatewayClient, GatewayRefused
 from duckgres_admin.models import WarehouseTrino
@@ -36,6 +37,7 @@ from trino_pools.catalog_store import BOOTSTRAP_DDL
 from trino_pools.catalogs import binding_revision, catalog_name, payload_hash
 from trino_pools.config import load
 from trino_pools.desired import Desired
+from trino_pools.lease import TrinoLease
 from trino_pools.operator import Operator, PoolContext, PoolTerm, seed_pool
 
 pytestmark = pytest.mark.django_db
@@ -206,8 +208,17 @@ def env(
         started_mono=0.0,
     )
     term.scratch[admission.CREDENTIALS_KEY] = lambda _ns: CRED
+    # The tick renews the trino lease before every effect: this test's operator holds it.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
+            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO UPDATE "
+            "SET expires_at = '-infinity'"
+        )
+    leader = TrinoLease(holder=OWNER)
+    assert leader.acquire()
     ctx = PoolContext(
-        Operator(),
+        Operator(leader_lease=leader),
         settings,
         pool_cell,
         Desired(cell=pool_cell, blueprint=None),
