@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from rest_framework.test import APIClient
 
 from duckgres_admin.models import Operator
@@ -88,6 +89,11 @@ def test_trino_worker_ticks_and_publishes_an_enabled_org(
     tmp_path: Path,
     trino_settings_reset: None,
 ) -> None:
+    with connection.cursor() as cursor:  # transactional tests truncate the seeded lease rows
+        cursor.execute(
+            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
+            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
+        )
     ca, server_ctx = tls_pair(tmp_path)
     gateway = GatewayDouble().start(tls=server_ctx)
     worker = None
