@@ -7,19 +7,25 @@ Invariants:
 
 1. **Intent before effect.** ``create`` persists the ``PENDING`` row (own blueprint snapshot,
    release id, spec digest, endpoint, repair flags, epoch) in a fenced transaction before any
-   Kubernetes object exists. Every Gateway mutation and the Kubernetes create go through
-   ``effects.run_step`` (operation ``instance:<id>``, steps ``k8s.create``, ``backend``,
-   ``register``, ``admit``, ``drain``, ``seal``, ``suspect``, ``lost``, ``retire``,
-   ``retired``); an unknown outcome is resolved by read-back (Gateway ``GET /operations/<op>``:
-   a step the Gateway never received is absent → the stored payload is re-sent byte for byte).
+   Kubernetes object exists. Every Gateway mutation and the Kubernetes creates and deletes go
+   through ``effects.run_step`` (operation ``instance:<id>``, steps ``k8s.create``,
+   ``backend``, ``register``, ``admit``, ``drain``, ``seal``, ``suspect``, ``lost``,
+   ``retire``, ``k8s.delete``, ``retired``); an unknown outcome is resolved by read-back
+   (Gateway ``GET /operations/<op>``: a step the Gateway never received is absent → the stored
+   payload is re-sent byte for byte; Kubernetes deletes: GET by name and UID). The
+   ``k8s.create`` body is the five full documents: a re-send creates exactly the journalled
+   documents (in a newer term too, with the original term's epoch annotation); objects that
+   already exist are adopted by the 409 path (this instance's labels and spec digest).
 2. **One fenced CAS per phase change.** ``UPDATE … SET phase=:to, phase_changed_at=now(),
    owner_epoch=:epoch WHERE instance_id=:id AND phase=:from`` inside ``authority.fenced``, rowcount
    checked, the move checked against ``phases.check_transition`` first. "Trino pool member phase
    advanced." is logged only after that transaction commits, "Trino pool instance retired." only
    after the ``RETIRED`` CAS commits: a failing CAS logs neither (safeguard 36).
 3. **One step per tick, isolated.** ``progress`` visits the instances in id order; the first one
-   that does work gets exactly one step and the sweep ends. A waiting instance (obligations
-   open, resources still present, coordinator not ready, healthy) does no work and the sweep
+   that does work gets exactly one step and the sweep ends; any step that sent a mutation
+   (Gateway or Kubernetes) is that step, also when it was refused (a ``POOL_NOT_DRAINED``
+   seal) or only issued DELETEs that are still finishing. A waiting instance (obligations
+   open, resources still present, coordinator not ready, healthy) sent nothing and the sweep
    goes on. A failing instance has its error recorded on its row (``last_error``, fenced) and in
    ``errors``; the sweep moves on. ``PoolConflict`` and ``LeadershipLost`` stop the sweep.
 4. **Identity as the Gateway recorded it.** ``bootId`` = the coordinator's ``processId`` (never
@@ -31,7 +37,9 @@ Invariants:
    ``POOL_STALE_GENERATION`` refusal refreshes the recorded generation from ``GET /members/<id>``
    and the step is retried on a later tick.
 6. **Health by evidence only.** ``ADMITTED``/``SERVING`` become ``SUSPECT`` only with termination
-   evidence from the registered coordinator pod's container status; a ``SUSPECT`` with evidence
+   evidence from the registered coordinator pod's container status (the current container
+   terminated, or the container recorded at registration terminated or replaced; never a
+   ``lastState`` of an earlier container); a ``SUSPECT`` with evidence
    becomes ``LOST``, one without is drained and retired normally; nothing returns to ``SERVING``.
    ``LOST`` objects are deleted only once the Gateway's failure receipt (its irreversible loss
    record) is stored on the row.
@@ -42,7 +50,11 @@ Invariants:
 8. **Deletes are guarded.** Kubernetes objects are deleted only in ``RETIRING`` (after the
    Gateway's irreversible retire claim), ``LOST`` (after the Gateway's loss record) and
    ``FAILED_PREPARING`` (never admitted), always by recorded name and UID (the worker ConfigMap
-   included, safeguard 23). ``RETIRED`` needs every object verifiably absent.
+   included, safeguard 23), in one journalled ``k8s.delete`` step with the lease re-checked
+   before every DELETE. ``RETIRED`` needs every object verifiably absent. A
+   ``FAILED_PREPARING`` candidate's objects are deleted only when the Gateway has no member
+   and its ``register`` step is settled refused or was never journalled (an unsettled one is
+   resolved first), or when its member is ``LOST``; any other member state fails closed.
 
 Admit and safeguard 25: the admit body carries ``expectedGeneration`` = the generation recorded at
 registration, which does not change while the instance is ``VALIDATING`` (the member stays
@@ -229,6 +241,16 @@ def _member_fields(member: Member) -> dict[str, Any]:
         "gateway_generation": member.generation,
         "gateway_incarnation": str(member.incarnation),
         "gateway_backend_name": member.backend_name,
+    }
+
+
+def _member_identity(member: Member) -> dict[str, Any]:
+    """The coordinator identity as the Gateway recorded it (safeguard 20)."""
+    return {
+        "coordinator_pod_uid": member.pod_uid,
+        "coordinator_boot_id": member.boot_id,
+        "coordinator_node_id": member.node_id,
+        "coordinator_id": member.coordinator_id,
     }
 
 
@@ -491,19 +513,18 @@ def _step_pending(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         # The instance's own snapshot can never produce objects: nothing was created.
         _fail_candidate(ctx, row, f"the instance snapshot cannot be instantiated: {exc}")
         return True
-    names = sorted(f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs)
     ctx.ensure_leading()
     state = effects.run_step(
         ctx.auth,
         operation_id=operation_id(row.instance_id),
         kind=_operation_kind(row),
         step_id="k8s.create",
-        body={"namespace": namespace, "objects": names, "specDigest": row.spec_digest},
-        # Creation is idempotent (a 409 adopts this instance's own object), so an unsettled
-        # create is resolved by repeating it.
-        call=lambda _payload: {
-            key: list(value) for key, value in instantiate.create_objects(namespace, docs).items()
-        },
+        # The full documents are the journalled intent: a re-send (same or newer term) creates
+        # exactly the stored documents, never ones rebuilt with a newer epoch annotation.
+        body={"namespace": namespace, "objects": docs, "specDigest": row.spec_digest},
+        # Creation is idempotent (a 409 adopts this instance's own object when its labels and
+        # spec digest match), so an unsettled create is resolved by repeating the stored one.
+        call=_create_stored,
         classify=_classify_kube,
     )
     if state.outcome == "failed":
@@ -524,6 +545,14 @@ def _step_pending(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         fields[name_f], fields[uid_f] = str(pair[0]), str(pair[1])
     advance(ctx, row, P.CREATING, **fields)
     return True
+
+
+def _create_stored(payload: str) -> dict[str, list[str]]:
+    """Create the documents of a stored ``k8s.create`` step (byte for byte what was journalled)."""
+    stored = effects.business_body(payload)
+    docs = [dict(doc) for doc in stored["objects"]]
+    created = instantiate.create_objects(str(stored["namespace"]), docs)
+    return {key: list(value) for key, value in created.items()}
 
 
 def _classify_kube(exc: BaseException) -> effects.Verdict:
@@ -825,17 +854,40 @@ def _step_validating(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 
 
 def termination_evidence(row: TrinoPoolInstance) -> dict[str, Any] | None:
-    """Evidence that the registered coordinator process ended, from its container status only."""
+    """Evidence that the **registered** coordinator process ended, from its container status only.
+
+    Counted: the current container is terminated (``state.terminated``); the previous container
+    (``lastState.terminated``) only when its ``containerID`` is the one recorded at registration
+    (the registered process died and was restarted); or the status now names another container
+    than the recorded one (a container is only replaced after it ended). A ``lastState`` from
+    another container (e.g. a crash during startup, before the registered container began) is
+    never evidence. Without a recorded container id only ``state.terminated`` counts.
+    """
     if not row.coordinator_pod_uid:
         return None
     pod = coordinator_pod(row)
     if pod is None:
         return None
     status = _container_status(row, pod)
-    terminated = (status.get("state") or {}).get("terminated") or (
-        status.get("lastState") or {}
-    ).get("terminated")
-    if not isinstance(terminated, dict):
+    recorded = str(row.coordinator_container_id or "")
+    current_id = str(status.get("containerID") or "")
+    current = (status.get("state") or {}).get("terminated")
+    previous = (status.get("lastState") or {}).get("terminated")
+    restarts = int(status.get("restartCount") or 0)
+    if isinstance(current, dict):
+        terminated: dict[str, Any] = current
+        observation = "coordinator container terminated"
+    elif (
+        recorded
+        and isinstance(previous, dict)
+        and str(previous.get("containerID") or "") == recorded
+    ):
+        terminated = previous
+        observation = "registered coordinator container terminated and was restarted"
+    elif recorded and current_id and current_id != recorded:
+        terminated = previous if isinstance(previous, dict) else {}
+        observation = f"registered coordinator container was replaced (restart count {restarts})"
+    else:
         return None
     reason = str(terminated.get("reason") or terminated.get("exitCode") or "terminated")
     observed = str(terminated.get("finishedAt") or terminated.get("startedAt") or "")
@@ -844,7 +896,7 @@ def termination_evidence(row: TrinoPoolInstance) -> dict[str, Any] | None:
         "bootId": row.coordinator_boot_id,
         "nodeId": row.coordinator_node_id,
         "coordinatorId": row.coordinator_id,
-        "observation": f"coordinator container terminated: {reason}",
+        "observation": f"{observation}: {reason}",
         "observedAt": observed or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
@@ -930,7 +982,7 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     state = _gateway_step(ctx, row, "seal", body, _member_path(ctx, row.instance_id, "seal"))
     if state.outcome == "failed":
         if state.refusal_code == "POOL_NOT_DRAINED":
-            return _wait(
+            _wait(
                 ctx,
                 row,
                 "gateway_obligations",
@@ -940,6 +992,7 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
                 ready_to_seal=obligations.ready_to_seal,
                 drained=obligations.drained,
             )
+            return True  # the seal was sent: this tick's one instance step (invariant 8)
         if state.refusal_code == "POOL_STALE_GENERATION":
             _refresh_generation(ctx, row)
             return True
@@ -967,15 +1020,105 @@ def _step_sealed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     return True
 
 
-def delete_resources(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    """UID-preconditioned deletes of the recorded objects; True when all verifiably absent."""
+DELETE_STEP = "k8s.delete"
+SENT, ABSENT, PRESENT = "sent", "absent", "present"
+
+
+def _classify_delete(exc: BaseException) -> effects.Verdict:
+    """A refused DELETE (UID precondition, validation, permission) is a refusal: the step is
+    re-attempted fresh on a later tick (deletes are idempotent); anything else is unknown."""
+    status = getattr(exc, "status", None)
+    if isinstance(exc, k8s.KubeError) and status in (400, 403, 409, 422):
+        return "failed"
+    return "unknown"
+
+
+def delete_resources(ctx: PoolContext, row: TrinoPoolInstance) -> str:
+    """The journalled, UID-preconditioned deletes of the recorded objects (spec §4.6, §4.7).
+
+    Step ``k8s.delete`` of ``instance:<id>`` (kind ``retire``); its body is the recorded
+    inventory (kind, name, UID; an unrecorded UID is ``""`` and is pinned at call time only
+    for an object labelled as this instance's). The intent commits before the first DELETE;
+    the lease is re-checked before every DELETE. An unsettled step is resolved by read-back
+    (GET by name and UID: every recorded object absent → ok), else by re-sending the stored
+    inventory. Returns ``SENT`` when DELETEs went out this tick (the tick's one instance step),
+    ``ABSENT`` when the step is settled and all objects and pods are verifiably absent (a
+    terminating pod counts as present), ``PRESENT`` otherwise (a wait).
+    """
+    from trino_pools.operator import LeadershipLost
+
     lost_with_receipt = row.phase == P.LOST and isinstance(row.retirement_receipt, dict)
     if not phases.deletion_permitted(row.phase) and not lost_with_receipt:
         raise InstanceError(f"refusing to delete the objects of {row.instance_id} in {row.phase}")
+    namespace = _namespace(row)
+    plan = instantiate.delete_plan(_inventory(row), instance_id=row.instance_id)
+    body = {
+        "namespace": namespace,
+        "instanceId": row.instance_id,
+        "objects": [[kind, name, uid] for kind, name, uid in plan],
+    }
+    sent: list[bool] = []
+    leadership: list[BaseException] = []
+
+    def stored_plan(payload: str) -> tuple[str, str, instantiate.DeletePlan]:
+        stored = effects.business_body(payload)
+        objects = [(str(k), str(n), str(u)) for k, n, u in stored["objects"]]
+        return str(stored["namespace"]), str(stored["instanceId"]), objects
+
+    def before_each() -> None:
+        try:
+            ctx.ensure_leading()
+        except LeadershipLost as exc:
+            leadership.append(exc)
+            raise
+
+    def call(payload: str) -> dict[str, Any]:
+        ns, instance_id, objects = stored_plan(payload)
+        sent.append(True)
+        return {
+            "deleted": instantiate.issue_deletes(ns, objects, instance_id, before_each=before_each)
+        }
+
+    def read_back(state: effects.StepState) -> effects.Settled | None:
+        ns, _, objects = stored_plan(state.payload)
+        if instantiate.recorded_absent(ns, objects):
+            return effects.Settled("ok", {"deleted": [], "readBack": "absent"})
+        return None  # some recorded object remains: re-send the stored deletes
+
     ctx.ensure_leading()
-    return bool(
-        instantiate.delete_objects(_namespace(row), _inventory(row), instance_id=row.instance_id)
-    )
+    try:
+        state = effects.run_step(
+            ctx.auth,
+            operation_id=operation_id(row.instance_id),
+            kind="retire",
+            step_id=DELETE_STEP,
+            body=body,
+            call=call,
+            read_back=read_back,
+            classify=_classify_delete,
+        )
+    except effects.EffectUnknown:
+        if leadership:
+            raise leadership[0] from None
+        raise
+    if state.outcome == "failed":
+        message = state.result.get("message", "") if isinstance(state.result, dict) else ""
+        raise InstanceError(f"Kubernetes refused a delete of {row.instance_id}: {message}")
+    if sent:
+        return SENT
+    if instantiate.objects_absent(namespace, plan, row.instance_id):
+        return ABSENT
+    return PRESENT
+
+
+def _delete_then(ctx: PoolContext, row: TrinoPoolInstance, finish: Callable[[], bool]) -> bool:
+    """Delete step, wait or ``finish()``: exactly one of them this tick."""
+    outcome = delete_resources(ctx, row)
+    if outcome == SENT:
+        return True  # DELETEs went out: this tick's one instance step (invariant 8)
+    if outcome == PRESENT:
+        return _wait(ctx, row, "kubernetes_resources")
+    return finish()
 
 
 def _retired(ctx: PoolContext, row: TrinoPoolInstance, to: str) -> bool:
@@ -996,9 +1139,7 @@ def _retired(ctx: PoolContext, row: TrinoPoolInstance, to: str) -> bool:
 
 
 def _step_retiring(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    if not delete_resources(ctx, row):
-        return _wait(ctx, row, "kubernetes_resources")
-    return _retired(ctx, row, P.RETIRED)
+    return _delete_then(ctx, row, lambda: _retired(ctx, row, P.RETIRED))
 
 
 # LOST, FAILED_PREPARING: failure retirement ----------------------------------------------------
@@ -1037,23 +1178,58 @@ def _step_lost(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
                 "recordedAt": receipt.recorded_at,
             },
         )
-    if not delete_resources(ctx, row):
-        return _wait(ctx, row, "kubernetes_resources")
-    return _retired(ctx, row, P.FAILURE_RETIRED)
+    return _delete_then(ctx, row, lambda: _retired(ctx, row, P.FAILURE_RETIRED))
 
 
 def _step_failed_preparing(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    member = _read_member(ctx, row.instance_id)  # None: never registered
-    if member is not None and member.state in ("PREPARING", "SUSPECT"):
+    """Walk the member out, then delete; fail closed on anything the protocol does not expect.
+
+    Objects are deleted only when the Gateway has no member and the ``register`` step is
+    settled refused or was never journalled (the candidate was provably never admitted), or
+    when the member is ``LOST`` (its irreversible loss claim; ``RETIRED`` after a lost
+    ``retired`` answer). An unsettled ``register`` is resolved first (read-back, else the
+    stored registration re-sent byte for byte) so a late-landing registration cannot leave an
+    orphan member; a registered member is then walked out. Any other member state is an
+    error naming it (recorded on the row, retried next tick).
+    """
+    member = _read_member(ctx, row.instance_id)  # None: not registered (now)
+    if member is None:
+        register = effects.load_step(operation_id(row.instance_id), "register")
+        if register is not None and register.outcome in ("pending", "unknown"):
+            state = _gateway_step(
+                ctx,
+                row,
+                "register",
+                effects.business_body(register.payload),
+                GatewayClient.pool_path(ctx.cell.routing_group, "members"),
+            )
+            if state.outcome == "ok":
+                registered = parse_member(state.result)
+                _update(ctx, row, **_member_identity(registered), **_member_fields(registered))
+            return True  # resolved: a registered member is walked out from the next tick
+        if register is not None and register.outcome == "ok":
+            raise InstanceError(
+                f"the Gateway accepted the registration of {row.instance_id} but has no such "
+                "member; refusing to delete its objects"
+            )
+        return _delete_then(ctx, row, lambda: _close_failed(ctx, row))
+    if member.state in ("PREPARING", "SUSPECT"):
         # Walk the registered member PREPARING → SUSPECT → LOST (safeguard 21), one call a tick.
         step_id = "suspect" if member.state == "PREPARING" else "lost"
+        if not row.coordinator_pod_uid:  # registered, but its answer never reached the row
+            _update(ctx, row, **_member_identity(member))
         claimed = _claim(ctx, row, step_id, _failure_evidence(row))
         _update(ctx, row, **_member_fields(claimed))
         return True
-    if not delete_resources(ctx, row):
-        return _wait(ctx, row, "kubernetes_resources")
-    if member is not None and member.state == "LOST":
-        return _retired(ctx, row, P.FAILURE_RETIRED)
+    if member.state in ("LOST", "RETIRED"):
+        return _delete_then(ctx, row, lambda: _retired(ctx, row, P.FAILURE_RETIRED))
+    raise InstanceError(
+        f"the Gateway member {row.instance_id} of this failed candidate is {member.state}; "
+        "its objects are deleted only once the member is absent or LOST"
+    )
+
+
+def _close_failed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     effects.close_operation(ctx.auth, operation_id(row.instance_id), "failed")
     advance(ctx, row, P.FAILURE_RETIRED)
     return True

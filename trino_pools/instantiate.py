@@ -25,14 +25,17 @@ Invariants:
   a recorded name that is not one of them, or an unrecorded object that is not labelled as
   this instance's, is refused — so pool-shared resources (blueprint ``shared_resources``)
   are never deleted. ``delete_objects`` reports True only when all five objects and every
-  pod of the instance are verifiably absent (a terminating pod counts as present).
+  pod of the instance are verifiably absent (a terminating pod counts as present). Its parts
+  ``delete_plan`` / ``issue_deletes`` / ``recorded_absent`` / ``objects_absent`` are what the
+  operator uses separately: the DELETEs are one journalled step (spec §4.7), settled by
+  read-back, and absence is checked on later ticks.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from duckgres_admin.lib import k8s
@@ -340,20 +343,19 @@ def _ours(obj: Mapping[str, Any], instance_id: str) -> bool:
     )
 
 
-def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "") -> bool:
-    """Delete the instance's five objects with UID preconditions; True when all are gone.
+DeletePlan = list[tuple[str, str, str]]  # (kind, name, recorded uid or "")
 
-    ``inventory`` maps the keys of ``create_objects`` to recorded ``(name, uid)``. A recorded
-    name must be the instance's own name for that key (else ``InstanceSpecError``: nothing is
-    deleted). An object whose UID was never recorded (a lost create response) is deleted only
-    if it carries this instance's labels, pinned to the UID just read. A UID precondition
-    failure raises ``KubeError`` (409). Returns True only when all five objects and every pod
-    labelled with the instance are absent; a terminating object or pod counts as present.
+
+def delete_plan(inventory: Inventory, *, instance_id: str = "") -> DeletePlan:
+    """The five ``(kind, name, uid)`` targets of an instance's deletion, in inventory order.
+
+    A recorded name must be the instance's own name for that key (else ``InstanceSpecError``:
+    nothing is deleted); an unrecorded entry keeps its expected name with uid ``""``.
     """
     instance_id = instance_id or _instance_id_of(inventory)
     if not instance_id:
         raise InstanceSpecError("cannot tell which instance the inventory belongs to")
-    plan: list[tuple[str, str, str]] = []
+    plan: DeletePlan = []
     for key, (kind, _) in INVENTORY.items():
         expected = object_name(instance_id, key)
         name, uid = inventory.get(key) or ("", "")
@@ -363,7 +365,37 @@ def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "
                 f"{expected!r} (pool-shared and foreign objects are never deleted)"
             )
         plan.append((kind, expected, uid))
-    for kind, name, uid in plan:
+    return plan
+
+
+def _check_plan(plan: DeletePlan, instance_id: str) -> None:
+    allowed = {(INVENTORY[key][0], object_name(instance_id, key)) for key in INVENTORY}
+    for kind, name, _ in plan:
+        if (kind, name) not in allowed:
+            raise InstanceSpecError(
+                f"refusing to delete {kind} {name!r}: not one of instance {instance_id}'s objects "
+                "(pool-shared and foreign objects are never deleted)"
+            )
+
+
+def issue_deletes(
+    namespace: str,
+    plan: DeletePlan,
+    instance_id: str,
+    *,
+    before_each: Callable[[], None] | None = None,
+) -> list[str]:
+    """UID-preconditioned DELETEs of ``plan`` (only this instance's five names, ever).
+
+    An entry without a recorded UID (a lost create response) is deleted only if the object
+    carries this instance's labels, pinned to the UID just read. ``before_each`` runs before
+    every DELETE (the operator re-checks its lease there). A UID precondition failure raises
+    ``KubeError`` (409). Returns the ``kind/name`` of every DELETE that found its object.
+    """
+    _check_plan(plan, instance_id)
+    deleted: list[str] = []
+    for kind, name, recorded_uid in plan:
+        uid = recorded_uid
         if not uid:
             existing = k8s.read_object(namespace, kind, name)
             if existing is None:
@@ -375,12 +407,54 @@ def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "
                     409,
                 )
             uid = str((existing.get("metadata") or {}).get("uid", ""))
-        k8s.delete_object(namespace, kind, name, uid)
+        if before_each is not None:
+            before_each()
+        if k8s.delete_object(namespace, kind, name, uid):
+            deleted.append(f"{kind}/{name}")
+    return deleted
+
+
+def recorded_absent(namespace: str, plan: DeletePlan) -> bool:
+    """Kubernetes GET by name and UID: True when no object of ``plan`` still exists.
+
+    An entry with a recorded UID is absent when its name is free or now holds another object
+    (another UID is not the recorded object); an entry without one is absent when its name is
+    free. Used to settle an unsettled delete step by read-back (spec §4.7).
+    """
+    for kind, name, uid in plan:
+        found = k8s.read_object(namespace, kind, name)
+        if found is None:
+            continue
+        if uid and str((found.get("metadata") or {}).get("uid", "")) != uid:
+            continue
+        return False
+    return True
+
+
+def objects_absent(namespace: str, plan: DeletePlan, instance_id: str) -> bool:
+    """True only when all five names are free and no pod of the instance exists.
+
+    A terminating object or pod counts as present ("verifiably absent").
+    """
     for kind, name, _ in plan:
         if k8s.read_object(namespace, kind, name) is not None:
             return False
     pods = k8s.list_pods(namespace, f"{INSTANCE_LABEL}={instance_id}")
     return not pods
+
+
+def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "") -> bool:
+    """Delete the instance's five objects with UID preconditions; True when all are gone.
+
+    ``delete_plan`` + ``issue_deletes`` + ``objects_absent`` in one call (the operator journals
+    the deletes between the first two and checks absence on a later tick: see
+    ``trino_pools.instances``). Returns True only when all five objects and every pod labelled
+    with the instance are absent; a terminating object or pod counts as present.
+    """
+    instance_id = instance_id or _instance_id_of(inventory)
+    plan = delete_plan(inventory, instance_id=instance_id)
+    issue_deletes(namespace, plan, instance_id)
+    return objects_absent(namespace, plan, instance_id)
 
 
 def _deployment(namespace: str, name: str) -> dict[str, Any]:

@@ -6,11 +6,14 @@ coordinator double per instance and the real config store; see tests/trino/opera
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import pytest
+from django.db import connection
 
+from duckgres_admin.lib import k8s
 from duckgres_admin.models.trino import TrinoPoolInstance, TrinoPoolOperationStep
 from tests.trino import gateway_double, operator_harness
 from tests.trino.operator_harness import PoolWorld, make_world
@@ -502,3 +505,301 @@ def test_a_stale_generation_on_seal_refreshes_the_recorded_generation(world2: Po
     seals = _member_requests(world, old, "seal")
     assert len(seals) == 2
     assert seals[0]["expectedGeneration"] == seals[1]["expectedGeneration"]
+
+
+# --- review fixes: evidence, one step per tick, fail-closed cleanup, journalled deletes ---------
+
+
+def _patch_coordinator_status(world: PoolWorld, instance_id: str, **fields: Any) -> str:
+    """Set fields of the coordinator pod's ``trino`` container status; returns its old id."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(world.kube.api_client)
+    (pod,) = [
+        p
+        for p in world.instance_pods(instance_id)
+        if p["metadata"]["name"].startswith(f"{instance_id}-coordinator-")
+    ]
+    statuses = pod["status"]["containerStatuses"]
+    old_id = str(statuses[0]["containerID"])
+    statuses[0].update(fields)
+    core.patch_namespaced_pod_status(
+        pod["metadata"]["name"], world.namespace, {"status": {"containerStatuses": statuses}}
+    )
+    return old_id
+
+
+def test_an_earlier_containers_last_state_is_not_termination_evidence(world: PoolWorld) -> None:
+    instance_id = _first_instance(world)
+    # The coordinator crashed once while starting: its pod reports that earlier container in
+    # lastState, and the container running now is the one that registers and passes validation.
+    _patch_coordinator_status(
+        world,
+        instance_id,
+        restartCount=1,
+        lastState={
+            "terminated": {
+                "containerID": "containerd://crashed-during-startup",
+                "exitCode": 1,
+                "reason": "Error",
+                "finishedAt": "2026-01-01T00:00:00Z",
+            }
+        },
+    )
+    _bring_to(world, instance_id, "SERVING")
+    registered = world.row(instance_id).coordinator_container_id
+    assert registered
+    assert registered != "containerd://crashed-during-startup"
+    world.instance_tick(3)
+    assert world.row(instance_id).phase == "SERVING"
+    assert _member_requests(world, instance_id, "suspect") == []
+    # The registered container itself dies and is restarted: that is evidence.
+    _patch_coordinator_status(
+        world,
+        instance_id,
+        restartCount=2,
+        containerID="containerd://restarted-after-registration",
+        state={"running": {"startedAt": "2026-01-01T00:10:00Z"}},
+        lastState={
+            "terminated": {
+                "containerID": registered,
+                "exitCode": 137,
+                "reason": "OOMKilled",
+                "finishedAt": "2026-01-01T00:09:59Z",
+            }
+        },
+    )
+    world.instance_tick()
+    assert world.row(instance_id).phase == "SUSPECT"
+    (suspect,) = _member_requests(world, instance_id, "suspect")
+    assert "registered coordinator container terminated" in suspect["evidence"]["observation"]
+    assert "OOMKilled" in suspect["evidence"]["observation"]
+
+
+def test_a_replaced_registered_container_is_termination_evidence(world: PoolWorld) -> None:
+    (instance_id,) = _serve(world, 1)
+    # The registered container was replaced (its lastState already rotated out): evidence.
+    _patch_coordinator_status(
+        world, instance_id, restartCount=3, containerID="containerd://a-later-container"
+    )
+    world.instance_tick()
+    assert world.row(instance_id).phase == "SUSPECT"
+    (suspect,) = _member_requests(world, instance_id, "suspect")
+    assert "replaced" in suspect["evidence"]["observation"]
+
+
+def _to_retiring(world: PoolWorld) -> str:
+    old, _other = _serve(world, 2)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    for _ in range(2):  # seal, then the retire claim: each tick's one step
+        assert world.instance_tick() == ["progressed"]
+    assert world.row(old).phase == "RETIRING"
+    return old
+
+
+def test_issued_deletes_are_the_ticks_one_instance_step_and_are_journalled_first(
+    world2: PoolWorld,
+) -> None:
+    world = world2
+    old = _to_retiring(world)
+    # Serving (1) < desired (2): without a step this tick the planner would create a repair.
+    assert len(world.rows()) == 2
+    assert world.instance_tick() == ["progressed"]
+    assert world.instance_objects(old) == {}  # the DELETEs went out this tick …
+    assert len(world.rows()) == 2  # … and nothing else happened in it
+    assert world.row(old).phase == "RETIRING"  # its pod is still there
+    row = world.row(old)
+    step = TrinoPoolOperationStep.objects.get(operation_id=f"instance:{old}", step_id="k8s.delete")
+    assert step.outcome == "ok"
+    body = json.loads(step.payload)
+    assert body["operationId"] == f"instance:{old}"
+    recorded = {
+        (name, uid)
+        for name, uid in (
+            (row.service_name, row.service_uid),
+            (row.coordinator_deployment_name, row.coordinator_deployment_uid),
+            (row.worker_deployment_name, row.worker_deployment_uid),
+            (row.config_map_name, row.config_map_uid),
+            (row.worker_config_map_name, row.worker_config_map_uid),
+        )
+    }
+    assert {(name, uid) for _kind, name, uid in body["objects"]} == recorded
+    assert all(uid for _kind, _name, uid in body["objects"])
+    # The pod goes away: the settled step is not repeated and the instance retires.
+    world.remove_pods(old)
+    _bring_to(world, old, "RETIRED", max_ticks=1)
+
+
+def test_a_refused_seal_is_the_ticks_one_instance_step(world2: PoolWorld) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    assert len(world.rows()) == 2
+    world.gateway.fail_next("POST", rf"/members/{old}/seal$", refuse="POOL_NOT_DRAINED")
+    # Serving (1) < desired (2): a tick whose instance step sent nothing would create a repair.
+    assert world.instance_tick() == ["progressed"]
+    assert len(_member_requests(world, old, "seal")) == 1
+    assert world.row(old).phase == "DRAINING"
+    assert len(world.rows()) == 2
+
+
+def test_an_unsettled_delete_step_is_resolved_by_read_back(
+    world2: PoolWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = world2
+    old = _to_retiring(world)
+    world.instance_tick()  # the deletes
+    world.remove_pods(old)
+    # As if the process had died between the DELETEs and recording their outcome.
+    TrinoPoolOperationStep.objects.filter(
+        operation_id=f"instance:{old}", step_id="k8s.delete"
+    ).update(outcome="unknown")
+    calls: list[tuple[str, str]] = []
+    real_delete = k8s.delete_object
+
+    def spy(namespace: str, kind: str, name: str, uid: str, **kw: Any) -> bool:
+        calls.append((kind, name))
+        return real_delete(namespace, kind, name, uid, **kw)
+
+    monkeypatch.setattr(k8s, "delete_object", spy)
+    _bring_to(world, old, "RETIRED", max_ticks=1)
+    assert calls == []  # GET by name and UID proved them absent: nothing re-sent
+    step = TrinoPoolOperationStep.objects.get(operation_id=f"instance:{old}", step_id="k8s.delete")
+    assert step.outcome == "ok"
+
+
+def test_the_lease_is_rechecked_between_deletes(
+    world2: PoolWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trino_pools.operator import LeadershipLost
+
+    world = world2
+    old = _to_retiring(world)
+    calls: list[str] = []
+    real_delete = k8s.delete_object
+
+    def spy(namespace: str, kind: str, name: str, uid: str, **kw: Any) -> bool:
+        calls.append(name)
+        deleted = real_delete(namespace, kind, name, uid, **kw)
+        if len(calls) == 2:  # another replica takes the lease now
+            with connection.cursor() as cur:
+                cur.execute(
+                    "UPDATE duckgres_leases SET holder = 'another-replica', "
+                    "expires_at = now() + interval '1 hour' WHERE name = 'trino'"
+                )
+        return deleted
+
+    monkeypatch.setattr(k8s, "delete_object", spy)
+    ctx = world.context()
+    with pytest.raises(LeadershipLost):
+        instances.progress(ctx, [world.row(old)], [])
+    assert len(calls) == 2
+    step = TrinoPoolOperationStep.objects.get(operation_id=f"instance:{old}", step_id="k8s.delete")
+    assert step.outcome == "unknown"
+    # Leadership back: read-back finds recorded objects left, so the stored deletes are re-sent.
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE duckgres_leases SET holder = '', expires_at = '-infinity' WHERE name = 'trino'"
+        )
+    assert world.instance_tick() == ["progressed"]
+    assert world.instance_objects(old) == {}
+    step.refresh_from_db()
+    assert step.outcome == "ok"
+
+
+def _fail_in_db(instance_id: str) -> None:
+    """Another path failed the candidate (as _fail_candidate would have, from any phase)."""
+    TrinoPoolInstance.objects.filter(instance_id=instance_id).update(
+        phase="FAILED_PREPARING", failure_reason="test: failed"
+    )
+
+
+def test_a_failed_candidate_with_an_unexpected_member_state_is_never_deleted(
+    world: PoolWorld,
+) -> None:
+    (instance_id,) = _serve(world, 1)  # its Gateway member is ACTIVE
+    _fail_in_db(instance_id)
+    before = world.instance_objects(instance_id)
+    world.instance_tick(2)
+    row = world.row(instance_id)
+    assert row.phase == "FAILED_PREPARING"
+    assert "is ACTIVE" in row.last_error
+    assert world.instance_objects(instance_id) == before
+    assert not TrinoPoolOperationStep.objects.filter(
+        operation_id=f"instance:{instance_id}", step_id="k8s.delete"
+    ).exists()
+
+
+def test_an_unsettled_registration_is_resolved_before_a_failed_candidate_is_deleted(
+    world: PoolWorld,
+) -> None:
+    instance_id = _first_instance(world)
+    rg = world.routing_group()
+    world.gateway.fail_next("POST", rf"/pools/{rg}/members$", unavailable=True)
+    world.instance_tick()
+    step = TrinoPoolOperationStep.objects.get(
+        operation_id=f"instance:{instance_id}", step_id="register"
+    )
+    assert step.outcome == "unknown"
+    assert world.gateway.member(rg, instance_id) is None
+    _fail_in_db(instance_id)
+    before = world.instance_objects(instance_id)
+    world.instance_tick()
+    # The stored registration was resolved first (never received → re-sent byte for byte) …
+    step.refresh_from_db()
+    assert step.outcome == "ok"
+    assert world.instance_objects(instance_id) == before  # … and nothing was deleted
+    registers = _register_requests(world)
+    assert len(registers) == 2
+    assert registers[0] == registers[1]
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "PREPARING"
+    # No orphan: the member is walked out, then the objects go and it is retired.
+    world.instance_tick(3)
+    assert world.instance_objects(instance_id) == {}
+    world.remove_pods(instance_id)
+    _bring_to(world, instance_id, "FAILURE_RETIRED", max_ticks=2)
+    member = world.gateway.member(rg, instance_id)
+    assert member is not None
+    assert member["state"] == "RETIRED"
+
+
+def test_the_create_step_journals_the_full_documents_and_a_newer_term_resends_them(
+    world: PoolWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.run_until(lambda: bool(world.rows()), max_ticks=2)
+    (row,) = world.rows()
+    first_epoch = world.operator.terms[world.cell().stored_id].auth.epoch
+    real_apply = k8s.apply_instance_object
+    sent: list[dict[str, Any]] = []
+
+    def lossy(namespace: str, doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        sent.append(json.loads(json.dumps(doc)))
+        obj = real_apply(namespace, doc, **kw)
+        if len(sent) == 1:
+            raise k8s.KubeError("connection reset by peer (test)", 0)  # applied, answer lost
+        return obj
+
+    monkeypatch.setattr(k8s, "apply_instance_object", lossy)
+    world.instance_tick()
+    assert world.row(row.instance_id).phase == "PENDING"
+    step = TrinoPoolOperationStep.objects.get(
+        operation_id=f"instance:{row.instance_id}", step_id="k8s.create"
+    )
+    assert step.outcome == "unknown"
+    stored = json.loads(step.payload)["objects"]
+    assert len(stored) == 5
+    assert stored[0] == sent[0]
+    # A newer term: the stored documents are re-sent, not ones rebuilt with the new epoch.
+    world.operator.end_term(world.cell().stored_id, reason="test: new term")
+    world.instance_tick()
+    assert world.operator.terms[world.cell().stored_id].auth.epoch > first_epoch
+    assert world.row(row.instance_id).phase == "CREATING"
+    assert sent[1:] == stored
+    for kind in ("ConfigMap", "Service", "Deployment"):
+        for obj in k8s.list_objects(
+            world.namespace, kind, f"posthog.com/trino-instance={row.instance_id}"
+        ):
+            epoch = obj["metadata"]["annotations"]["posthog.com/trino-authority-epoch"]
+            assert epoch == str(first_epoch)

@@ -457,3 +457,31 @@ def test_coordinator_pod_identity(trino_kube):
     }
     kube.core.delete_namespaced_pod(name, kube.namespace)  # terminating: no longer the coordinator
     assert instantiate.coordinator_pod(kube.namespace, X) is None
+
+
+def test_journalled_delete_parts(trino_kube):
+    """The parts the operator journals separately (spec §4.7): plan, deletes, read-back."""
+    kube = trino_kube
+    docs = docs_for(kube.namespace)
+    inventory = instantiate.create_objects(kube.namespace, docs)
+    plan = instantiate.delete_plan(inventory, instance_id=X)
+    assert {(name, uid) for _kind, name, uid in plan} == set(inventory.values())
+    assert not instantiate.recorded_absent(kube.namespace, plan)
+    # A forged plan entry (a pool-shared object) is refused before any DELETE.
+    forged = [*plan[:4], ("ConfigMap", "trino-catalog-defaults", "uid")]
+    with pytest.raises(instantiate.InstanceSpecError, match="never deleted"):
+        instantiate.issue_deletes(kube.namespace, forged, X)
+    assert instantiate.recorded_absent(kube.namespace, plan) is False
+    seen: list[int] = []
+    deleted = instantiate.issue_deletes(
+        kube.namespace, plan, X, before_each=lambda: seen.append(len(seen))
+    )
+    assert len(deleted) == 5
+    assert seen == [0, 1, 2, 3, 4]  # the hook ran before every DELETE
+    assert instantiate.recorded_absent(kube.namespace, plan)
+    assert instantiate.objects_absent(kube.namespace, plan, X)
+    # Another object now holding a recorded name is not the recorded one: the recorded object
+    # is absent (read-back), but the name is not free (absence for retirement).
+    k8s.apply_instance_object(kube.namespace, docs[1])
+    assert instantiate.recorded_absent(kube.namespace, plan)
+    assert not instantiate.objects_absent(kube.namespace, plan, X)
