@@ -388,30 +388,26 @@ def upsert_spec(auth: Authority, desired: Desired) -> None:
                 "desired configuration is older than the published one: generation "
                 f"{blueprint.generation} < {stored}"
             )
+        values: dict[str, str | int] = {
+            "pool": auth.pool_id,
+            "release": blueprint.release_id,
+            "digest": blueprint.digest,
+            "generation": blueprint.generation,
+            "desired": spec.desired_instances,
+            "min_serving": spec.min_serving,
+            "surge": spec.max_surge,
+            "repair": spec.max_repair,
+        }
         cursor.execute(
-            "UPDATE duckgres_trino_pools SET desired_release_id = %s, "
-            "desired_blueprint_digest = %s, desired_generation = %s, desired_instances = %s, "
-            "min_serving = %s, max_surge = %s, max_repair = %s, api_mode = 'shared-pool', "
-            "updated_at = now() WHERE pool_id = %s AND (desired_release_id, "
+            "UPDATE duckgres_trino_pools SET desired_release_id = %(release)s, "
+            "desired_blueprint_digest = %(digest)s, desired_generation = %(generation)s, "
+            "desired_instances = %(desired)s, min_serving = %(min_serving)s, "
+            "max_surge = %(surge)s, max_repair = %(repair)s, api_mode = 'shared-pool', "
+            "updated_at = now() WHERE pool_id = %(pool)s AND (desired_release_id, "
             "desired_blueprint_digest, desired_generation, desired_instances, min_serving, "
-            "max_surge, max_repair) IS DISTINCT FROM (%s, %s, %s, %s, %s, %s, %s)",
-            [
-                blueprint.release_id,
-                blueprint.digest,
-                blueprint.generation,
-                spec.desired_instances,
-                spec.min_serving,
-                spec.max_surge,
-                spec.max_repair,
-                auth.pool_id,
-                blueprint.release_id,
-                blueprint.digest,
-                blueprint.generation,
-                spec.desired_instances,
-                spec.min_serving,
-                spec.max_surge,
-                spec.max_repair,
-            ],
+            "max_surge, max_repair) IS DISTINCT FROM (%(release)s, %(digest)s, %(generation)s, "
+            "%(desired)s, %(min_serving)s, %(surge)s, %(repair)s)",
+            values,
         )
 
 

@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import pytest
@@ -85,6 +86,38 @@ def dead_endpoint() -> Iterator[DeadEndpoint]:
         stop.set()
         thread.join(timeout=2)
         listener.close()
+
+
+@pytest.fixture
+def trino_lease_row(transactional_db: None) -> None:
+    """The seeded ``trino`` lease row (transactional tests truncate it between tests)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
+            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
+        )
+
+
+def bound_warehouse(make_warehouse: Any, database_name: str, **overrides: Any) -> Any:
+    """A ready warehouse with an external metadata-store binding and a data bucket: everything
+    a Trino catalog definition needs (no password: it is referenced, never inline)."""
+    fields: dict[str, Any] = {
+        "state": "ready",
+        "database_name": database_name,
+        "metadata_store_kind": "external",
+        "metadata_store_host": "meta-1.example.internal",
+        "metadata_store_port": 5432,
+        "metadata_store_sslmode": "require",
+        "metadata_store_database": database_name,
+        "metadata_store_user": database_name,
+        "metadata_store_password_ref": "env:TENANT_PASSWORD",
+        "data_bucket": "tenant-data",
+        "data_region": "us-east-1",
+    }
+    fields.update(overrides)
+    return make_warehouse(**fields)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from duckgres_admin.models.trino import (
     TrinoPoolPublication,
     WarehouseTrino,
 )
+from tests.trino.conftest import bound_warehouse
 from tests.trino.gateway_double import GatewayDouble
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import authority, config, operator, term_metrics
@@ -38,13 +39,8 @@ POOL_A = "registered:pool-a"
 
 
 @pytest.fixture(autouse=True)
-def trino_lease_row() -> None:
-    """Transactional tests truncate the seeded lease rows: put the ``trino`` row back."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
-            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
-        )
+def _lease_row(trino_lease_row: None) -> None:
+    """Every test here ticks: the ``trino`` lease row must exist."""
 
 
 class Clock:
@@ -412,18 +408,7 @@ def test_a_fence_refusal_in_an_org_reconcile_ends_the_pools_term(
         with operator.installed(built.operator):
             built.tick()
             assert POOL_A in built.operator.terms
-            warehouse = make_warehouse(
-                state="ready",
-                database_name="fenced_wh",
-                metadata_store_kind="external",
-                metadata_store_host="meta-1.example.internal",
-                metadata_store_port=5432,
-                metadata_store_database="fenced_wh",
-                metadata_store_user="fenced_wh",
-                metadata_store_password_ref="env:TENANT_PASSWORD",
-                data_bucket="tenant-data",
-                data_region="us-east-1",
-            )
+            warehouse = bound_warehouse(make_warehouse, "fenced_wh")
             WarehouseTrino.objects.create(warehouse=warehouse, trino_cell_id=POOL_A, enabled=True)
             # Another control plane's writer takes the catalog store over at a higher epoch.
             with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:

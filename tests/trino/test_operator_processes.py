@@ -19,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
 from duckgres_admin.lib.gateway import GatewayClient, GatewayRefused
 from duckgres_admin.models.trino import TrinoPool
@@ -49,11 +48,6 @@ def two_pools(
     with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:
         conn.execute(f"SET search_path = {catalog_store.schema}")
         conn.execute(catalog_store_ddl())
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
-            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
-        )
     world = make_world(
         kube_api, gateway, tmp_path, settings, pools=POOLS, catalog_store=catalog_store
     )

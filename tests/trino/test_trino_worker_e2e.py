@@ -25,14 +25,13 @@ from typing import Any
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 from rest_framework.test import APIClient
 
 from duckgres_admin.models import Operator
 from duckgres_admin.models.trino import TrinoPool, WarehouseTrino
 from tests.fixtures.processes import start_celery_worker, stop_celery_worker
 from tests.trino import blueprints, helpers
-from tests.trino.conftest import CatalogStore
+from tests.trino.conftest import CatalogStore, bound_warehouse
 from tests.trino.gateway_double import GatewayDouble
 from trino_pools import config
 from trino_pools.tasks import pool_tick_task
@@ -88,12 +87,8 @@ def test_trino_worker_ticks_and_publishes_an_enabled_org(
     make_warehouse: Any,
     tmp_path: Path,
     trino_settings_reset: None,
+    trino_lease_row: None,
 ) -> None:
-    with connection.cursor() as cursor:  # transactional tests truncate the seeded lease rows
-        cursor.execute(
-            "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
-            "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
-        )
     ca, server_ctx = tls_pair(tmp_path)
     gateway = GatewayDouble().start(tls=server_ctx)
     worker = None
@@ -165,19 +160,7 @@ def test_trino_worker_ticks_and_publishes_an_enabled_org(
         assert writer == (1, pool.authority_owner)
 
         # 2. The API enables Trino; the worker reconciles the org and publishes its catalog.
-        warehouse = make_warehouse(
-            state="ready",
-            database_name="acme_wh",
-            metadata_store_kind="external",
-            metadata_store_host="meta-1.example.internal",
-            metadata_store_port=5432,
-            metadata_store_sslmode="require",
-            metadata_store_database="acme_wh",
-            metadata_store_user="acme_wh",
-            metadata_store_password_ref="env:TENANT_PASSWORD",
-            data_bucket="tenant-data",
-            data_region="us-east-1",
-        )
+        warehouse = bound_warehouse(make_warehouse, "acme_wh")
         WarehouseTrino.objects.create(
             warehouse=warehouse, trino_cell_id="registered:pool-a", enabled=False
         )
