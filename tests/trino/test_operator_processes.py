@@ -44,6 +44,7 @@ def two_pools(
     tmp_path: Path,
     settings: Any,
     catalog_store: CatalogStore,
+    trino_lease_row: None,
 ) -> Iterator[PoolWorld]:
     with psycopg.connect(catalog_store.dsn, autocommit=True) as conn:
         conn.execute(f"SET search_path = {catalog_store.schema}")
