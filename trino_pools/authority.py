@@ -69,8 +69,10 @@ STATEMENT_TIMEOUT = "5s"
 
 def _bound(cursor: Any) -> None:
     """Transaction-local timeouts for the statements that lock the pool row."""
-    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
-    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [STATEMENT_TIMEOUT])
+    cursor.execute(
+        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+        [LOCK_TIMEOUT, STATEMENT_TIMEOUT],
+    )
 
 
 def acquire(pool_id: str, owner: str) -> Authority:

@@ -51,6 +51,9 @@ from trino_pools.waitlog import WaitLog
 _log = logging.getLogger("duckgres.trino.operator")
 
 
+RENEW_MIN_INTERVAL_SECONDS = 1.0
+
+
 class LeadershipLost(Exception):
     """The ``trino`` lease was lost or its renew deadline passed: stop at once."""
 
@@ -145,7 +148,16 @@ class Operator:
         return self._lease if self._lease is not None else lease.lease()
 
     def ensure_leading(self) -> None:
-        if not self.lease.ensure():
+        """Renew before an effect; raise ``LeadershipLost`` once acting is no longer allowed.
+
+        A renewal younger than ``RENEW_MIN_INTERVAL_SECONDS`` is not repeated (the tick calls
+        this before every pool and effect; the renew deadline still bounds acting).
+        """
+        lease = self.lease
+        fresh = lease.renew_deadline_seconds() - RENEW_MIN_INTERVAL_SECONDS
+        if lease.acting_allowed() and lease.seconds_left() > fresh:
+            return
+        if not lease.ensure():
             raise LeadershipLost("the trino lease was lost or its renew deadline passed")
 
     # --- terms ------------------------------------------------------------------------------------
@@ -497,8 +509,11 @@ LISTING_TIMEOUT = "5s"
 def list_instances(pool_id: str) -> list[TrinoPoolInstance]:
     """The pool's instance rows, bounded (a blocked read fails the tick instead of hanging it)."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LISTING_TIMEOUT])
-        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [LISTING_TIMEOUT])
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true), "
+            "set_config('statement_timeout', %s, true)",
+            [LISTING_TIMEOUT, LISTING_TIMEOUT],
+        )
         return list(TrinoPoolInstance.objects.filter(pool_id=pool_id).order_by("instance_id"))
 
 
