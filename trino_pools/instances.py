@@ -10,9 +10,12 @@ Invariants:
    Kubernetes object exists. Every Gateway mutation and the Kubernetes creates and deletes go
    through ``effects.run_step`` (operation ``instance:<id>``, steps ``k8s.create``,
    ``backend``, ``register``, ``admit``, ``drain``, ``seal``, ``suspect``, ``lost``,
-   ``retire``, ``k8s.delete``, ``retired``); an unknown outcome is resolved by read-back
+   ``retire``, ``k8s.delete``, ``retired``, ``backend.delete``; a repeated ``drain``,
+   ``seal`` or ``suspect`` after a ``SUSPECT`` detour is ``<step>.g<generation>``, see
+   ``attempt_step_id``); an unknown outcome is resolved by read-back
    (Gateway ``GET /operations/<op>``: a step the Gateway never received is absent → the stored
-   payload is re-sent byte for byte; Kubernetes deletes: GET by name and UID). The
+   payload is re-sent byte for byte; Kubernetes deletes: GET by name and UID; the backend
+   delete: ``GET /gateway/backend/all`` without the name). The
    ``k8s.create`` body is the five full documents: a re-send creates exactly the journalled
    documents (in a newer term too, with the original term's epoch annotation); objects that
    already exist are adopted by the 409 path (this instance's labels and spec digest).
@@ -36,13 +39,18 @@ Invariants:
    Gateway's last member answer, never the one reported by ``/obligations`` (safeguard 24). A
    ``POOL_STALE_GENERATION`` refusal refreshes the recorded generation from ``GET /members/<id>``
    and the step is retried on a later tick.
-6. **Health by evidence only.** ``ADMITTED``/``SERVING`` become ``SUSPECT`` only with termination
+6. **Health by evidence only.** ``ADMITTED``/``SERVING``/``DRAINING``/``SEALED`` are
+   health-watched (a dead coordinator's obligations never complete, so a draining instance
+   would otherwise wait forever) and become ``SUSPECT`` only with termination
    evidence from the registered coordinator pod's container status (the current container
    terminated, or the container recorded at registration terminated or replaced; never a
    ``lastState`` of an earlier container); a ``SUSPECT`` with evidence
    becomes ``LOST``, one without is drained and retired normally; nothing returns to ``SERVING``.
    ``LOST`` objects are deleted only once the Gateway's failure receipt (its irreversible loss
-   record) is stored on the row.
+   record) is stored on the row. ``DRAINING``/``SEALED`` check evidence first, unless their own
+   ``seal``/``retire`` is journalled and not refused (resolved first: the retire claim is
+   irreversible). There, and in ``SUSPECT``, a claim the Gateway applied whose CAS never
+   committed is completed whatever the evidence says now.
 7. **Drain by obligations only.** ``DRAINING`` seals only when (``readyToSeal`` or ``drained``)
    and ``pendingRequests + openTransactions + activeQueries == 0`` as read from
    ``/obligations``; there is no drain deadline. A serving-floor refusal of the drain is
@@ -55,6 +63,12 @@ Invariants:
    ``FAILED_PREPARING`` candidate's objects are deleted only when the Gateway has no member
    and its ``register`` step is settled refused or was never journalled (an unsettled one is
    resolved first), or when its member is ``LOST``; any other member state fails closed.
+9. **No backend record outlives its instance.** The inactive backend ``<routing group>-<id>``
+   added in ``CREATING`` is deleted (durable step ``backend.delete``) after ``MemberRetired``
+   (member ``RETIRED``) or, for a never-registered candidate, after its objects are gone —
+   always before the terminal CAS, so a ``RETIRED``/``FAILURE_RETIRED`` row never leaves a
+   record behind. An active record, or one naming another target or routing group, is never
+   deleted (fail closed, error on the row).
 
 Admit and safeguard 25: the admit body carries ``expectedGeneration`` = the generation recorded at
 registration, which does not change while the instance is ``VALIDATING`` (the member stays
@@ -78,6 +92,7 @@ from django.utils import timezone
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.lib.gateway import (
+    Backend,
     GatewayClient,
     GatewayRefused,
     Member,
@@ -902,26 +917,98 @@ def termination_evidence(row: TrinoPoolInstance) -> dict[str, Any] | None:
 
 
 def _claim(
-    ctx: PoolContext, row: TrinoPoolInstance, step_id: str, evidence: dict[str, Any]
+    ctx: PoolContext,
+    row: TrinoPoolInstance,
+    action: str,
+    evidence: dict[str, Any],
+    step_id: str | None = None,
 ) -> Member:
     state = _gateway_step(
-        ctx, row, step_id, {"evidence": evidence}, _member_path(ctx, row.instance_id, step_id)
+        ctx,
+        row,
+        step_id or action,
+        {"evidence": evidence},
+        _member_path(ctx, row.instance_id, action),
     )
     if state.outcome == "failed":
         raise _refusal(state)
     return parse_member(state.result)
 
 
+def _answer_generation(result: Any) -> int | None:
+    generation = result.get("generation") if isinstance(result, dict) else None
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        return None
+    return generation
+
+
+def attempt_step_id(row: TrinoPoolInstance, base: str) -> str:
+    """The step id of this attempt of a member action that a lifecycle may repeat.
+
+    ``drain``, ``seal`` and ``suspect`` can be needed twice: an instance that went ``DRAINING``
+    or ``SEALED → SUSPECT`` and lost its evidence is drained again, and one that was drained
+    from ``SUSPECT`` may become suspect again. A settled step is a replay (§4.7), so a repeated
+    action needs its own step id. The first attempt is ``base``. A settled ``base`` whose
+    answer's generation is above the row's recorded generation was never recorded on the row
+    (its phase CAS did not happen): it *is* this attempt and is replayed. Otherwise that
+    attempt is complete and this one is ``base.g<recorded generation>`` — stable until the
+    phase CAS records the answer, because only the Gateway's answers change that generation.
+    """
+    return _attempt(row, base)[0]
+
+
+def _attempt(row: TrinoPoolInstance, base: str) -> tuple[str, effects.StepState | None]:
+    """``attempt_step_id`` and that step's journal row (one query unless ``base`` is done)."""
+    stored = effects.load_step(operation_id(row.instance_id), base)
+    if stored is None or stored.outcome != "ok":
+        return base, stored
+    answered = _answer_generation(stored.result)
+    recorded = row.gateway_generation
+    if answered is None or recorded is None or answered > recorded:
+        return base, stored
+    step_id = f"{base}.g{recorded}"
+    return step_id, effects.load_step(operation_id(row.instance_id), step_id)
+
+
+def _uncommitted_answer(row: TrinoPoolInstance, stored: effects.StepState | None) -> Member | None:
+    """The Gateway's answer to a settled step whose phase CAS never committed, else None."""
+    if stored is None or stored.outcome != "ok" or not isinstance(stored.result, dict):
+        return None
+    answered = _answer_generation(stored.result)
+    recorded = row.gateway_generation
+    if answered is not None and recorded is not None and answered <= recorded:
+        return None
+    return parse_member(stored.result)
+
+
+def _in_flight(row: TrinoPoolInstance, base: str) -> bool:
+    """This attempt of ``base`` is journalled and not refused: pending, unknown, or applied
+    without its phase CAS. It is finished before anything newer is claimed (§4.7 item 4)."""
+    _, stored = _attempt(row, base)
+    return stored is not None and stored.outcome in ("pending", "unknown", "ok")
+
+
 def _observe(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
-    evidence = termination_evidence(row)
-    if evidence is None:
-        return False
-    if row.phase == P.SUSPECT:
-        member = _claim(ctx, row, "lost", evidence)
-        advance(ctx, row, P.LOST, **_member_fields(member))
-    else:
-        member = _claim(ctx, row, "suspect", evidence)
-        advance(ctx, row, P.SUSPECT, **_member_fields(member))
+    """Health observation (invariant 6): ``SUSPECT`` → ``lost``, every other watched phase
+    (``ADMITTED``, ``SERVING``, ``DRAINING``, ``SEALED``) → ``suspect``, only with termination
+    evidence. In ``SUSPECT``, ``DRAINING`` and ``SEALED`` a claim the Gateway applied but whose
+    CAS never committed is completed first, whatever the evidence says now; ``ADMITTED`` and
+    ``SERVING`` (the steady state) read no journal without evidence."""
+    action, to = ("lost", P.LOST) if row.phase == P.SUSPECT else ("suspect", P.SUSPECT)
+    evidence: dict[str, Any] | None = None
+    if row.phase in (P.ADMITTED, P.SERVING):
+        evidence = termination_evidence(row)
+        if evidence is None:
+            return False
+    step_id, stored = _attempt(row, action)
+    member = _uncommitted_answer(row, stored)
+    if member is None:
+        if evidence is None:
+            evidence = termination_evidence(row)
+        if evidence is None:
+            return False
+        member = _claim(ctx, row, action, evidence, step_id)
+    advance(ctx, row, to, **_member_fields(member))
     return True
 
 
@@ -950,7 +1037,15 @@ def _step_suspect(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     termination) → drain it and retire it normally: a suspect never serves again."""
     if _observe(ctx, row):
         return True
-    state = _gateway_step(ctx, row, "drain", {}, _member_path(ctx, row.instance_id, "drain"))
+    # A second drain (this instance was DRAINING or SEALED before it became suspect) has its
+    # own step id: the first one's settled answer would otherwise be replayed.
+    state = _gateway_step(
+        ctx,
+        row,
+        attempt_step_id(row, "drain"),
+        {},
+        _member_path(ctx, row.instance_id, "drain"),
+    )
     if state.outcome == "failed":
         raise _refusal(state)
     advance(ctx, row, P.DRAINING, **_member_fields(parse_member(state.result)))
@@ -961,6 +1056,10 @@ def _step_suspect(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 
 
 def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    # Health first (§3.1 DRAINING → SUSPECT): a dead coordinator's obligations never complete,
+    # and there is no drain deadline. An unsettled seal is resolved before anything newer.
+    if not _in_flight(row, "seal") and _observe(ctx, row):
+        return True
     obligations = parse_obligations(
         ctx.gateway.get(_member_path(ctx, row.instance_id, "obligations"))
     )
@@ -979,7 +1078,9 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         _refresh_generation(ctx, row)
     # The generation recorded from the Gateway's member answer, never the obligations' one.
     body = {"expectedGeneration": int(row.gateway_generation or 0)}
-    state = _gateway_step(ctx, row, "seal", body, _member_path(ctx, row.instance_id, "seal"))
+    state = _gateway_step(
+        ctx, row, attempt_step_id(row, "seal"), body, _member_path(ctx, row.instance_id, "seal")
+    )
     if state.outcome == "failed":
         if state.refusal_code == "POOL_NOT_DRAINED":
             _wait(
@@ -1002,6 +1103,10 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 
 
 def _step_sealed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    # Health first (§3.1 SEALED → SUSPECT), unless the irreversible retire claim may already
+    # have been applied (journalled, not refused): that is resolved first.
+    if not _in_flight(row, "retire") and _observe(ctx, row):
+        return True
     body = {"expectedGeneration": int(row.gateway_generation or 0)}
     state = _gateway_step(ctx, row, "retire", body, _member_path(ctx, row.instance_id, "retire"))
     if state.outcome == "failed":
@@ -1133,9 +1238,78 @@ def _retired(ctx: PoolContext, row: TrinoPoolInstance, to: str) -> bool:
     if state.outcome == "failed":
         raise _refusal(state)
     fields = _member_fields(parse_member(state.result)) if isinstance(state.result, dict) else {}
+    # The member is RETIRED at the Gateway: its backend record goes before the terminal CAS, so
+    # a terminal row never leaves a record behind (a failure here retries from this point).
+    delete_backend(ctx, row)
     effects.close_operation(ctx.auth, operation_id(row.instance_id), "retired")
     advance(ctx, row, to, **fields)
     return True
+
+
+BACKEND_DELETE_STEP = "backend.delete"
+
+
+def delete_backend(ctx: PoolContext, row: TrinoPoolInstance) -> None:
+    """Remove the instance's inactive backend record ``<routing group>-<id>`` (§4.8 registry).
+
+    Called only once nothing can route to the instance any more — after ``MemberRetired`` (the
+    member is ``RETIRED``) or, for a candidate the Gateway never registered, after its objects
+    are gone — and always before the terminal CAS. A durable step ``backend.delete`` of
+    ``instance:<id>`` (body ``{"name"}``; the call sends the plain-text name, as the upstream
+    registry API takes it); an unsettled one is settled by read-back (``GET
+    /gateway/backend/all`` without the name → ok), else the stored name is re-sent (the
+    registry answers 200 for an unknown name). A record that is active, or that names another
+    target or routing group (not this instance's), is never deleted: the step fails closed
+    with an error on the row and the instance stays where it is. Nothing is journalled when
+    the record is already absent and no delete was ever journalled.
+    """
+    routing_group = ctx.cell.routing_group
+    name = instantiate.backend_name(routing_group, row.instance_id)
+    stored = effects.load_step(operation_id(row.instance_id), BACKEND_DELETE_STEP)
+    if stored is not None and stored.outcome == "ok":
+        return
+
+    def current() -> Backend | None:
+        for backend in parse_backends(ctx.gateway.get(GatewayClient.BACKEND_ALL)):
+            if backend.name == name:
+                return backend
+        return None
+
+    record = current()
+    if record is None and stored is None:
+        return
+    if record is not None:
+        if record.active:
+            raise InstanceError(f"Gateway backend {name} is active; refusing to delete it")
+        if record.routing_group != routing_group or record.proxy_to != (row.endpoint_url or ""):
+            raise InstanceError(
+                f"Gateway backend {name} names another target or routing group than instance "
+                f"{row.instance_id}; refusing to delete it"
+            )
+
+    def read_back(_state: effects.StepState) -> effects.Settled | None:
+        if current() is None:
+            return effects.Settled("ok", {"readBack": "absent"})
+        return None  # still there: re-send the stored name
+
+    def call(payload: str) -> Any:
+        stored_name = str(effects.business_body(payload)["name"])
+        return ctx.gateway.send(
+            "POST", GatewayClient.BACKEND_DELETE, stored_name, content_type="text/plain"
+        )
+
+    ctx.ensure_leading()
+    state = effects.run_step(
+        ctx.auth,
+        operation_id=operation_id(row.instance_id),
+        kind="retire",
+        step_id=BACKEND_DELETE_STEP,
+        body={"name": name},
+        call=call,
+        read_back=read_back,
+    )
+    if state.outcome == "failed":
+        raise _refusal(state)
 
 
 def _step_retiring(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
@@ -1230,6 +1404,8 @@ def _step_failed_preparing(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 
 
 def _close_failed(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
+    # Never registered: the backend added in CREATING goes before the terminal CAS too.
+    delete_backend(ctx, row)
     effects.close_operation(ctx.auth, operation_id(row.instance_id), "failed")
     advance(ctx, row, P.FAILURE_RETIRED)
     return True

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.lib import k8s
+from duckgres_admin.lib.gateway import GatewayClient, parse_backends
 from duckgres_admin.models.trino import TrinoPoolInstance, TrinoPoolOperationStep
 from tests.trino import gateway_double, operator_harness
 from tests.trino.operator_harness import PoolWorld, make_world
@@ -109,6 +110,9 @@ def test_full_lifecycle_create_to_serving_then_rollout_retires_the_old_instance(
     member = world.gateway.member(world.routing_group(), first)
     assert member is not None
     assert member["state"] == "RETIRED"
+    # Its backend record is gone from the registry; the serving instance's stays.
+    assert f"{world.routing_group()}-{first}" not in _backend_names(world)
+    assert f"{world.routing_group()}-{second}" in _backend_names(world)
     assert world.row(second).phase == "SERVING"
     assert world.instance_objects(second) == {
         "ConfigMap": [f"{second}-coordinator-config", f"{second}-worker-config"],
@@ -213,6 +217,7 @@ def test_a_lost_registration_response_is_adopted_with_the_gateways_identity(
     member = world.gateway.member(rg, instance_id)
     assert member is not None
     assert member["state"] == "RETIRED"
+    assert f"{rg}-{instance_id}" not in _backend_names(world)
 
 
 @pytest.mark.safeguard("trino-21")
@@ -239,6 +244,7 @@ def test_a_failed_candidate_is_walked_out_cleaned_up_and_failure_retired(
     member = world.gateway.member(rg, instance_id)
     assert member is not None
     assert member["state"] == "RETIRED"
+    assert f"{rg}-{instance_id}" not in _backend_names(world)
     # The pool moves on: a replacement candidate is created.
     world.run_until(lambda: len(world.rows()) == 2, max_ticks=2)
 
@@ -803,3 +809,232 @@ def test_the_create_step_journals_the_full_documents_and_a_newer_term_resends_th
         ):
             epoch = obj["metadata"]["annotations"]["posthog.com/trino-authority-epoch"]
             assert epoch == str(first_epoch)
+
+
+# --- backend records are removed; departing instances are health-watched ------------------------
+
+
+def _backend_names(world: PoolWorld) -> set[str]:
+    """The Gateway's backend registry as the operator reads it (GET /gateway/backend/all)."""
+    client = GatewayClient(world.gateway.url, world.gateway.token, allow_http=True)
+    return {b.name for b in parse_backends(client.get(GatewayClient.BACKEND_ALL))}
+
+
+def _backend_deletes(world: PoolWorld) -> list[tuple[str, Any]]:
+    return [
+        (r[2].get("content-type", "").split(";")[0], r[3])
+        for r in world.gateway.requests_to("POST", r"/gateway/backend/modify/delete$")
+    ]
+
+
+def _step(instance_id: str, step_id: str) -> TrinoPoolOperationStep:
+    return TrinoPoolOperationStep.objects.get(
+        operation_id=f"instance:{instance_id}", step_id=step_id
+    )
+
+
+def test_a_retired_instance_leaves_no_backend_and_a_lost_delete_is_read_back(
+    world2: PoolWorld,
+) -> None:
+    world = world2
+    old = _to_retiring(world)
+    other = next(r.instance_id for r in world.rows() if r.instance_id != old)
+    rg = world.routing_group()
+    name, other_name = f"{rg}-{old}", f"{rg}-{other}"
+    assert {name, other_name} <= _backend_names(world)
+    world.instance_tick()  # the deletes
+    world.remove_pods(old)
+    # The backend delete is applied but its answer is lost: the row must not go terminal yet.
+    world.gateway.fail_next("POST", r"/gateway/backend/modify/delete$", drop_response=True)
+    world.instance_tick()
+    assert world.row(old).phase == "RETIRING"
+    member = world.gateway.member(rg, old)
+    assert member is not None
+    assert member["state"] == "RETIRED"  # deleted only after the member is RETIRED
+    assert _step(old, "backend.delete").outcome == "unknown"
+    assert name not in _backend_names(world)
+    # Settled by reading the registry back: no second delete, then the terminal CAS (a
+    # replacement the planner creates meanwhile may take a tick first: lower ids go first).
+    _bring_to(world, old, "RETIRED", max_ticks=3)
+    step = _step(old, "backend.delete")
+    assert step.outcome == "ok"
+    assert json.loads(step.payload)["name"] == name
+    assert _backend_deletes(world) == [("text/plain", name)]
+    assert name not in _backend_names(world)
+    # The serving instance's (active) record is untouched.
+    assert other_name in _backend_names(world)
+    backend = world.gateway.backend(other_name)
+    assert backend is not None
+    assert backend["active"]
+
+
+def test_failure_retired_instances_leave_no_backend(world: PoolWorld) -> None:
+    # A lost serving instance: LOST → FAILURE_RETIRED.
+    (lost,) = _serve(world, 1)
+    rg = world.routing_group()
+    assert f"{rg}-{lost}" in _backend_names(world)
+    world.terminate_coordinator(lost)
+    _bring_to(world, lost, "LOST", max_ticks=3)
+    world.instance_tick()  # failure receipt, then the deletes
+    world.remove_pods(lost)
+    _bring_to(world, lost, "FAILURE_RETIRED", max_ticks=4)
+    assert f"{rg}-{lost}" not in _backend_names(world)
+    assert _step(lost, "backend.delete").outcome == "ok"
+    # A candidate whose registration the Gateway refused (never a member): its backend, added
+    # before registration, goes as well.
+    world.run_until(lambda: len(world.rows()) == 2, max_ticks=3)
+    candidate = next(r.instance_id for r in world.rows() if r.instance_id != lost)
+    _bring_to(world, candidate, "CREATING", max_ticks=3)
+    world.make_ready(candidate)
+    world.gateway.fail_next("POST", rf"/pools/{rg}/members$", refuse="POOL_VALIDATION")
+    _bring_to(world, candidate, "FAILED_PREPARING", max_ticks=3)
+    assert world.gateway.member(rg, candidate) is None
+    assert f"{rg}-{candidate}" in _backend_names(world)
+    world.instance_tick()  # the deletes
+    world.remove_pods(candidate)
+    _bring_to(world, candidate, "FAILURE_RETIRED", max_ticks=2)
+    assert f"{rg}-{candidate}" not in _backend_names(world)
+    assert [body for _ct, body in _backend_deletes(world)] == [
+        f"{rg}-{lost}",
+        f"{rg}-{candidate}",
+    ]
+
+
+def test_an_active_or_foreign_backend_record_is_never_deleted(world: PoolWorld) -> None:
+    instance_id = _first_instance(world)
+    rg = world.routing_group()
+    name = f"{rg}-{instance_id}"
+    world.gateway.fail_next("POST", rf"/pools/{rg}/members$", refuse="POOL_VALIDATION")
+    _bring_to(world, instance_id, "FAILED_PREPARING", max_ticks=3)
+    world.instance_tick()  # the deletes
+    world.remove_pods(instance_id)
+    original = world.gateway.backend(name)
+    assert original is not None
+    # Someone activated the record outside the protocol: never deleted, the row stays.
+    with world.gateway._lock:
+        world.gateway._backends[name]["active"] = True
+    world.instance_tick(2)
+    row = world.row(instance_id)
+    assert row.phase == "FAILED_PREPARING"
+    assert "is active; refusing to delete it" in row.last_error
+    # A record under this name that points elsewhere is not this instance's either.
+    with world.gateway._lock:
+        world.gateway._backends[name].update(active=False, proxyTo="http://elsewhere:8080")
+    world.instance_tick()
+    row = world.row(instance_id)
+    assert row.phase == "FAILED_PREPARING"
+    assert "names another target" in row.last_error
+    assert _backend_deletes(world) == []
+    assert world.gateway.backend(name) is not None
+    # Back to this instance's inactive record: deleted, then the terminal CAS.
+    with world.gateway._lock:
+        world.gateway._backends[name] = original
+    _bring_to(world, instance_id, "FAILURE_RETIRED", max_ticks=1)
+    assert name not in _backend_names(world)
+
+
+def test_a_draining_instance_whose_coordinator_dies_goes_suspect_then_lost(
+    world2: PoolWorld,
+) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    rg = world.routing_group()
+    world.gateway.set_obligations(
+        rg, old, pending_requests=0, open_transactions=1, active_queries=2, ready_to_seal=False
+    )
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    # Healthy, obligations open: it keeps waiting (no drain deadline) and claims nothing.
+    world.instance_tick(5)
+    assert world.row(old).phase == "DRAINING"
+    assert _member_requests(world, old, "suspect") == []
+    # The coordinator dies while draining: its obligations can never complete.
+    world.terminate_coordinator(old)
+    _bring_to(world, old, "SUSPECT", max_ticks=3)
+    (suspect,) = _member_requests(world, old, "suspect")
+    assert suspect["stepId"] == "suspect"
+    assert "OOMKilled" in suspect["evidence"]["observation"]
+    assert suspect["evidence"]["podUid"] == world.row(old).coordinator_pod_uid
+    assert _member_requests(world, old, "seal") == []
+    _bring_to(world, old, "LOST", max_ticks=3)
+    member = world.gateway.member(rg, old)
+    assert member is not None
+    assert member["state"] == "LOST"
+    # … and it is failure-retired, its backend record removed.
+    world.run_until(lambda: world.instance_objects(old) == {}, max_ticks=4)
+    world.remove_pods(old)
+    _bring_to(world, old, "FAILURE_RETIRED", max_ticks=4)
+    assert f"{rg}-{old}" not in _backend_names(world)
+
+
+def test_a_sealed_instance_whose_coordinator_dies_goes_suspect(world2: PoolWorld) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    assert world.instance_tick() == ["progressed"]  # the seal
+    assert world.row(old).phase == "SEALED"
+    world.terminate_coordinator(old)
+    world.instance_tick()
+    assert world.row(old).phase == "SUSPECT"  # not RETIRING: no retire claim was made
+    assert _member_requests(world, old, "retire") == []
+    (suspect,) = _member_requests(world, old, "suspect")
+    assert "OOMKilled" in suspect["evidence"]["observation"]
+
+
+def test_a_departing_suspect_whose_evidence_vanishes_is_drained_again_and_retired(
+    world2: PoolWorld,
+) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    rg = world.routing_group()
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    world.gateway.set_obligations(rg, old, open_transactions=1, ready_to_seal=False)
+    world.instance_tick()
+    assert world.row(old).phase == "DRAINING"
+    world.terminate_coordinator(old)
+    _bring_to(world, old, "SUSPECT", max_ticks=3)
+    world.remove_pods(old)  # the registered pod vanished: the evidence is gone
+    world.gateway.set_obligations(rg, old, open_transactions=0, ready_to_seal=True)
+    _bring_to(world, old, "DRAINING", max_ticks=3)
+    member = world.gateway.member(rg, old)
+    assert member is not None
+    assert member["state"] == "DRAINING"  # a real second drain, not a replay of the first
+    drains = _member_requests(world, old, "drain")
+    suspected = _step(old, "suspect").result
+    assert isinstance(suspected, dict)
+    assert [d["stepId"] for d in drains] == ["drain", f"drain.g{suspected['generation']}"]
+    _bring_to(world, old, "RETIRING", max_ticks=4)
+    _bring_to(world, old, "RETIRED", max_ticks=3)
+    assert f"{rg}-{old}" not in _backend_names(world)
+
+
+def test_an_applied_suspect_claim_whose_cas_was_lost_is_completed_without_evidence(
+    world2: PoolWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = world2
+    old, _other = _serve(world, 2)
+    rg = world.routing_group()
+    world.gateway.set_obligations(rg, old, open_transactions=1, ready_to_seal=False)
+    assert instances.drain(world.context(), world.row(old)).startswith("draining")
+    world.terminate_coordinator(old)
+    real_advance = instances.advance
+
+    def crash_before_cas(ctx: Any, row: Any, to: str, **fields: Any) -> None:
+        if to == "SUSPECT":
+            raise RuntimeError("test: the process died after the claim, before its CAS")
+        real_advance(ctx, row, to, **fields)
+
+    monkeypatch.setattr(instances, "advance", crash_before_cas)
+    world.instance_tick()
+    monkeypatch.setattr(instances, "advance", real_advance)
+    assert world.row(old).phase == "DRAINING"
+    member = world.gateway.member(rg, old)
+    assert member is not None
+    assert member["state"] == "SUSPECT"
+    assert _step(old, "suspect").outcome == "ok"
+    # The evidence vanishes before the next tick: the applied claim is still completed.
+    world.remove_pods(old)
+    _bring_to(world, old, "SUSPECT", max_ticks=3)
+    assert len(_member_requests(world, old, "suspect")) == 1
+    # … and, without evidence, the suspect is drained again and retired normally.
+    world.gateway.set_obligations(rg, old, open_transactions=0, ready_to_seal=True)
+    _bring_to(world, old, "RETIRING", max_ticks=6)
