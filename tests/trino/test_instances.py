@@ -20,6 +20,7 @@ from tests.trino import gateway_double, operator_harness
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import config as trino_config
 from trino_pools import instances
+from trino_pools import operator as operator_module
 
 pytestmark = [pytest.mark.django_db, pytest.mark.kube]
 
@@ -696,6 +697,10 @@ def test_the_lease_is_rechecked_between_deletes(
         return deleted
 
     monkeypatch.setattr(k8s, "delete_object", spy)
+    # The operator reuses a renewal younger than 1 s: a real takeover cannot happen that soon
+    # (the row expires a full lease duration after the renewal). This test forces an immediate
+    # takeover, so it turns the reuse off to check that a renewal runs before every DELETE.
+    monkeypatch.setattr(operator_module, "RENEW_MIN_INTERVAL_SECONDS", 0.0)
     ctx = world.context()
     with pytest.raises(LeadershipLost):
         instances.progress(ctx, [world.row(old)], [])
