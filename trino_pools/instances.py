@@ -96,6 +96,7 @@ from duckgres_admin.lib.gateway import (
     GatewayClient,
     GatewayRefused,
     Member,
+    Obligations,
     parse_backends,
     parse_failure_receipt,
     parse_member,
@@ -1055,6 +1056,20 @@ def _step_suspect(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
 # DRAINING, SEALED, RETIRING --------------------------------------------------------------------
 
 
+def _wait_obligations(ctx: PoolContext, row: TrinoPoolInstance, obligations: Obligations) -> bool:
+    """The waiting line for open obligations, with the counters the Gateway reported."""
+    return _wait(
+        ctx,
+        row,
+        "gateway_obligations",
+        pending_requests=obligations.pending_requests,
+        open_transactions=obligations.open_transactions,
+        active_queries=obligations.active_queries,
+        ready_to_seal=obligations.ready_to_seal,
+        drained=obligations.drained,
+    )
+
+
 def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     # Health first (§3.1 DRAINING → SUSPECT): a dead coordinator's obligations never complete,
     # and there is no drain deadline. An unsettled seal is resolved before anything newer.
@@ -1064,16 +1079,7 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
         ctx.gateway.get(_member_path(ctx, row.instance_id, "obligations"))
     )
     if not obligations.sealable:
-        return _wait(
-            ctx,
-            row,
-            "gateway_obligations",
-            pending_requests=obligations.pending_requests,
-            open_transactions=obligations.open_transactions,
-            active_queries=obligations.active_queries,
-            ready_to_seal=obligations.ready_to_seal,
-            drained=obligations.drained,
-        )
+        return _wait_obligations(ctx, row, obligations)
     if row.gateway_generation is None:
         _refresh_generation(ctx, row)
     # The generation recorded from the Gateway's member answer, never the obligations' one.
@@ -1083,16 +1089,7 @@ def _step_draining(ctx: PoolContext, row: TrinoPoolInstance) -> bool:
     )
     if state.outcome == "failed":
         if state.refusal_code == "POOL_NOT_DRAINED":
-            _wait(
-                ctx,
-                row,
-                "gateway_obligations",
-                pending_requests=obligations.pending_requests,
-                open_transactions=obligations.open_transactions,
-                active_queries=obligations.active_queries,
-                ready_to_seal=obligations.ready_to_seal,
-                drained=obligations.drained,
-            )
+            _wait_obligations(ctx, row, obligations)
             return True  # the seal was sent: this tick's one instance step (invariant 8)
         if state.refusal_code == "POOL_STALE_GENERATION":
             _refresh_generation(ctx, row)
