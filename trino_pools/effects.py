@@ -46,6 +46,7 @@ from typing import Any, Literal, NamedTuple
 
 from django.db import connection
 
+from duckgres_admin.lib.gateway import GatewayRefused
 from trino_pools.authority import Authority, PoolConflict, fenced
 
 _log = logging.getLogger("duckgres.trino.effects")
@@ -127,11 +128,9 @@ Verdict = Literal["failed", "unknown", "fenced"]
 
 
 def default_classify(exc: BaseException) -> Verdict:
-    """Gateway errors by duck type (lib.gateway must not be imported by every caller)."""
-    code = getattr(exc, "code", None)
-    name = type(exc).__name__
-    if name == "GatewayRefused":
-        return "fenced" if code == "POOL_STALE_EPOCH" else "failed"
+    """A Gateway refusal applied nothing (a stale epoch is a fence); anything else is unknown."""
+    if isinstance(exc, GatewayRefused):
+        return "fenced" if exc.code == "POOL_STALE_EPOCH" else "failed"
     return "unknown"
 
 

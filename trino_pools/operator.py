@@ -39,11 +39,10 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from duckgres_admin.lib.gateway import GatewayClient
+from duckgres_admin.lib.gateway import GatewayClient, GatewayRefused
 from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
-from trino_pools import authority, config, effects, lease, term_metrics
+from trino_pools import authority, catalog_writer, config, effects, lease, term_metrics
 from trino_pools.authority import Authority, PoolConflict
-from trino_pools.catalog_writer import WriterFenced
 from trino_pools.desired import Desired, read_desired
 from trino_pools.registry import Cell
 from trino_pools.waitlog import WaitLog
@@ -162,8 +161,6 @@ class Operator:
 
     # --- terms ------------------------------------------------------------------------------------
     def end_term(self, pool_id: str, *, fenced: bool = False, reason: str = "") -> None:
-        from trino_pools import catalog_writer
-
         with self._lock:
             term = self.terms.pop(pool_id, None)
             if fenced:
@@ -193,8 +190,6 @@ class Operator:
             self.end_term(pool_id, reason=reason)
 
     def _begin_term(self, settings: config.TrinoSettings, cell: Cell) -> PoolTerm | None:
-        from trino_pools import catalog_writer
-
         pool_id = cell.stored_id
         until = self.fenced_until.get(pool_id)
         if until is not None and self._clock() < until:
@@ -213,7 +208,7 @@ class Operator:
         authority.HOLDER.install(auth)
         try:
             if settings.catalog_writer_enabled:
-                claim_writer(settings, auth)
+                catalog_writer.claim(auth, settings)  # takeover, watermark, install
         except Exception:
             authority.HOLDER.clear(pool_id, auth)
             term_metrics.end_term(cell.id, token)
@@ -258,7 +253,7 @@ class Operator:
         except LeadershipLost as exc:
             self.end_all_terms(str(exc))
             return "leadership lost"
-        except (PoolConflict, WriterFenced) as exc:
+        except (PoolConflict, catalog_writer.WriterFenced) as exc:
             errors.append(exc)
             self.end_term(cell.stored_id, fenced=True, reason=str(exc))
             return f"fenced: {exc}"
@@ -302,7 +297,7 @@ class Operator:
         configure_gateway_pool(ctx)  # 7.
         try:
             admission.run(ctx)  # 8. failures are counted, never stop instance work
-        except (PoolConflict, WriterFenced, LeadershipLost):
+        except (PoolConflict, catalog_writer.WriterFenced, LeadershipLost):
             raise
         except Exception as exc:  # noqa: BLE001 - tenant isolation (invariant 8)
             errors.append(exc)
@@ -313,26 +308,6 @@ class Operator:
         if instances.progress(ctx, rows, errors):  # 10.
             return "progressed"
         return instances.apply_plan(ctx, rows)  # 11.
-
-
-def claim_writer(settings: config.TrinoSettings, auth: Authority) -> None:
-    """Writer install after acquisition (§4.3): take over, checkpoint, then swap the client."""
-    from trino_pools import catalog_writer
-
-    writer = catalog_writer.CatalogWriter(
-        read_token(settings.catalog_dsn_file).strip(),
-        settings.catalog_schema,
-        auth.pool_id,
-        auth.epoch,
-        auth.owner,
-    )
-    try:
-        revision = writer.takeover()
-        catalog_writer.checkpoint_revision(auth, revision)
-    except Exception:
-        writer.close()
-        raise
-    catalog_writer.install(auth.pool_id, writer)
 
 
 # --- fenced pool-row writes ---------------------------------------------------------------------
@@ -490,8 +465,6 @@ def configure_gateway_pool(ctx: PoolContext) -> None:
 
 
 def _refused(state: effects.StepState) -> Exception:
-    from duckgres_admin.lib.gateway import GatewayRefused
-
     result = state.result if isinstance(state.result, dict) else {}
     return GatewayRefused(
         str(result.get("code") or ""),

@@ -134,26 +134,10 @@ class PoolWorld:
         return outcomes
 
     def _instance_pool_tick(self, cell: Cell, errors: list[BaseException]) -> str:
-        from trino_pools import instances
-
-        op = self.operator
-        desired = read_desired(self.settings, cell)
-        trino_operator.seed_pool(cell)
-        term = op.terms.get(cell.stored_id) or op._begin_term(self.settings, cell)
-        if term is None:
-            return "waiting: fenced recently"
-        if desired.frozen_reason:
-            trino_operator.freeze(term.auth, desired.frozen_reason)
-            return f"frozen: {desired.frozen_reason}"
-        trino_operator.upsert_spec(term.auth, desired)
-        trino_operator.thaw(term.auth)
-        ctx = self.context(pool=cell.id, desired=desired)
-        trino_operator.configure_gateway_pool(ctx)
-        rows = list(TrinoPoolInstance.objects.filter(pool_id=cell.stored_id))
-        trino_operator.record_snapshot(ctx, rows)
-        if instances.progress(ctx, rows, errors):
-            return "progressed"
-        return instances.apply_plan(ctx, rows)
+        # The operator's own pool tick: without tenant admission on the pool, admission is a
+        # no-op, so this is exactly the instance side of the real tick.
+        assert not cell.pool.tenant_admission, "instance_tick is for pools without admission"
+        return self.operator.pool_tick(self.settings, cell, errors)
 
     def context(self, pool: str = "pool-a", desired: Any = None) -> PoolContext:
         """A PoolContext of the live term (started if needed), as the tick builds it."""

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from django.db import DatabaseError, connection
 
+from duckgres_admin.lib.gateway import GatewayRefused
 from duckgres_admin.models.trino import TrinoPool, TrinoPoolOperation, TrinoPoolOperationStep
 from trino_pools import authority, effects
 from trino_pools.authority import Authority, AuthorityHolder, PoolConflict
@@ -21,16 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 POOL = "registered:pool-a"
 
 
-class Refused(Exception):
-    """Shaped like lib.gateway.GatewayRefused for the default classifier."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(f"refused: {code}")
-        self.code = code
-        self.status = 409
-
-
-Refused.__name__ = "GatewayRefused"
+def Refused(code: str) -> GatewayRefused:
+    return GatewayRefused(code, 409, f"refused: {code}")
 
 
 @pytest.fixture
