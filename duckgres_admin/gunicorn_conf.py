@@ -1,0 +1,23 @@
+"""The API's gunicorn settings as shipped (``gunicorn -c python:duckgres_admin.gunicorn_conf``).
+
+ONE worker process per replica, threads for concurrency: the reshard password stash lives in
+that process's memory (spec reshard §4.17), so a second worker process would answer a runner's
+pull with 404 half of the time. The container image and ``k8s/api.yaml`` both start gunicorn
+with this module; change a value here, not on a command line.
+"""
+
+from __future__ import annotations
+
+import os
+
+bind = os.environ.get("DUCKGRES_HTTP_BIND", "0.0.0.0:8080")
+workers = 1
+threads = 16
+# A request is killed after this long (a lease grant or a password pull takes milliseconds; the
+# longest legitimate request is an admin page over many operations).
+timeout = 120
+# On SIGTERM, in-flight requests get this long before the process exits.
+graceful_timeout = 30
+keepalive = 5
+accesslog = "-"
+errorlog = "-"
