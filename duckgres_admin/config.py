@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -32,6 +33,12 @@ SECRET_VARIABLES = frozenset(
 _TRUE = {"true", "1"}
 _FALSE = {"false", "0"}
 _DURATION_RE = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+# A DNS name (optionally a leading "*." wildcard label, as Django's CSRF_TRUSTED_ORIGINS allows)
+# or an IPv4 address; IPv6 literals are bracketed in an origin and checked separately.
+_ORIGIN_HOST_RE = re.compile(
+    r"^(?:\*\.)?(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$")
 
 
 def parse_duration_seconds(raw: str) -> int | None:
@@ -46,6 +53,32 @@ def parse_duration_seconds(raw: str) -> int | None:
         return None
     hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     return hours * 3600 + minutes * 60 + seconds
+
+
+def parse_https_origin(raw: str) -> str | None:
+    """Normalise ``https://host[:port]`` (lower-case, ``:443`` dropped); None when it is not
+    exactly an https origin (a path -- even a trailing ``/`` --, a query, user info, another
+    scheme or a bad port never match the ``Origin`` header a browser sends)."""
+    text = raw.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() != "https" or parts.path or parts.query or parts.fragment:
+        return None
+    if "?" in text or "#" in text or parts.username is not None or parts.password is not None:
+        return None
+    host = (parts.hostname or "").lower()
+    if not host:
+        return None
+    if ":" in host:  # an IPv6 literal: urlsplit accepted the brackets
+        host = f"[{host}]"
+    elif not _ORIGIN_HOST_RE.fullmatch(host):
+        return None
+    if parts.netloc.endswith(":") or port == 0:
+        return None
+    return f"https://{host}" if port in (None, 443) else f"https://{host}:{port}"
 
 
 @dataclass
@@ -130,6 +163,44 @@ class EnvReader:
             return default
         if value not in choices:
             self.errors.append(f"{self._describe(name, value)} is not one of: {', '.join(choices)}")
+            return default
+        return value
+
+    def csv(self, name: str, default: str = "") -> list[str]:
+        """A comma-separated list; items stripped, empty items dropped."""
+        return [item.strip() for item in self.string(name, default).split(",") if item.strip()]
+
+    def https_origins(self, name: str) -> list[str]:
+        """A comma-separated list of ``https://host[:port]`` origins, each normalised."""
+        origins: list[str] = []
+        for item in self.csv(name):
+            origin = parse_https_origin(item)
+            if origin is None:
+                self.errors.append(
+                    f"{name}: {item!r} is not an https origin: write https://host or "
+                    "https://host:port (scheme, host and optional port; no path, not even a "
+                    "trailing /), comma-separated"
+                )
+            else:
+                origins.append(origin)
+        return origins
+
+    def header_name(self, name: str) -> str:
+        """An HTTP request header name (``X-Forwarded-Proto``); empty when unset."""
+        value = self.string(name).strip()
+        if value and not _HEADER_NAME_RE.fullmatch(value):
+            self.errors.append(
+                f"{self._describe(name, value)} is not an HTTP header name: write it as the "
+                "proxy sends it, e.g. X-Forwarded-Proto (letters, digits and single hyphens; "
+                "no underscores, no value)"
+            )
+            return ""
+        return value
+
+    def absolute_path(self, name: str, default: str) -> str:
+        value = self.string(name, default)
+        if not os.path.isabs(value):
+            self.errors.append(f"{self._describe(name, value)} must be an absolute path")
             return default
         return value
 

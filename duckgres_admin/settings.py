@@ -23,13 +23,15 @@ env = EnvReader(environ())
 # The runner (`manage.py reshard_runner`) needs only the runner secret; every other process
 # needs all three shared secrets.
 IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
+# `manage.py collectstatic` runs at image build, where there is no secret, config store or
+# broker: it requires none of them (a value that is set and bad is still refused).
+IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
 
-SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=True)
+SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=not IS_COLLECTSTATIC)
 DEBUG = env.boolean("DUCKGRES_DEBUG", False)
-ALLOWED_HOSTS = [h for h in env.string("DUCKGRES_ALLOWED_HOSTS", "*").split(",") if h]
 
 # --- config store -------------------------------------------------------------------------
-_config_store = env.string("DUCKGRES_CONFIG_STORE", required=True)
+_config_store = env.string("DUCKGRES_CONFIG_STORE", required=not IS_COLLECTSTATIC)
 _db: dict[str, Any] = {}
 if _config_store:
     try:
@@ -69,7 +71,9 @@ _SHARED_SECRETS = (
     "DUCKGRES_RUNNER_SECRET",
     "DUCKGRES_DATAPLANE_SECRET",
 )
-if IS_RUNNER:
+if IS_COLLECTSTATIC:
+    _required: set[str] = set()
+elif IS_RUNNER:
     # A runner needs the runner secret only when it must pull a password (spec §6).
     _required = {"DUCKGRES_RUNNER_SECRET"} if env.string("DUCKGRES_RESHARD_PASSWORD_URL") else set()
 else:
@@ -188,7 +192,7 @@ if DUCKGRES_RESHARD_LAUNCHER == "pod":
 
 # --- Celery (spec §6): no default broker, never eager -------------------------------------------
 # Runners never talk to the broker; every other process needs it (no eager fallback).
-CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=not IS_RUNNER)
+CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=not (IS_RUNNER or IS_COLLECTSTATIC))
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_DEFAULT_QUEUE = "duckgres.default"
 CELERY_TASK_ROUTES = {
@@ -207,6 +211,28 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+
+# --- HTTP: static files and a TLS-terminating proxy (docs/configuration.md) --------------------
+# Static files are served by WhiteNoise. `manifest`: the compressed, hashed files collectstatic
+# wrote to STATIC_ROOT, and nothing else ({% static %} raises for a file missing from the manifest:
+# the image sets this). `plain`: unhashed names, files served from the apps (dev, tests). `auto`:
+# `manifest` once collectstatic wrote STATIC_ROOT/staticfiles.json (and for collectstatic itself),
+# else `plain`, so a checkout that never ran collectstatic renders the admin.
+_static_root = env.absolute_path("DUCKGRES_STATIC_ROOT", str(BASE_DIR / "var" / "static"))
+_static_storage = env.choice("DUCKGRES_STATIC_STORAGE", "auto", ("auto", "manifest", "plain"))
+# "*" stays the default for dev, tests and the demo; production sets the names it is reached by.
+_allowed_hosts = env.csv("DUCKGRES_ALLOWED_HOSTS", "*")
+if not _allowed_hosts:
+    env.errors.append("DUCKGRES_ALLOWED_HOSTS names no host: list host names, comma-separated")
+_csrf_trusted_origins = env.https_origins("DUCKGRES_CSRF_TRUSTED_ORIGINS")
+# Opt-in: only a proxy that overwrites the header may be trusted with it.
+_proxy_ssl_header = env.header_name("DUCKGRES_SECURE_PROXY_SSL_HEADER")
+# On unless DEBUG: browsers keep Secure cookies on http://localhost, so only plain HTTP on
+# another address (no proxy, no port-forward) needs DUCKGRES_SECURE_COOKIES=false.
+_secure_cookies = env.boolean("DUCKGRES_SECURE_COOKIES", not DEBUG)
+# Sent only on requests Django sees as HTTPS (through the proxy header), never on plain HTTP.
+_hsts_seconds = env.integer("DUCKGRES_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+_hsts_include_subdomains = env.boolean("DUCKGRES_HSTS_INCLUDE_SUBDOMAINS", False)
 
 DUCKGRES_LOG_LEVEL = env.choice("DUCKGRES_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 
@@ -228,6 +254,7 @@ INSTALLED_APPS = [
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -255,8 +282,59 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+
+# --- static files (WhiteNoise) ------------------------------------------------------------------
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(_static_root)
+STATIC_MANIFEST = _static_storage == "manifest" or (
+    _static_storage == "auto" and (IS_COLLECTSTATIC or (STATIC_ROOT / "staticfiles.json").is_file())
+)
+STORAGES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if STATIC_MANIFEST
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+# Manifest: serve what collectstatic wrote, indexed once at start. Plain: find the files in the
+# apps on each request (no collectstatic needed, edits show up at once).
+WHITENOISE_USE_FINDERS = not STATIC_MANIFEST
+WHITENOISE_AUTOREFRESH = not STATIC_MANIFEST
+
+# --- behind a TLS-terminating proxy -------------------------------------------------------------
+ALLOWED_HOSTS = _allowed_hosts
+if "*" not in ALLOWED_HOSTS:
+    # The pod is also addressed by its own IP: the kubelet's probes (Host: <POD_IP>:8080) and the
+    # runner's password pull (the advertised address). Allowing them is not an operator's chore.
+    for _own in (POD_IP, DUCKGRES_ADVERTISE_ADDRESS):
+        _host = f"[{_own}]" if ":" in _own and not _own.startswith("[") else _own
+        if _host and _host.lower() not in ALLOWED_HOSTS:
+            ALLOWED_HOSTS.append(_host.lower())
+CSRF_TRUSTED_ORIGINS = _csrf_trusted_origins
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
+SESSION_COOKIE_SECURE = _secure_cookies
+CSRF_COOKIE_SECURE = _secure_cookies
+SECURE_HSTS_SECONDS = _hsts_seconds
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _hsts_include_subdomains
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Never redirected to HTTPS here: the proxy redirects browsers, and the pod's own plain-HTTP
+# callers (kubelet probes /livez and /readyz, the runner's password pull to POD_IP:8080, the
+# in-cluster lease calls) must get their answer, not a 301 to a port nobody listens on.
+SECURE_SSL_REDIRECT = False
+SILENCED_SYSTEM_CHECKS = [
+    # SECURE_SSL_REDIRECT is off by design (above); HTTPS redirection is the proxy's.
+    "security.W008",
+    # HSTS preload commits a whole registrable domain and is submitted at its apex
+    # (hstspreload.org): a decision of the domain's owner, not one this admin app can make.
+    "security.W021",
+]
 
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
