@@ -1,11 +1,14 @@
 # Duckgres Admin — developer and CI entry points. Run as root on Debian 12 (see README.md).
 #
 #   make demo     install + services + a reshard through the API, the worker and a runner
-#   make test     install + services + migration checks + the full pytest suite
+#   make test     provision + install + services + migration checks + the FULL pytest suite
+#                 (CI mode: a marked suite that cannot run fails; `make test CI=false` lets the
+#                 kube, rgw and browser suites skip when their service is missing)
 #   make lint     ruff, ruff format --check, mypy --strict, import-linter, makemigrations --check,
 #                 OpenAPI schema without warnings
 #   make install  .venv with requirements-dev.txt (re-installs only when requirements change)
 #   make services PostgreSQL 5432/5433/5434 (TLS), Redis 6379, kube-apiserver 16443
+#   make image    the container image (Containerfile) with buildah on a local Debian base
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -19,10 +22,15 @@ REQ_STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.tx
 MIGRATE_CHECK_DB := duckgres_migrate_check_$(shell echo $$PPID)
 PSQL_ADMIN := PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U postgres -d postgres -qAtc
 
-.PHONY: help install services test lint demo migrate-check clean
+IMAGE ?= localhost/duckgres-admin
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_BASE ?= localhost/duckgres-base:bookworm
+IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
+
+.PHONY: help install services provision test lint demo migrate-check clean image image-smoke
 
 help:
-	@sed -n '2,8p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(REQ_STAMP)
 
@@ -53,8 +61,19 @@ migrate-check: install services
 	  $(WITH_TEST_ENV) manage.py migrate --check -v 0
 	@$(PSQL_ADMIN) 'DROP DATABASE IF EXISTS $(MIGRATE_CHECK_DB)'
 
-# The full suite. pytest exits 5 when it collected no tests: that is a failure, never a pass.
-test: install services migrate-check
+# The one-time builds and packages the heavy suites need, cached outside the repository: the
+# Kubernetes binaries (≈13 min once per machine), Chromium (browser suite), promtool (alert
+# rules); Ceph RGW is installed by `services` in CI mode. Each returns at once when present.
+provision:
+	.ci/build-kube-apiserver.sh
+	.ci/surfaces.sh --install-only
+	.ci/promtool.sh
+
+# The full suite, as CI runs it: CI mode unless the caller says CI=false, so services installs
+# Ceph and starts the kube-apiserver, and a marked suite that cannot run fails instead of
+# skipping. pytest exits 5 when it collected no tests: that is a failure, never a pass.
+test: export CI ?= true
+test: provision install services migrate-check
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
@@ -72,3 +91,29 @@ demo: install services
 
 clean:
 	rm -rf var test-artifacts .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+
+# The image, built from the Containerfile by buildah (no Docker engine, no registry): the base is
+# made locally from Debian's packages (.ci/base-image.sh, cached once per machine). Layers are
+# cached, so a rebuild after a code change only redoes the project layers. Prints the size.
+# Where the machine's pip is told to trust an extra CA (a TLS-inspecting egress proxy), that
+# bundle is mounted read-only into the build steps and named by PIP_CERT; it never reaches a
+# layer of the final image.
+image:
+	.ci/base-image.sh
+	@ca=$${PIP_CERT:-$$(python3 -m pip config get global.cert 2>/dev/null || true)}; \
+	ca_args=(); if [ -n "$$ca" ] && [ -s "$$ca" ]; then \
+	  ca_args=(-v "$$ca:/run/duckgres-build-ca.pem:ro" --build-arg PIP_CERT=/run/duckgres-build-ca.pem); \
+	  echo "image: pip trusts the CA bundle $$ca during the build"; fi; \
+	set -x; buildah bud --isolation chroot --layers --force-rm --pull=never -f Containerfile "$${ca_args[@]}" \
+	  --build-arg BASE=$(IMAGE_BASE) --build-arg VERSION=$(VERSION) \
+	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --build-arg SOURCE=$$(git remote get-url origin 2>/dev/null || echo unknown) \
+	  -t $(IMAGE):$(VERSION) .
+	@mkdir -p $(dir $(IMAGE_ARCHIVE)); rm -f $(IMAGE_ARCHIVE)
+	buildah push -q $(IMAGE):$(VERSION) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE):$(VERSION)
+	@echo "image: $(IMAGE):$(VERSION) $$(buildah images --format '{{.Size}}' $(IMAGE):$(VERSION)) (uncompressed), archive $(IMAGE_ARCHIVE) $$(du -h $(IMAGE_ARCHIVE) | cut -f1)"
+
+# Smoke tests of the built image (run by .ci/run): user, check --deploy, pg clients, runner exit
+# code, static files through gunicorn.
+image-smoke: image
+	.ci/image-smoke.sh $(IMAGE):$(VERSION)

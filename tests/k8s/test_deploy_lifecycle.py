@@ -1,0 +1,177 @@
+"""The deploy lifecycle as shipped: ``kubectl apply -k k8s/``, the migration Job, the
+wait-for-migrations init containers, the Secret kept out of the applied set, the first admin.
+
+``kubectl kustomize`` is kubectl's own built-in kustomize (what ``kubectl apply -k`` runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.contrib.auth import get_user_model
+
+from tests.fixtures.processes import child_config_store_dsn, process_env
+from tests.k8s.test_manifests import DOCS, K8S_DIR, applied_files, deployments, one
+
+ROOT = K8S_DIR.parent
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    assert Path(KUBECTL).exists(), "kubectl is missing (it ships kustomize: apply -k)"
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def images(docs: list[dict[str, Any]]) -> set[str]:
+    found: set[str] = set()
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            found.add(container["image"])
+    return found
+
+
+def test_apply_k_installs_every_top_level_manifest_and_nothing_else():
+    listed = {p.name for p in applied_files()}
+    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, "every k8s/*.yaml is applied by -k, and only those"
+    rendered = {(d["kind"], d["metadata"]["name"]) for d in kustomize(K8S_DIR)}
+    assert rendered == {(d["kind"], d["metadata"]["name"]) for d in DOCS}
+    assert images(kustomize(K8S_DIR)) == {"duckgres-admin:0.1.0"}
+
+
+def test_the_secret_is_a_template_outside_the_applied_set():
+    """Applying the install must never overwrite the operator's real Secret with empty values."""
+    assert not [d for d in DOCS if d["kind"] == "Secret"]
+    [template] = list(yaml.safe_load_all((K8S_DIR / "templates" / "secret.yaml").read_text()))
+    assert template["kind"] == "Secret"
+    assert "data" not in template
+    assert set(template["stringData"].values()) == {""}
+
+
+def test_setting_the_image_once_changes_every_container(tmp_path):
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+    kustomization["images"] = [
+        {"name": "duckgres-admin", "newName": "registry.example/duckgres-admin", "newTag": "9.9.9"}
+    ]
+    (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    assert images(kustomize(copy)) == {"registry.example/duckgres-admin:9.9.9"}
+
+
+def test_every_deployment_waits_for_the_migrations_first():
+    for deployment in deployments():
+        spec = deployment["spec"]["template"]["spec"]
+        name = deployment["metadata"]["name"]
+        [init] = spec["initContainers"]
+        assert init["command"][:3] == ["python", "manage.py", "wait_for_migrations"], name
+        assert init["image"] == spec["containers"][0]["image"], name
+        # It reads the schema only: the config store and the settings' key, nothing else secret.
+        refs = {e["name"] for e in init["env"] if "valueFrom" in e}
+        assert refs == {"DJANGO_SECRET_KEY", "DUCKGRES_CONFIG_STORE"}, name
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_migration_job_migrates_with_the_config_store_only():
+    job = one("Job", "duckgres-admin-migrate")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False
+    [container] = pod["containers"]
+    assert container["command"] == ["python", "manage.py", "migrate", "--no-input"]
+    refs = {e["name"] for e in container["env"] if "valueFrom" in e}
+    assert refs == {"DJANGO_SECRET_KEY", "DUCKGRES_CONFIG_STORE"}
+    assert pod["securityContext"]["runAsUser"] == 10001
+
+
+def _manage(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wait_for_migrations_returns_at_once_on_a_migrated_schema():
+    result = _manage("wait_for_migrations", "--timeout=30", env=process_env())
+    assert result.returncode == 0, result.stderr
+    assert "schema is migrated" in result.stderr
+
+
+def _psql(sql: str) -> None:
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qAtc", sql], check=True
+    )
+
+
+def test_wait_for_migrations_gives_up_at_its_deadline_and_says_why():
+    """An empty database (no migration applied): the init container fails, naming the Job."""
+    dsn = child_config_store_dsn()
+    dbname = f"duckgres_unmigrated_{os.getpid()}"
+    current = dsn.split("?", 1)[0].rsplit("/", 1)[1]
+    _psql(f"DROP DATABASE IF EXISTS {dbname}")
+    _psql(f"CREATE DATABASE {dbname}")
+    try:
+        env = process_env(DUCKGRES_CONFIG_STORE=dsn.replace(f"/{current}?", f"/{dbname}?"))
+        result = _manage("wait_for_migrations", "--timeout=3", "--interval=1", env=env)
+        assert result.returncode == 1
+        lines = result.stderr.splitlines()
+        assert any("waiting for the migration Job" in line for line in lines)
+        assert any("duckgres-admin-migrate" in line for line in lines)
+    finally:
+        _psql(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_admin_job_command_creates_the_admin_once():
+    [job] = list(yaml.safe_load_all((K8S_DIR / "templates" / "first-admin-job.yaml").read_text()))
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["python", "manage.py"]
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if e["name"].startswith("DJANGO_SUPERUSER_")
+    }
+    assert from_secret == {
+        "DJANGO_SUPERUSER_USERNAME": "username",
+        "DJANGO_SUPERUSER_EMAIL": "email",
+        "DJANGO_SUPERUSER_PASSWORD": "password",
+    }
+    env = process_env(
+        DJANGO_SUPERUSER_USERNAME="first-admin",
+        DJANGO_SUPERUSER_EMAIL="first-admin@example.test",
+        DJANGO_SUPERUSER_PASSWORD="a-long-first-admin-password-1234",
+    )
+    first = _manage(*command[2:], env=env)
+    assert first.returncode == 0, first.stderr
+    user = get_user_model().objects.get(username="first-admin")
+    assert user.is_superuser
+    assert user.is_staff
+    assert user.check_password("a-long-first-admin-password-1234")
+    # A second run never changes the existing admin: it fails and says why.
+    env["DJANGO_SUPERUSER_PASSWORD"] = "another-password-that-must-not-win-5678"
+    second = _manage(*command[2:], env=env)
+    assert second.returncode != 0
+    assert "already taken" in second.stderr
+    user.refresh_from_db()
+    assert user.check_password("a-long-first-admin-password-1234")
