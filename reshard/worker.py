@@ -3,9 +3,11 @@
 Wired to Celery's ``worker_ready`` signal from ``reshard.tasks``. Both act only in a worker
 that consumes the ``duckgres.control`` queue (the janitor's solo worker): the exporter listens
 on ``DUCKGRES_CONTROL_METRICS_PORT`` (0 disables it), and a janitor beat row that drifted from
-"every 30 s, expires 30 s" is reported as a warning, because a longer interval delays every
-relaunch and an ``expires`` different from the interval either replays a backlog after an
-outage or drops live ticks.
+its entry in ``duckgres_admin.beat.ROWS`` ("every 30 s on duckgres.control, expires 30 s") is
+reported as a warning, because a longer interval delays every relaunch and an ``expires``
+different from the interval either replays a backlog after an outage or drops live ticks.
+The worker only warns; a missing row is re-created by beat at its start
+(``duckgres_admin.beat``), never by the worker, and a drifted one is never changed.
 """
 
 from __future__ import annotations
@@ -16,21 +18,15 @@ from typing import Any
 
 from django.db import Error as DbError
 
+from duckgres_admin import beat
 from reshard import metrics
 
 _log = logging.getLogger("duckgres.reshard.worker")
 
-CONTROL_QUEUE = "duckgres.control"
 RECONCILE_TASK = "reshard.reconcile"
-JANITOR_INTERVAL_SECONDS = 30
-
-_PERIOD_SECONDS = {
-    "microseconds": 1e-6,
-    "seconds": 1,
-    "minutes": 60,
-    "hours": 3600,
-    "days": 86400,
-}
+JANITOR_ROW = beat.row_for_task(RECONCILE_TASK)
+CONTROL_QUEUE = beat.CONTROL_QUEUE
+JANITOR_INTERVAL_SECONDS = JANITOR_ROW.interval_seconds
 
 
 def consumed_queues(consumer: Any) -> set[str]:
@@ -45,7 +41,7 @@ def consumed_queues(consumer: Any) -> set[str]:
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the janitor's beat rows (none = as shipped)."""
+    """Warnings for the janitor's beat rows (none = as in ``duckgres_admin.beat.ROWS``)."""
     from django_celery_beat.models import PeriodicTask
 
     rows = list(PeriodicTask.objects.filter(task=RECONCILE_TASK).select_related("interval"))
@@ -53,17 +49,17 @@ def beat_drift_warnings() -> list[str]:
     if not enabled:
         return [
             f"no enabled beat entry runs {RECONCILE_TASK}: the reshard janitor will never run "
-            "(restore the row written by migration 0002)"
+            f"(restore the row written by migration {JANITOR_ROW.migration})"
         ]
     warnings: list[str] = []
     for row in enabled:
-        if row.interval is None:
+        seconds = beat.schedule_seconds(row)
+        if seconds is None:
             warnings.append(
                 f"beat entry {row.name!r} for {RECONCILE_TASK} is not an interval schedule; "
                 f"expected every {JANITOR_INTERVAL_SECONDS} s"
             )
             continue
-        seconds = row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0)
         if seconds != JANITOR_INTERVAL_SECONDS:
             warnings.append(
                 f"beat entry {row.name!r} for {RECONCILE_TASK} runs every {seconds:g} s; "
@@ -75,10 +71,10 @@ def beat_drift_warnings() -> list[str]:
                 f"{row.expire_seconds} but its interval is {seconds:g} s; they must be equal "
                 "so a backlog is dropped, not replayed"
             )
-        if row.queue and row.queue != CONTROL_QUEUE:
+        if row.queue and row.queue != JANITOR_ROW.queue:
             warnings.append(
                 f"beat entry {row.name!r} for {RECONCILE_TASK} is routed to queue "
-                f"{row.queue!r}; expected {CONTROL_QUEUE}"
+                f"{row.queue!r}; expected {JANITOR_ROW.queue}"
             )
     return warnings
 

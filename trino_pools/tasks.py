@@ -31,6 +31,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.db import DatabaseError, transaction
 
+from duckgres_admin import beat
 from trino_pools import audit, catalog_store, config, lease, metrics
 
 _log = logging.getLogger("duckgres.trino.worker")
@@ -132,22 +133,21 @@ def worker_start(settings: config.TrinoSettings) -> None:
     start_audit(settings)
 
 
-AUDIT_INTERVAL_SECONDS = 300
-# Every Trino beat task and its interval as shipped by migrations 0005 and 0006.
-BEAT_INTERVALS: dict[str, int] = {
-    AUDIT_TASK: AUDIT_INTERVAL_SECONDS,
-    POOL_TICK_TASK: 5,
-    RECONCILE_ORGS_TASK: 30,
-}
-_PERIOD_SECONDS = {"microseconds": 1e-6, "seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+# Every Trino beat row as shipped by migrations 0005 and 0006: the product's one table of beat
+# rows (``duckgres_admin.beat.ROWS``, which beat uses to re-create a deleted row at its start).
+BEAT_ROWS: tuple[beat.BeatRow, ...] = beat.rows_on_queue(TRINO_QUEUE)
+BEAT_INTERVALS: dict[str, int] = {row.task: row.interval_seconds for row in BEAT_ROWS}
+AUDIT_INTERVAL_SECONDS = BEAT_INTERVALS[AUDIT_TASK]
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the Trino beat rows (none = as shipped by migrations 0005 and 0006)."""
+    """Warnings for the Trino beat rows (none = as in ``duckgres_admin.beat.ROWS``). Warn only:
+    a drifted row is never changed; a deleted one is re-created by beat at its start."""
     from django_celery_beat.models import PeriodicTask
 
     warnings: list[str] = []
-    for task, interval in BEAT_INTERVALS.items():
+    for expected in BEAT_ROWS:
+        task, interval = expected.task, expected.interval_seconds
         rows = [
             row
             for row in PeriodicTask.objects.filter(task=task).select_related("interval")
@@ -159,11 +159,7 @@ def beat_drift_warnings() -> list[str]:
                 "written by the duckgres_admin migrations)"
             )
         for row in rows:
-            seconds = (
-                row.interval.every * _PERIOD_SECONDS.get(row.interval.period, 0)
-                if row.interval is not None
-                else None
-            )
+            seconds = beat.schedule_seconds(row)
             if seconds != interval:
                 warnings.append(
                     f"beat entry {row.name!r} for {task} runs every {seconds} s; "
@@ -174,10 +170,10 @@ def beat_drift_warnings() -> list[str]:
                     f"beat entry {row.name!r} for {task} has expire_seconds="
                     f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
                 )
-            if row.queue and row.queue != TRINO_QUEUE:
+            if row.queue and row.queue != expected.queue:
                 warnings.append(
                     f"beat entry {row.name!r} for {task} is routed to queue {row.queue!r}; "
-                    f"expected {TRINO_QUEUE}"
+                    f"expected {expected.queue}"
                 )
     return warnings
 

@@ -1,0 +1,222 @@
+"""The product's beat rows, in one table, and their healing at beat start.
+
+``ROWS`` is the one list of django-celery-beat ``PeriodicTask`` rows the product ships (written
+by data migrations 0002, 0005 and 0006; the migrations keep their own frozen copies). The drift
+checks of the control worker (``reshard.worker``) and of the trino worker (``trino_pools.tasks``)
+read their expected values from it.
+
+Invariants:
+
+- Every row is an interval schedule in seconds whose ``expire_seconds`` equals its interval
+  (a backlog after an outage is dropped, not replayed). Checked at import.
+- Names and tasks are unique in the table.
+- **Healing** (:func:`heal`, run by the ``beat_init`` receiver in every beat process) only ever
+  *creates* a row: a table row is re-created, exactly as the migration wrote it, when there is
+  no ``PeriodicTask`` for its task at all and its name is free. A row that exists is never
+  changed, whatever it looks like: drifted rows are warned about by the workers' drift checks,
+  and a disabled row stays disabled (beat warns). Each re-created row is logged as a warning
+  naming it. Creating by the unique ``name`` makes two beats starting together harmless.
+- ``beat_init`` is sent after beat's ``DatabaseScheduler`` read the rows; a re-created row
+  bumps django-celery-beat's change marker (``PeriodicTasks.last_update``), so the scheduler
+  reloads at its next tick and the row runs from beat's first ticks.
+
+The receiver is connected when this module is imported: ``reshard.worker`` (imported by
+``reshard.tasks``) and ``trino_pools.tasks`` import it, and Celery autodiscovers both task
+modules in every worker and beat process (tests/test_beat_rows.py starts a real beat).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery.signals import beat_init
+from django.db import DatabaseError, transaction
+
+_log = logging.getLogger("duckgres.beat")
+
+CONTROL_QUEUE = "duckgres.control"
+TRINO_QUEUE = "duckgres.trino"
+
+# The seconds of one unit of each django-celery-beat IntervalSchedule period.
+PERIOD_SECONDS: dict[str, float] = {
+    "microseconds": 1e-6,
+    "seconds": 1,
+    "minutes": 60,
+    "hours": 3600,
+    "days": 86400,
+}
+
+
+@dataclass(frozen=True)
+class BeatRow:
+    """One product beat row, as its data migration writes it."""
+
+    name: str
+    task: str
+    interval_seconds: int
+    queue: str
+    expire_seconds: int
+    migration: str
+    description: str
+
+
+ROWS: tuple[BeatRow, ...] = (
+    BeatRow(
+        name="duckgres: reshard janitor (every 30 s)",
+        task="reshard.reconcile",
+        interval_seconds=30,
+        queue=CONTROL_QUEUE,
+        expire_seconds=30,
+        migration="0002",
+        description="Leader-only reshard reconciler (spec reshard 4.15).",
+    ),
+    BeatRow(
+        name="duckgres: trino ownership audit (every 5 min)",
+        task="trino.ownership_audit",
+        interval_seconds=300,
+        queue=TRINO_QUEUE,
+        expire_seconds=300,
+        migration="0005",
+        description="Trino-enabled orgs whose owner is not a configured pool "
+        "(spec trino-pools 4.14); log + gauge, never changes a row.",
+    ),
+    BeatRow(
+        name="duckgres: trino pool tick (every 5 s)",
+        task="trino.pool_tick",
+        interval_seconds=5,
+        queue=TRINO_QUEUE,
+        expire_seconds=5,
+        migration="0006",
+        description="One shared-pool operator tick (spec trino-pools 4.4): desired "
+        "configuration, authority, Gateway pool, tenant admission, one instance step or plan "
+        "action.",
+    ),
+    BeatRow(
+        name="duckgres: trino org reconcile sweep (every 30 s)",
+        task="trino.reconcile_orgs",
+        interval_seconds=30,
+        queue=TRINO_QUEUE,
+        expire_seconds=30,
+        migration="0006",
+        description="Publish or remove each Trino org's catalog in its owning pool "
+        "(spec trino-pools 4.10).",
+    ),
+)
+
+
+def _check_table(rows: tuple[BeatRow, ...]) -> None:
+    names = [row.name for row in rows]
+    tasks = [row.task for row in rows]
+    if len(set(names)) != len(names) or len(set(tasks)) != len(tasks):
+        raise RuntimeError("duckgres_admin.beat.ROWS: names and tasks must be unique")
+    for row in rows:
+        if row.expire_seconds != row.interval_seconds or row.interval_seconds <= 0:
+            raise RuntimeError(f"beat row {row.name!r}: expire_seconds must equal the interval")
+
+
+_check_table(ROWS)
+
+
+def row_for_task(task: str) -> BeatRow:
+    """The table row that runs ``task`` (KeyError when the product ships none)."""
+    for row in ROWS:
+        if row.task == task:
+            return row
+    raise KeyError(task)
+
+
+def rows_on_queue(queue: str) -> tuple[BeatRow, ...]:
+    return tuple(row for row in ROWS if row.queue == queue)
+
+
+def schedule_seconds(task: Any) -> float | None:
+    """The interval of a ``PeriodicTask`` in seconds; ``None`` when it is not an interval."""
+    interval = task.interval
+    if interval is None:
+        return None
+    seconds: float = interval.every * PERIOD_SECONDS.get(interval.period, 0)
+    return seconds
+
+
+def _interval(seconds: int) -> Any:
+    from django_celery_beat.models import IntervalSchedule
+
+    # (every, period) is not unique in django-celery-beat: reuse the oldest match.
+    found = (
+        IntervalSchedule.objects.filter(every=seconds, period=IntervalSchedule.SECONDS)
+        .order_by("id")
+        .first()
+    )
+    if found is not None:
+        return found
+    return IntervalSchedule.objects.create(every=seconds, period=IntervalSchedule.SECONDS)
+
+
+def heal(rows: tuple[BeatRow, ...] = ROWS) -> list[Any]:
+    """Re-create the table rows whose task has no ``PeriodicTask`` at all; returns the new rows.
+
+    Logs one warning per re-created row, and one per product task whose rows are all disabled
+    (left disabled). A row whose name is taken by another task is not re-created (warned).
+    """
+    from django_celery_beat.models import PeriodicTask
+
+    created: list[Any] = []
+    for row in rows:
+        existing = list(PeriodicTask.objects.filter(task=row.task).order_by("id"))
+        if existing:
+            if not any(task.enabled for task in existing):
+                _log.warning(
+                    "beat: every beat entry for %s is disabled (%s); left disabled, so %s "
+                    "never runs: enable it in the admin (Periodic tasks) if that is not intended",
+                    row.task,
+                    ", ".join(repr(task.name) for task in existing),
+                    row.task,
+                )
+            continue
+        with transaction.atomic():
+            task, new = PeriodicTask.objects.get_or_create(
+                name=row.name,
+                defaults={
+                    "task": row.task,
+                    "interval": _interval(row.interval_seconds),
+                    "queue": row.queue,
+                    "expire_seconds": row.expire_seconds,
+                    "enabled": True,
+                    "description": row.description,
+                },
+            )
+        if not new:
+            if task.task != row.task:
+                _log.warning(
+                    "beat: no beat entry runs %s, and its entry name %r is taken by a row "
+                    "running %s; not re-created: fix the row in the admin (Periodic tasks)",
+                    row.task,
+                    row.name,
+                    task.task,
+                )
+            continue  # another beat re-created it at the same moment
+        _log.warning(
+            "beat: the beat entry %r was missing (no row runs %s); re-created it as migration "
+            "%s wrote it: every %d s on %s, expires %d s",
+            row.name,
+            row.task,
+            row.migration,
+            row.interval_seconds,
+            row.queue,
+            row.expire_seconds,
+        )
+        created.append(task)
+    return created
+
+
+def on_beat_init(sender: Any = None, **_: Any) -> None:
+    """``beat_init`` receiver: heal the product's beat rows before beat's first tick."""
+    try:
+        heal()
+    except DatabaseError as exc:
+        _log.warning("beat: cannot check the product's beat entries: %s", exc)
+
+
+beat_init.connect(on_beat_init, weak=False, dispatch_uid="duckgres_admin.beat-heal")
