@@ -20,6 +20,9 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
    ``metrics_observed_at``.
 7. Reap runner objects of terminal ops (after capturing their log unless the runner's own
    marker is in the op log) and exited orphans.
+8. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
+   leader tick that was neither stopped (leadership unproven) nor skipped (listing failed)
+   gets here; one op's failure or a failing runner listing does not prevent it.
 
 The lease is renewed before acting and before every intervention (relaunch, force-fail,
 delete); past the renew deadline the tick stops where it is. Nothing is ever reset by a success:
@@ -144,6 +147,7 @@ class TickReport:
 
     leader: bool = False
     stopped: bool = False
+    completed: bool = False
     actions: list[str] = field(default_factory=list)
 
     def add(self, action: str) -> None:
@@ -285,7 +289,7 @@ class Janitor:
             return report
         report.leader = True
         try:
-            self._tick(report)
+            report.completed = self._tick(report)
         except _StopTick:
             report.stopped = True
             metrics.set_leadership(False, None)
@@ -295,9 +299,12 @@ class Janitor:
                 self.lease.name,
                 self.lease.epoch,
             )
+        if report.completed:
+            metrics.mark_reconcile_completed()
         return report
 
-    def _tick(self, report: TickReport) -> None:
+    def _tick(self, report: TickReport) -> bool:
+        """Steps 1-7; True when the tick ran to its end (False: skipped, nothing listed)."""
         try:
             ops = list(
                 ReshardOperation.objects.filter(state__in=ACTIVE_STATES)
@@ -311,7 +318,7 @@ class Janitor:
             )
         except DbError as exc:
             _log.warning("janitor: listing active operations failed, skipping this tick: %s", exc)
-            return
+            return False
 
         stale = 0
         for op in ops:
@@ -342,6 +349,7 @@ class Janitor:
 
         self._check_deadline()
         self._reap(report)
+        return True
 
     # --- steps 2-5 --------------------------------------------------------------------------------
     def _reconcile_op(self, op: ReshardOperation, db_now: datetime, report: TickReport) -> None:

@@ -1,7 +1,12 @@
 """Reshard metrics (spec reshard §7), exported by the control worker only.
 
 Only the janitor leader updates them. Gauges are set on every leader tick; non-leaders keep
-stale or zero values, so dashboards take the max of a gauge across replicas. Counters and
+stale or zero values, so dashboards take the max of a gauge across replicas. The liveness gauge
+``duckgres_janitor_last_reconcile_timestamp_seconds`` is set (to this process's wall clock)
+only at the end of a tick that a leader *completed*: a non-leader tick, a tick stopped for lack
+of leadership and a tick skipped because the active operations could not be listed leave it
+unchanged, so ``time() - max(...)`` is the age of the fleet's last completed reconcile (0 until
+the process completes one: a dead beat or a disabled schedule makes it age). Counters and
 histograms are incremented/observed by exactly one process per event: a respawn by the leader
 that performed it, and a terminal op's histograms only by the process that won the CAS on
 ``metrics_observed_at``. Sum them across replicas.
@@ -25,6 +30,7 @@ _log = logging.getLogger("duckgres.reshard.metrics")
 STEP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 WINDOW_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 STEP_OUTCOMES = ("ok", "failed", "cancelled", "superseded")
+RESPAWN_OUTCOMES = ("spawned", "failed")
 
 ACTIVE_OPERATIONS = Gauge(
     "duckgres_reshard_active_operations", "Reshard operations pending or running."
@@ -41,6 +47,9 @@ RUNNER_RESPAWNS = Counter(
     "Runner relaunches by the janitor, by outcome (spawned, failed).",
     ["outcome"],
 )
+# Both outcomes exist at zero from process start, so increase() sees the first failure.
+for _outcome in RESPAWN_OUTCOMES:
+    RUNNER_RESPAWNS.labels(outcome=_outcome)
 STEP_DURATION = Histogram(
     "duckgres_reshard_step_duration_seconds",
     "Duration of each reshard step of terminal operations.",
@@ -59,6 +68,10 @@ JANITOR_IS_LEADER = Gauge(
 JANITOR_LEASE_EPOCH = Gauge(
     "duckgres_janitor_lease_epoch", "Epoch of the janitor lease this process last held."
 )
+JANITOR_LAST_RECONCILE = Gauge(
+    "duckgres_janitor_last_reconcile_timestamp_seconds",
+    "Unix time of the last reconcile tick this process completed as janitor leader (0 = none yet).",
+)
 
 # Terminal ops observed per tick at most: the first tick after a deploy must not stall.
 OBSERVE_BATCH = 200
@@ -68,6 +81,11 @@ def set_leadership(is_leader: bool, epoch: int | None) -> None:
     JANITOR_IS_LEADER.set(1 if is_leader else 0)
     if is_leader and epoch is not None:
         JANITOR_LEASE_EPOCH.set(epoch)
+
+
+def mark_reconcile_completed() -> None:
+    """A leader tick ran to its end: set the liveness gauge to now (unix seconds)."""
+    JANITOR_LAST_RECONCILE.set_to_current_time()
 
 
 def set_gauges(*, active: int, stale: int, recovery_required: int) -> None:
