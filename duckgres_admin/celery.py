@@ -1,13 +1,37 @@
-"""The Celery application. Tasks are thin: they read rows and call domain services."""
+"""The Celery application. Tasks are thin: they read rows and call domain services.
+
+Logging (docs/logging.md): Celery never configures logging itself. A receiver of
+``setup_logging`` exists, so Celery neither hijacks the root logger nor installs its plain-text
+formatters; every worker (and its pool processes) and beat log one scrubbed JSON line per record
+through ``duckgres_admin.logs`` -- Celery's own task and worker lines included. The level is
+``DUCKGRES_LOG_LEVEL`` (``--loglevel`` and ``--logfile`` are not used); stdout and stderr are
+redirected into the log as Celery would (``worker_redirect_stdouts``). ``celeryd_init``, the
+worker's first signal, applies the same configuration before the worker's first warning.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+
+from duckgres_admin.logs import configure_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["reshard", "trino_pools"])
+
+
+@signals.celeryd_init.connect
+def _json_logs_from_the_start(**_kwargs: Any) -> None:
+    configure_logging()
+
+
+@signals.setup_logging.connect
+def _json_logs(**_kwargs: Any) -> None:
+    configure_logging()
+    if app.conf.worker_redirect_stdouts:
+        app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
