@@ -32,3 +32,7 @@ keepalive = 5
 accesslog = "-"
 errorlog = "-"
 logconfig_dict = gunicorn_logconfig_dict()
+
+# No runtime control socket: nothing may change the worker count of a running API (the password
+# stash needs exactly one worker), and the root filesystem may be read-only.
+control_socket_disable = True
