@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes 1.20.2 control plane and node binaries (kube-apiserver,
+# Builds the Kubernetes 1.20.2 control plane and node binaries (kube-apiserver, kube-proxy,
 # kube-controller-manager, kube-scheduler, kubelet) from Debian's `kubernetes` source package, once
 # per machine, in one `make` (the four share most packages: ≈10-13 min on 2 cores). The binaries are
 # cached outside the repository (KAPI_CACHE_DIR); later runs exit at once when all four exist.
 set -euo pipefail
 OUT=${KAPI_CACHE_DIR:-/var/cache/duckgres-ci/kube}
 WORK=${KAPI_BUILD_DIR:-/var/tmp/duckgres-kapi-build}
-BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 export DEBIAN_FRONTEND=noninteractive
 have_all() { for b in "${BINS[@]}"; do [ -x "$OUT/$b" ] || return 1; done; }
 need=()

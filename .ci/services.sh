@@ -38,6 +38,14 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 PGV=$(ls /usr/lib/postgresql | sort -n | tail -1)
 
+# --- the pod bridge ---------------------------------------------------------------------------
+# 10.244.0.1 on bridge cni0: the address the one-node cluster's pods use for the host services
+# below (.ci/kube-node.sh). PostgreSQL and Redis listen on it as well as on loopback.
+POD_NODE_IP=10.244.0.1
+if ! "$HERE/pod-bridge.sh"; then
+  log "could not create the pod bridge cni0: services listen on loopback only"
+fi
+
 # --- PostgreSQL -------------------------------------------------------------------------------
 exists() { pg_lsclusters -h | awk -v v="$PGV" -v n="$1" '$1==v && $2==n {f=1} END {exit !f}'; }
 start_cluster() {  # name port
@@ -69,6 +77,15 @@ ensure_tls() {  # name port: self-signed certificate in the data directory, ssl=
     chown postgres:postgres "$dir/server.key" "$dir/server.crt"
     chmod 0600 "$dir/server.key"
   fi
+  # Debian's own `main` cluster names the snakeoil certificate, absent on our machines: point
+  # every cluster at the certificate above (a failed certificate load on reload leaves TLS off
+  # while `show ssl` says on; on restart the server refuses to start).
+  local f
+  for f in ssl_cert_file:server.crt ssl_key_file:server.key; do
+    if [ "$(su_psql "$2" -Atc "select coalesce(sourcefile, '') like '%postgresql.auto.conf' and setting = '${f#*:}' from pg_settings where name = '${f%%:*}'")" != t ]; then
+      su_psql "$2" -c "ALTER SYSTEM SET ${f%%:*} = '${f#*:}'" -c 'SELECT pg_reload_conf()' >/dev/null
+    fi
+  done
   if [ "$(su_psql "$2" -Atc 'show ssl')" != on ]; then
     su_psql "$2" -c 'ALTER SYSTEM SET ssl = on' -c 'SELECT pg_reload_conf()' >/dev/null
     for _ in $(seq 25); do [ "$(su_psql "$2" -Atc 'show ssl')" = on ] && break; sleep 0.2; done
@@ -77,17 +94,29 @@ ensure_tls() {  # name port: self-signed certificate in the data directory, ssl=
   fi
 }
 
-HBA_MAIN='# Managed by .ci/services.sh: the config store of tests and the demo (loopback only).
+HBA_MAIN='# Managed by .ci/services.sh: the config store of tests and the demo (trust on loopback
+# only); pods of the one-node cluster (10.244.0.0/24) must present a password.
 local all all trust
 host  all all 127.0.0.1/32 trust
-host  all all ::1/128 trust'
+host  all all ::1/128 trust
+host  all all 10.244.0.0/24 scram-sha-256'
 HBA_STORE='# Managed by .ci/services.sh: a test metadata store. Only the superuser is trusted (test
 # setup); every other login (provisioner, tenant roles) must present its password.
 local all all trust
 host  all postgres 127.0.0.1/32 trust
 host  all all 127.0.0.1/32 scram-sha-256
-host  all all ::1/128 scram-sha-256'
+host  all all ::1/128 scram-sha-256
+host  all all 10.244.0.0/24 scram-sha-256'
 
+ensure_listen() {  # name port: loopback and the pod bridge (restart only when it changes)
+  local want="localhost,$POD_NODE_IP"
+  if [ "$(su_psql "$2" -Atc 'show listen_addresses')" != "$want" ]; then
+    su_psql "$2" -c "ALTER SYSTEM SET listen_addresses = '$want'" >/dev/null
+    setsid pg_ctlcluster --skip-systemctl-redirect "$PGV" "$1" restart </dev/null
+    for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p "$2" && break; sleep 0.2; done
+    log "$1 listens on $want"
+  fi
+}
 ensure_cluster() {  # name port hba
   if ! exists "$1"; then
     pg_createcluster "$PGV" "$1" -p "$2" -- --auth=trust >/dev/null
@@ -96,6 +125,7 @@ ensure_cluster() {  # name port hba
   start_cluster "$1" "$2"
   write_hba "$1" "$3" "$2"
   ensure_tls "$1" "$2"
+  ensure_listen "$1" "$2"
 }
 
 ensure_cluster main 5432 "$HBA_MAIN"
@@ -120,11 +150,21 @@ SQL
 done
 
 # --- Redis ------------------------------------------------------------------------------------
+# "-" makes the pod-bridge address optional (Redis 7): loopback always, 10.244.0.1 when it exists.
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  setsid redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+  # No password and not loopback-only: protected mode would refuse the pods; only this machine's
+  # own pods are on the bridge.
+  setsid redis-server --daemonize yes --bind 127.0.0.1 "-$POD_NODE_IP" --protected-mode no \
+    --port 6379 --save "" --appendonly no \
     --dir "$STATE" --logfile "$STATE/redis.log" --pidfile "$STATE/redis.pid"
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.1; done
   log "redis started on 6379"
+fi
+if [ "$(redis-cli -h "$POD_NODE_IP" -p 6379 ping 2>/dev/null)" != PONG ] \
+  && ip -4 addr show cni0 2>/dev/null | grep -q "$POD_NODE_IP"; then
+  redis-cli -h 127.0.0.1 -p 6379 CONFIG SET bind "127.0.0.1 -$POD_NODE_IP" >/dev/null
+  redis-cli -h 127.0.0.1 -p 6379 CONFIG SET protected-mode no >/dev/null
+  log "redis listens on $POD_NODE_IP too"
 fi
 
 # --- S3: Ceph RGW ----------------------------------------------------------------------------
