@@ -6,6 +6,7 @@ is no silent fallback (no eager Celery, no default broker, no default config sto
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.config import EnvReader, environ
+from duckgres_admin.lib import secretrefs
 
 django_stubs_ext.monkeypatch()
 
@@ -26,6 +28,11 @@ IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
 # `manage.py collectstatic` runs at image build, where there is no secret, config store or
 # broker: it requires none of them (a value that is set and bad is still refused).
 IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
+# The schema commands (the migration Job, the init containers' wait, the first-admin Job) touch
+# only the config store: they need DJANGO_SECRET_KEY and DUCKGRES_CONFIG_STORE, never a shared
+# secret or the broker, so those Jobs and init containers are not given them.
+SCHEMA_COMMANDS = frozenset({"migrate", "wait_for_migrations", "createsuperuser"})
+IS_SCHEMA_COMMAND = len(sys.argv) > 1 and sys.argv[1] in SCHEMA_COMMANDS
 
 SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=not IS_COLLECTSTATIC)
 DEBUG = env.boolean("DUCKGRES_DEBUG", False)
@@ -71,7 +78,7 @@ _SHARED_SECRETS = (
     "DUCKGRES_RUNNER_SECRET",
     "DUCKGRES_DATAPLANE_SECRET",
 )
-if IS_COLLECTSTATIC:
+if IS_COLLECTSTATIC or IS_SCHEMA_COMMAND:
     _required: set[str] = set()
 elif IS_RUNNER:
     # A runner needs the runner secret only when it must pull a password (spec §6).
@@ -141,6 +148,14 @@ DUCKGRES_RESHARD_COPY_PARALLELISM = env.integer(
     "DUCKGRES_RESHARD_COPY_PARALLELISM", 2, minimum=1, maximum=16
 )
 DUCKGRES_PG_BIN_DIRS = env.string("DUCKGRES_PG_BIN_DIRS", "/usr/lib/postgresql/*/bin")
+# The CA that metadata-store certificates must chain to (libpq sslrootcert): an absolute path to
+# a PEM bundle, or "system" (the OS trust store; implies verify-full). Empty: libpq's default
+# (~/.postgresql/root.crt). See duckgres_admin/lib/pgadmin.py and docs/configuration.md.
+DUCKGRES_STORE_SSLROOTCERT = env.string("DUCKGRES_STORE_SSLROOTCERT", "")
+if DUCKGRES_STORE_SSLROOTCERT not in ("", "system") and not DUCKGRES_STORE_SSLROOTCERT.startswith(
+    "/"
+):
+    env.errors.append("DUCKGRES_STORE_SSLROOTCERT must be an absolute path or 'system'")
 
 DUCKGRES_JANITOR_LEASE_SECONDS = env.integer("DUCKGRES_JANITOR_LEASE_SECONDS", 90, minimum=1)
 DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS = env.integer(
@@ -153,6 +168,41 @@ if DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS >= DUCKGRES_JANITOR_LEASE_SECONDS:
 DUCKGRES_CONTROL_METRICS_PORT = env.integer(
     "DUCKGRES_CONTROL_METRICS_PORT", 9108, minimum=0, maximum=65535
 )
+
+
+# --- hostile inputs: secret references, store hosts, request bodies (docs/configuration.md) -----
+# Secret references are allowed only inside these allowlists, per purpose (unset: nothing is);
+# the control plane's own secrets are never allowed, whatever they say (lib/secretrefs.py).
+def _allowlist(variable: str) -> tuple[secretrefs.AllowEntry, ...]:
+    entries, problems = secretrefs.parse_allowlist(variable, env.string(variable))
+    env.errors.extend(problems)
+    return entries
+
+
+DUCKGRES_SECRET_REF_ALLOW_PROVISIONER = _allowlist("DUCKGRES_SECRET_REF_ALLOW_PROVISIONER")
+DUCKGRES_SECRET_REF_ALLOW_TENANT = _allowlist("DUCKGRES_SECRET_REF_ALLOW_TENANT")
+# Addresses no metadata store may have (the host, its pooler, an external binding or target, and
+# every address a name resolves to): link-local, the cloud metadata endpoints, "any".
+DEFAULT_STORE_HOST_DENYLIST = (
+    "169.254.0.0/16,fe80::/10,169.254.169.254/32,fd00:ec2::254/128,0.0.0.0/32,::/128"
+)
+DUCKGRES_STORE_HOST_DENYLIST: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+_denylist: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+for _item in env.csv("DUCKGRES_STORE_HOST_DENYLIST", DEFAULT_STORE_HOST_DENYLIST):
+    try:
+        _denylist.append(ipaddress.ip_network(_item, strict=True))
+    except ValueError:
+        env.errors.append(
+            f"DUCKGRES_STORE_HOST_DENYLIST: {_item!r} is not a network: write CIDRs such as "
+            "169.254.0.0/16 or fd00:ec2::254/128 (host bits zero), comma-separated"
+        )
+DUCKGRES_STORE_HOST_DENYLIST = tuple(_denylist)
+# Largest JSON request body the API reads (413 beyond it).
+DUCKGRES_API_MAX_BODY_BYTES = env.integer(
+    "DUCKGRES_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024, maximum=64 * 1024 * 1024
+)
+# The API process's own Prometheus exporter (authentication failures); 0 disables it.
+DUCKGRES_API_METRICS_PORT = env.integer("DUCKGRES_API_METRICS_PORT", 9110, minimum=0, maximum=65535)
 
 # --- password handoff (spec §4.17) -------------------------------------------------------------
 DUCKGRES_ADVERTISE_ADDRESS = env.string("DUCKGRES_ADVERTISE_ADDRESS", "")
@@ -192,7 +242,9 @@ if DUCKGRES_RESHARD_LAUNCHER == "pod":
 
 # --- Celery (spec §6): no default broker, never eager -------------------------------------------
 # Runners never talk to the broker; every other process needs it (no eager fallback).
-CELERY_BROKER_URL = env.string("DUCKGRES_BROKER_URL", required=not (IS_RUNNER or IS_COLLECTSTATIC))
+CELERY_BROKER_URL = env.string(
+    "DUCKGRES_BROKER_URL", required=not (IS_RUNNER or IS_COLLECTSTATIC or IS_SCHEMA_COMMAND)
+)
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_DEFAULT_QUEUE = "duckgres.default"
 CELERY_TASK_ROUTES = {
@@ -346,6 +398,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Duckgres Admin API",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ takes the operator identities, like every operator read (docs/api.md).
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["duckgres_admin.api.auth.SchemaPermission"],
 }
 
 LOGGING: dict[str, Any] = {

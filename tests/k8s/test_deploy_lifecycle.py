@@ -175,3 +175,26 @@ def test_the_first_admin_job_command_creates_the_admin_once():
     assert "already taken" in second.stderr
     user.refresh_from_db()
     assert user.check_password("a-long-first-admin-password-1234")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("migrate", "--check"),
+        ("wait_for_migrations", "--timeout=10"),
+        ("createsuperuser", "--no-input", "--username=job-admin", "--email=job@example.test"),
+    ],
+)
+def test_the_schema_jobs_run_with_only_the_config_store_and_the_key(command):
+    """The migration Job, the init containers and the first-admin Job get exactly two secrets
+    (no shared secret, no broker): the commands they run must start with only those."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SECRET_KEY": "schema-job-key-" + "k" * 40,
+        "DUCKGRES_CONFIG_STORE": child_config_store_dsn(),
+        "DJANGO_SUPERUSER_PASSWORD": "a-long-job-admin-password-0000",
+    }
+    result = _manage(*command, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,0 +1,47 @@
+"""The control plane as shipped, running on the real one-node cluster (marker ``pods``)."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.pods.conftest import DEPLOYMENTS, NAMESPACE, Deployed, kubectl_json
+
+pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
+
+
+def _get(deployed: Deployed, path: str) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(
+        f"http://{deployed.service_ip}:8080{path}", headers={"Host": "duckgres-admin-api"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.headers.get("Content-Type", ""), response.read()
+
+
+def test_every_process_runs_from_the_shipped_manifests(deployed: Deployed) -> None:
+    job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
+    assert job["status"].get("succeeded") == 1
+    for name in DEPLOYMENTS:
+        dep: dict[str, Any] = kubectl_json("-n", NAMESPACE, "get", "deploy", name)
+        want = dep["spec"]["replicas"]
+        assert dep["status"].get("availableReplicas") == want, (name, dep["status"])
+    # Every pod ran its wait-for-migrations init container to completion, as uid 10001.
+    for pod in deployed.pods("app=duckgres-admin"):
+        if pod["metadata"]["labels"].get("component") == "migrate":
+            continue
+        [init] = pod["status"]["initContainerStatuses"]
+        assert init["state"]["terminated"]["exitCode"] == 0, pod["metadata"]["name"]
+        assert pod["spec"]["securityContext"]["runAsUser"] == 10001
+    # The schema the Job migrated is complete.
+    assert deployed.one("SELECT count(*) FROM django_migrations") > 20
+
+
+def test_the_admin_static_files_and_readyz_answer_through_the_service(deployed: Deployed) -> None:
+    status, _type, body = _get(deployed, "/readyz")
+    assert status == 200, body[:300]
+    status, content_type, body = _get(deployed, "/static/admin/css/base.css")
+    assert status == 200
+    assert content_type.startswith("text/css")
+    assert b"body" in body
