@@ -73,7 +73,7 @@ provision:
 # Ceph and starts the kube-apiserver, and a marked suite that cannot run fails instead of
 # skipping. pytest exits 5 when it collected no tests: that is a failure, never a pass.
 test: export CI ?= true
-test: provision install services migrate-check
+test: provision install image services migrate-check
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc

@@ -11,10 +11,11 @@
 #   Redis                     127.0.0.1:6379
 #   Ceph RGW (S3)             http://127.0.0.1:7480, keys testing/testing (.ci/rgw.sh)
 #   etcd + kube-apiserver     https://127.0.0.1:16443, bearer token `ci-token` (.ci/kube-apiserver.sh)
+#   one-node cluster          https://10.244.0.1:26443, pods on bridge cni0 (.ci/kube-node.sh)
 #
 # Env: CI_STATE_DIR (default /var/tmp/duckgres-ci), CI=true (missing Ceph packages are installed
 # and a missing kube-apiserver binary is built, instead of skipping them), DUCKGRES_SKIP_RGW=1 /
-# DUCKGRES_SKIP_KUBE=1 (do not start that service at all).
+# DUCKGRES_SKIP_KUBE=1 / DUCKGRES_SKIP_NODE=1 (do not start that service at all).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -179,5 +180,15 @@ if [ "${DUCKGRES_SKIP_KUBE:-}" = 1 ]; then
   log "kube-apiserver not started (DUCKGRES_SKIP_KUBE=1)"
 else
   "$HERE/kube-apiserver.sh" start
+fi
+
+# --- the one-node cluster (real pods) --------------------------------------------------------
+if [ "${DUCKGRES_SKIP_NODE:-}" = 1 ]; then
+  log "one-node cluster not started (DUCKGRES_SKIP_NODE=1)"
+elif [ "${CI:-}" = true ] || [ -x "${KAPI_CACHE_DIR:-/var/cache/duckgres-ci/kube}/kubelet" ]; then
+  "$HERE/kube-node.sh" start
+else
+  log "SKIPPED: the one-node cluster needs the Kubernetes build (.ci/build-kube-apiserver.sh," \
+    "≈13 min once); the pods suite skips (fails under CI)"
 fi
 log "ready: postgres 5432/5433/5434 (TLS), redis 6379"
