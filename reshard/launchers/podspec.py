@@ -50,6 +50,42 @@ _QUANTITY_RE = re.compile(
 )
 
 
+TMP_VOLUME = "tmp"
+# Pod-level fields a runner pod never carries, whatever the control-plane pod has: they would
+# fail the `restricted` Pod Security level (docs/kubernetes.md "Pod Security").
+_UNSAFE_POD_FIELDS = ("sysctls", "windowsOptions")
+
+
+def restricted_container_context(own: dict[str, Any]) -> dict[str, Any]:
+    """The runner container's securityContext: the control-plane container's, made to pass the
+    `restricted` Pod Security level whatever it said (no privilege, no escalation, no capability,
+    non-root, a read-only root filesystem, the runtime's default seccomp profile)."""
+    ctx = copy.deepcopy(own)
+    ctx.pop("privileged", None)
+    ctx.pop("procMount", None)
+    ctx["allowPrivilegeEscalation"] = False
+    ctx["capabilities"] = {"drop": ["ALL"]}
+    ctx["readOnlyRootFilesystem"] = True
+    ctx["runAsNonRoot"] = True
+    if ctx.get("runAsUser") == 0:
+        ctx.pop("runAsUser")
+    if (ctx.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        ctx["seccompProfile"] = {"type": "RuntimeDefault"}
+    return ctx
+
+
+def restricted_pod_context(own: dict[str, Any]) -> dict[str, Any]:
+    """The runner pod's securityContext, likewise: the control-plane pod's (user, group,
+    fsGroup), non-root, RuntimeDefault seccomp unless a Localhost profile is named."""
+    ctx = {k: copy.deepcopy(v) for k, v in own.items() if k not in _UNSAFE_POD_FIELDS}
+    ctx["runAsNonRoot"] = True
+    if ctx.get("runAsUser") == 0:
+        ctx.pop("runAsUser")
+    if (ctx.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        ctx["seccompProfile"] = {"type": "RuntimeDefault"}
+    return ctx
+
+
 def runner_labels(op_id: int) -> dict[str, str]:
     return {"app": RUNNER_APP_LABEL, OP_ID_LABEL: str(op_id)}
 
@@ -152,9 +188,7 @@ def build_runner_pod(
     if password_url:
         env.append({"name": PASSWORD_URL_VAR, "value": password_url})
 
-    security_context = copy.deepcopy(own.get("securityContext") or {})
-    security_context.pop("privileged", None)
-    security_context["allowPrivilegeEscalation"] = False
+    security_context = restricted_container_context(own.get("securityContext") or {})
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -165,6 +199,8 @@ def build_runner_pod(
             "limits": {"cpu": cpu, "memory": memory},
         },
         "securityContext": security_context,
+        # The root filesystem is read-only: scratch space is this emptyDir only.
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
     if own.get("imagePullPolicy"):
         container["imagePullPolicy"] = own["imagePullPolicy"]
@@ -184,6 +220,7 @@ def build_runner_pod(
         "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
         "containers": [container],
         "nodeSelector": node_selector,
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}],
     }
     account = own_spec.get("serviceAccountName") or own_spec.get("serviceAccount")
     if account:
@@ -192,8 +229,7 @@ def build_runner_pod(
         spec["tolerations"] = tolerations
     if own_spec.get("imagePullSecrets"):
         spec["imagePullSecrets"] = copy.deepcopy(own_spec["imagePullSecrets"])
-    if own_spec.get("securityContext"):
-        spec["securityContext"] = copy.deepcopy(own_spec["securityContext"])
+    spec["securityContext"] = restricted_pod_context(own_spec.get("securityContext") or {})
 
     metadata: dict[str, Any] = {
         "name": runner_name(op_id),

@@ -95,7 +95,9 @@ def test_every_control_plane_process_gets_the_same_trino_configuration():
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         assert mounts["trino-registry"]["mountPath"] == "/etc/duckgres/trino/registry", name
         assert mounts["trino-secrets"]["mountPath"] == "/etc/duckgres/trino/secrets", name
-        assert all(m["readOnly"] for m in mounts.values()), name
+        # The Trino sources are read-only; /tmp (the read-only root's scratch space) is not.
+        assert all(mounts[n]["readOnly"] for n in ("trino-registry", "trino-secrets")), name
+        assert set(mounts) == {"trino-registry", "trino-secrets", "tmp"}, name
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert volumes["trino-registry"]["configMap"] == {
             "name": "duckgres-admin-trino-registry",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.pod_security import read_only_root, restricted_violations
 from tests.pods.conftest import DEPLOYMENTS, NAMESPACE, Deployed, kubectl_json
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
@@ -20,6 +21,7 @@ def _get(deployed: Deployed, path: str) -> tuple[int, str, bytes]:
         return response.status, response.headers.get("Content-Type", ""), response.read()
 
 
+@pytest.mark.safeguard("reshard-62")
 def test_every_process_runs_from_the_shipped_manifests(deployed: Deployed) -> None:
     job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
     assert job["status"].get("succeeded") == 1
@@ -34,6 +36,11 @@ def test_every_process_runs_from_the_shipped_manifests(deployed: Deployed) -> No
         [init] = pod["status"]["initContainerStatuses"]
         assert init["state"]["terminated"]["exitCode"] == 0, pod["metadata"]["name"]
         assert pod["spec"]["securityContext"]["runAsUser"] == 10001
+    # Every pod the cluster really runs passes the restricted Pod Security level, read-only root.
+    for pod in kubectl_json("-n", NAMESPACE, "get", "pods")["items"]:
+        name = pod["metadata"]["name"]
+        assert restricted_violations(pod["spec"], name) == []
+        assert read_only_root(pod["spec"]) == [], name
     # The schema the Job migrated is complete.
     assert deployed.one("SELECT count(*) FROM django_migrations") > 20
 

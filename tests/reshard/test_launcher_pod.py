@@ -198,7 +198,14 @@ def test_the_runner_pod_is_created_field_by_field(kube):
     assert container["command"] == ["python", "manage.py", "reshard_runner"]
     assert container["image"] == OWN_IMAGE
     assert container["imagePullPolicy"] == "IfNotPresent"
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False}
+    # The restricted Pod Security level, whatever the control-plane container says.
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["resources"] == {
         "requests": {"cpu": "2", "memory": "8Gi"},
         "limits": {"cpu": "2", "memory": "8Gi"},

@@ -113,7 +113,14 @@ def test_the_runner_pod_is_built_field_by_field():
     assert container["command"] == ["python", "manage.py", "reshard_runner"]
     assert container["image"] == "registry.example/duckgres-admin:1.2.3"
     assert container["imagePullPolicy"] == "Always"
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False}
+    # The restricted Pod Security level, whatever the control-plane container says.
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["resources"] == {
         "requests": {"cpu": "2", "memory": "8Gi"},
         "limits": {"cpu": "2", "memory": "8Gi"},
@@ -278,11 +285,22 @@ def test_a_pod_without_containers_is_an_error():
 
 def test_privileged_is_never_copied_and_escalation_is_forced_off():
     pod = own_pod(
-        securityContext={"runAsNonRoot": True, "privileged": True, "allowPrivilegeEscalation": True}
+        securityContext={
+            "runAsNonRoot": False,
+            "runAsUser": 0,
+            "privileged": True,
+            "allowPrivilegeEscalation": True,
+            "capabilities": {"add": ["SYS_ADMIN"]},
+            "readOnlyRootFilesystem": False,
+            "seccompProfile": {"type": "Unconfined"},
+        }
     )
     assert build(pod)["spec"]["containers"][0]["securityContext"] == {
-        "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
