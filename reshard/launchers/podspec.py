@@ -200,7 +200,7 @@ def build_runner_pod(
         },
         "securityContext": security_context,
         # The root filesystem is read-only: scratch space is this emptyDir only.
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],  # noqa: S108 - an emptyDir
     }
     if own.get("imagePullPolicy"):
         container["imagePullPolicy"] = own["imagePullPolicy"]
