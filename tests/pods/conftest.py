@@ -179,11 +179,8 @@ def _s3_client() -> Any:
     )
 
 
-@pytest.fixture(scope="session")
-def deployed(store_clusters: StoreClusters) -> Iterator[Deployed]:
-    reason = pods_unavailable()
-    if reason:
-        pytest.skip(f"[pods] {reason}")
+def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[], None]]:
+    """Install the control plane on the one-node cluster; returns it and its teardown."""
     assert IMAGE_ARCHIVE.exists(), f"{IMAGE_ARCHIVE} is missing: run make image"
     subprocess.run(
         [str(ROOT / ".ci" / "kube-node.sh"), "import-image", str(IMAGE_ARCHIVE)],
@@ -210,9 +207,15 @@ def deployed(store_clusters: StoreClusters) -> Iterator[Deployed]:
         check=True, capture_output=True,
     )  # fmt: skip
     s3_server = _s3_server()
-    s3 = _s3_client()
-    s3.create_bucket(Bucket=BUCKET)
+
+    def teardown() -> None:
+        kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--grace-period=0", "--force",
+                "--wait=false", check=False)  # fmt: skip
+        s3_server.stop()
+
     try:
+        s3 = _s3_client()
+        s3.create_bucket(Bucket=BUCKET)
         kubectl("apply", "-f", str(ROOT / "k8s" / "namespace.yaml"))
         kubectl("apply", "-f", "-", input=_secret_doc("duckgres-admin", values))
         kubectl(
@@ -258,8 +261,19 @@ def deployed(store_clusters: StoreClusters) -> Iterator[Deployed]:
             }
             resp = api.post("metadata-stores", body)
             assert resp.status == 201, (resp.status, resp.raw[:500])
-        yield Deployed(api, service_ip, host_dsn, values, s3, store_clusters, pod_stores)
+    except BaseException:
+        teardown()
+        raise
+    return Deployed(api, service_ip, host_dsn, values, s3, store_clusters, pod_stores), teardown
+
+
+@pytest.fixture(scope="session")
+def deployed(store_clusters: StoreClusters) -> Iterator[Deployed]:
+    reason = pods_unavailable()
+    if reason:
+        pytest.skip(f"[pods] {reason}")
+    product, teardown = deploy_product(store_clusters)
+    try:
+        yield product
     finally:
-        kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--grace-period=0", "--force",
-                "--wait=false", check=False)  # fmt: skip
-        s3_server.stop()
+        teardown()
