@@ -4,7 +4,13 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
 
 1. Renew or take the ``janitor`` lease (``duckgres_admin.leadership``); not leader → return.
    List the active ops (an error skips the tick).
-2. For each op that **needs a runner** (``NEEDS_RUNNER_SQL``: ``pending`` past the pending grace,
+2. An **observed death** is acted on at once: a ``running`` op whose heartbeat is still fresh but
+   whose runner the launcher reports exited (the local child is gone, the pod's container
+   terminated) or, for pods, absent, has its heartbeat cleared by CAS (guarded by its state,
+   epoch and the very heartbeat read, so a live or newer runner is never touched). It then needs a
+   runner like a stale op, in this same tick, within the same bounded respawn budget; the epoch
+   still fences a survivor. One launcher listing per launcher kind per tick, not one per op.
+   For each op that **needs a runner** (``NEEDS_RUNNER_SQL``: ``pending`` past the pending grace,
    or ``running`` with a null heartbeat or one older than the stale window; always judged by the
    database clock), read its runner's phase. A live runner spawned within the spawn grace is
    left alone; a *terminating* one gets a (rate-limited) warning and ``delete`` again, without
@@ -34,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -320,10 +326,11 @@ class Janitor:
             _log.warning("janitor: listing active operations failed, skipping this tick: %s", exc)
             return False
 
+        dead = self._observed_dead(ops)
         stale = 0
         for op in ops:
-            if not op.needs_runner:  # fresh heartbeat: never touched, whatever its pod shows
-                continue
+            if not op.needs_runner and not (op.id in dead and self._release(op, dead[op.id])):
+                continue  # fresh heartbeat and a runner not seen dead: never touched
             stale += 1
             self._check_deadline()
             try:
@@ -351,7 +358,59 @@ class Janitor:
         self._reap(report)
         return True
 
-    # --- steps 2-5 --------------------------------------------------------------------------------
+    # --- step 2: observed deaths ------------------------------------------------------------------
+    def _observed_dead(self, ops: Sequence[ReshardOperation]) -> dict[int, RunnerStatus]:
+        """Runners reported dead for ``running`` ops whose heartbeat is still fresh.
+
+        Exited counts for every launcher; absent only for the pod launcher, whose listing is the
+        API server's (a local runner's state lives on the host that started it)."""
+        fresh = [
+            op for op in ops if op.state == "running" and not getattr(op, "needs_runner", False)
+        ]
+        dead: dict[int, RunnerStatus] = {}
+        for kind in sorted({op.launcher for op in fresh}):
+            try:
+                listed = self._launcher(kind).list()
+            except Exception as exc:  # noqa: BLE001 - a failed listing only delays, as before
+                _log.warning("janitor: listing %s runners failed: %s", kind, exc)
+                continue
+            by_op = {obj.op_id_label: obj.status for obj in listed}
+            for op in (o for o in fresh if o.launcher == kind):
+                status = by_op.get(str(op.id))
+                if status is None:
+                    if kind == "pod":
+                        dead[op.id] = RunnerStatus(phase="absent")
+                elif status.exited and not status.terminating:
+                    dead[op.id] = status
+        return dead
+
+    def _release(self, op: ReshardOperation, status: RunnerStatus) -> bool:
+        """Clear the heartbeat of an op whose runner was seen dead (CAS); True when released."""
+        self._may_act()
+        released = ReshardOperation.objects.filter(
+            id=op.id,
+            state="running",
+            runner_epoch=op.runner_epoch,
+            heartbeat_at=op.heartbeat_at,
+        ).update(heartbeat_at=None)
+        if released != 1:
+            return False  # it heartbeated, finished or was taken over since the listing
+        seen = (
+            "is gone"
+            if status.phase == "absent"
+            else f"exited (phase {status.phase}{', ' + status.reason if status.reason else ''})"
+        )
+        oplog.append(
+            op.id,
+            f"runner {runner_name(op.id)} (epoch {op.runner_epoch}) {seen} while its heartbeat "
+            "was fresh: relaunching now instead of waiting for the heartbeat to go stale",
+            level="warn",
+            source="janitor",
+        )
+        op.heartbeat_at = None
+        return True
+
+    # --- steps 3-5 --------------------------------------------------------------------------------
     def _reconcile_op(self, op: ReshardOperation, db_now: datetime, report: TickReport) -> None:
         name = runner_name(op.id)
         launcher = self._launcher(op.launcher)

@@ -42,19 +42,35 @@ def test_a_non_leader_does_nothing() -> None:
     assert refresh(op).respawn_attempts == 0
 
 
-def test_fresh_ops_are_never_touched_whatever_their_runner_shows() -> None:
+def test_fresh_ops_with_a_live_runner_are_never_touched() -> None:
     fresh_running = new_op("running", step="copying", runner_epoch=1)
     age_op(fresh_running.id, created_at="1 hour", heartbeat_at="10 seconds")
     young_pending = new_op("pending")
     age_op(young_pending.id, created_at="60 seconds")
     launcher = FakeLauncher()
-    launcher.put(fresh_running.id, "Failed", age_seconds=3600)
+    launcher.put(fresh_running.id, "Running", age_seconds=3600)
     report = make_janitor(launcher).reconcile()
     assert report.leader
     assert launcher.creates() == []
     assert launcher.deletes() == []
     assert refresh(fresh_running).respawn_attempts == 0
+    assert refresh(fresh_running).heartbeat_at is not None
     assert refresh(young_pending).respawn_attempts == 0
+
+
+@pytest.mark.safeguard("reshard-71")
+def test_a_fresh_op_whose_runner_exited_is_relaunched_in_the_same_tick() -> None:
+    """Before issue 14 a fresh heartbeat hid an exited runner until it went stale (minutes)."""
+    op = new_op("running", step="copying", runner_epoch=1)
+    age_op(op.id, created_at="1 hour", heartbeat_at="10 seconds")
+    launcher = FakeLauncher()
+    launcher.put(op.id, "Failed", age_seconds=3600)
+    make_janitor(launcher).reconcile()
+    assert launcher.creates(op.id) == [("create", op.id, True)]
+    row = refresh(op)
+    assert row.respawn_attempts == 1
+    assert row.heartbeat_at is None
+    assert any("while its heartbeat was fresh: relaunching now" in m for m in op_log(op.id))
 
 
 def test_a_missing_runner_is_respawned_with_replace() -> None:

@@ -130,3 +130,82 @@ def test_duplicate_launch_delivery_with_the_local_launcher_keeps_one_runner(
     assert second.uid == first.uid
     assert _pid(local_launcher, op.id) == pid
     assert len(local_launcher.list()) == 1
+
+
+@pytest.mark.safeguard("reshard-71")
+def test_an_observed_death_is_relaunched_at_once_not_after_staleness(
+    local_launcher: LocalLauncher,
+) -> None:
+    """A SIGKILLed local runner whose heartbeat is still fresh is relaunched by the next tick
+    (not after the 300 s stale window), within the same bounded budget."""
+    from django.db import connection
+
+    op = stale_pending()
+    janitor = Janitor(
+        LeaderLease("janitor", holder="local-test.1.00000000"),
+        launcher_for=lambda kind: local_launcher,
+    )
+    janitor.reconcile()
+    first = local_launcher.get_phase(op.id)
+    type(op).objects.filter(id=op.id).update(state="running", runner_epoch=1, step="copying")
+    age_op(op.id, heartbeat_at="1 second")
+    janitor.reconcile()  # alive and fresh: untouched
+    assert refresh(op).respawn_attempts == 1
+    assert local_launcher.get_phase(op.id).uid == first.uid
+
+    pid = _pid(local_launcher, op.id)
+    assert pid
+    os.killpg(pid, signal.SIGKILL)
+    _wait_for(lambda: local_launcher.get_phase(op.id).exited)
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        [(died_at,)] = cur.fetchall()
+
+    janitor.reconcile()  # heartbeat still fresh (about 1 s old): acted on at once
+    row = refresh(op)
+    assert row.respawn_attempts == 2
+    assert row.heartbeat_at is None
+    second = local_launcher.get_phase(op.id)
+    assert second.phase == "Running"
+    assert second.uid != first.uid
+    log = op_log(op.id)
+    assert any(
+        f"runner duckgres-reshard-op-{op.id} (epoch 1) exited (phase Failed" in m
+        and "relaunching now instead of waiting for the heartbeat to go stale" in m
+        for m in log
+    ), log
+    respawned = [
+        m for m in log if m.endswith(f"respawning duckgres-reshard-op-{op.id} (attempt 2/3)")
+    ]
+    assert respawned, log
+    # Measured on the database clock: the relaunch came well within one janitor interval (30 s).
+    from duckgres_admin.models import ReshardLogEntry
+
+    relaunch_ts = (
+        ReshardLogEntry.objects.filter(operation_id=op.id, message=respawned[-1])
+        .order_by("-id")
+        .values_list("ts", flat=True)
+        .first()
+    )
+    assert relaunch_ts is not None
+    assert (relaunch_ts - died_at).total_seconds() < 30
+
+
+@pytest.mark.safeguard("reshard-71")
+def test_a_live_runner_with_a_fresh_heartbeat_is_never_released(
+    local_launcher: LocalLauncher,
+) -> None:
+    op = stale_pending()
+    janitor = Janitor(
+        LeaderLease("janitor", holder="local-test.1.00000000"),
+        launcher_for=lambda kind: local_launcher,
+    )
+    janitor.reconcile()
+    type(op).objects.filter(id=op.id).update(state="running", runner_epoch=1, step="copying")
+    age_op(op.id, heartbeat_at="1 second")
+    for _ in range(2):
+        janitor.reconcile()
+    row = refresh(op)
+    assert row.heartbeat_at is not None
+    assert row.respawn_attempts == 1
+    assert not [m for m in op_log(op.id) if "relaunching now" in m]

@@ -98,3 +98,28 @@ def test_a_wedged_pod_is_deleted_with_grace_and_waited_for_without_counting(
     janitor.reconcile()
     assert refresh(op).respawn_attempts == 1
     assert read(kube, name)["metadata"]["uid"] == new_uid
+
+
+@pytest.mark.safeguard("reshard-71")
+def test_a_deleted_runner_pod_with_a_fresh_heartbeat_is_relaunched_at_once(
+    kube_world: Any,
+) -> None:
+    """The pod is gone (deleted, evicted) while the heartbeat is still fresh: the next tick
+    relaunches without waiting for staleness (one pod listing per tick, not one read per op)."""
+    from tests.reshard.janitor_support import age_op, new_op
+
+    kube = kube_world
+    op = new_op("running", step="copying", launcher="pod", runner_epoch=1)
+    age_op(op.id, created_at="20 minutes", heartbeat_at="5 seconds")
+    launcher = PodLauncher()
+    janitor = Janitor(
+        LeaderLease("janitor", holder="kube-test.1.00000000"), launcher_for=lambda kind: launcher
+    )
+    janitor.reconcile()
+    row = refresh(op)
+    assert row.respawn_attempts == 1
+    assert row.heartbeat_at is None
+    name = f"duckgres-reshard-op-{op.id}"
+    assert read(kube, name)["metadata"]["name"] == name
+    log = op_log(op.id)
+    assert any(f"runner {name} (epoch 1) is gone while its heartbeat was fresh" in m for m in log)
