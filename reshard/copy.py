@@ -1,5 +1,5 @@
 """The catalog copy between two PostgreSQL servers (spec reshard §4.9; safeguards 5, 6, 7, 17,
-28, 32, 55).
+28, 32, 55, reshard-60).
 
 Entry points:
 
@@ -13,11 +13,21 @@ Entry points:
   step 3).
 
 Connections are opened by the caller through factories (sslmode, port, ``application_name``,
-``connect_timeout`` set; ``SET ROLE`` done for cnpg sides); this module switches them to
-autocommit, runs ``SET search_path = public``, registers every one with the hooks (so fencing
-can ``cancel()`` it) and closes every one it was given except the source connection behind the
+``connect_timeout``, timeouts set; ``SET ROLE`` done for a cnpg source; the target logged in as
+the tenant); this module switches them to autocommit, pins ``search_path`` (empty) and
+``row_security`` (off) on every one of them, registers every one with the hooks (so fencing can
+``cancel()`` it) and closes every one it was given except the source connection behind the
 release handle. On any error every connection is closed at once and :class:`CopyError` is
 raised.
+
+Hostile sources (safeguard reshard-60): nothing read from the source is ever executed as SQL
+text on the target. The catalog is read from structured columns (``read_*``, the introspection
+seam), checked against the shapes a DuckLake catalog contains (:func:`shape_catalog`: built-in
+types, integer/boolean constant defaults, primary keys, unique constraints, foreign keys between
+copied tables, plain b-tree indexes) and the target DDL is composed from those values with
+``sql.Identifier``/``sql.Literal``; anything else fails the copy naming the object before the
+first target write. Every target statement goes out alone over the extended query protocol, and
+every name is schema-qualified (``public.``), so an empty ``search_path`` resolves only built-ins.
 
 Speed (issue 3 benchmark): rows never pass through per-row Python code that parses or formats
 them: the source's ``COPY … TO STDOUT (FORMAT binary)`` messages are drained straight off libpq
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import select
 import threading
 import time
@@ -44,6 +55,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq, sql
+
+from duckgres_admin.lib.pgadmin import pin_session
 
 TARGET_LOCK_KEY = 824460
 INDEX_CREATE_ATTEMPTS = 3
@@ -104,27 +117,6 @@ class TableCopy:
     bytes: int
 
 
-@dataclass(frozen=True)
-class Constraint:
-    name: str
-    contype: str
-    definition: str
-
-
-@dataclass(frozen=True)
-class IndexDef:
-    name: str
-    definition: str
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type_sql: str
-    default: str | None
-    not_null: bool
-
-
 class ReleaseHandle:
     """The open source transaction holding the ``SHARE`` locks on every copied table.
 
@@ -180,6 +172,15 @@ class CopyResult:
 
 
 # --- catalog introspection (source side) ------------------------------------------------------
+#
+# Everything the source answers is untrusted (safeguard reshard-60): a hostile or compromised
+# source server, or a tenant who planted objects in its own catalog database, controls these
+# rows. They are read from structured catalog columns only (type names, typmods, attnums, flags;
+# never format_type, pg_get_constraintdef or indexdef text), checked against the shapes a DuckLake
+# catalog can contain (:func:`shape_catalog`), and the target DDL is composed from the checked
+# values with ``sql.Identifier``/``sql.Literal`` and this module's own keyword constants. Any other
+# shape fails the copy naming the object, before anything is sent to the target. The read_*
+# functions are the introspection seam (tests feed hostile rows there).
 
 _DISCOVER = """
 SELECT table_name::text FROM information_schema.tables
@@ -188,37 +189,145 @@ WHERE table_schema = 'public' AND table_type = 'BASE TABLE'
 ORDER BY table_name COLLATE "C"
 """
 
+_TABLES = """
+SELECT c.relname::text, c.relkind::text, c.relispartition, c.reloftype <> 0
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relname = ANY(%s)
+ORDER BY c.relname
+"""
+
 _COLUMNS = """
-SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod),
-       pg_get_expr(d.adbin, d.adrelid), a.attnotnull
+SELECT c.relname::text, a.attnum::int, a.attname::text,
+       tn.nspname::text, t.typname::text, t.typtype::text, t.typcategory::text,
+       en.nspname::text, e.typname::text, a.atttypmod::int, a.attnotnull,
+       a.attidentity::text, a.attgenerated::text,
+       a.attcollation = 0 OR a.attcollation = t.typcollation
+         OR (t.typcategory = 'A' AND a.attcollation = e.typcollation),
+       d.adbin::text, pg_get_expr(d.adbin, d.adrelid)
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_namespace tn ON tn.oid = t.typnamespace
+LEFT JOIN pg_type e ON t.typcategory = 'A' AND e.oid = t.typelem
+LEFT JOIN pg_namespace en ON en.oid = e.typnamespace
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY c.relname, a.attnum
 """
 
+# Whether an index (alias ``x``, its relation ``xc``) is a plain b-tree over columns: no
+# expressions, predicate, INCLUDE columns, storage options, NULLS NOT DISTINCT (PostgreSQL 15+,
+# read through to_jsonb so every server version answers), explicit collations or non-default
+# operator classes.
+_PLAIN_INDEX = """(
+  am.amname = 'btree' AND x.indexprs IS NULL AND x.indpred IS NULL
+  AND x.indnatts = x.indnkeyatts AND xc.reloptions IS NULL
+  AND NOT coalesce((to_jsonb(x) ->> 'indnullsnotdistinct')::boolean, false)
+  AND NOT EXISTS (SELECT 1 FROM unnest(x.indclass::oid[]) AS k(opc)
+                  JOIN pg_opclass o ON o.oid = k.opc WHERE NOT o.opcdefault)
+  AND NOT EXISTS (SELECT 1 FROM unnest(x.indcollation::oid[], x.indkey::int2[]) AS k(coll, num)
+                  LEFT JOIN pg_attribute ka ON ka.attrelid = x.indrelid AND ka.attnum = k.num
+                  WHERE k.coll <> 0 AND k.coll IS DISTINCT FROM ka.attcollation))"""
+
 # contype is the internal "char" type: cast to text, or psycopg hands back bytes (safeguard 32).
-_CONSTRAINTS = """
-SELECT c.relname::text, con.conname::text, con.contype::text, pg_get_constraintdef(con.oid)
+_CONSTRAINTS = f"""
+SELECT c.relname::text, con.conname::text, con.contype::text, con.conkey::int[],
+       rn.nspname::text, r.relname::text, con.confkey::int[],
+       con.confupdtype::text, con.confdeltype::text, con.confmatchtype::text,
+       con.condeferrable, con.convalidated,
+       coalesce((to_jsonb(con) ->> 'conperiod')::boolean, false)
+         OR coalesce(to_jsonb(con) -> 'confdelsetcols', 'null') <> 'null',
+       CASE WHEN con.conindid = 0 THEN NULL ELSE coalesce((
+         SELECT {_PLAIN_INDEX} FROM pg_index x JOIN pg_class xc ON xc.oid = x.indexrelid
+         JOIN pg_am am ON am.oid = xc.relam WHERE x.indexrelid = con.conindid), false) END
 FROM pg_constraint con
 JOIN pg_class c ON c.oid = con.conrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_class r ON r.oid = con.confrelid
+LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace
 WHERE n.nspname = 'public' AND c.relname = ANY(%s)
 ORDER BY c.relname, con.conname
 """
 
-_INDEXES = """
-SELECT i.tablename::text, i.indexname::text, i.indexdef
-FROM pg_indexes i
-WHERE i.schemaname = 'public' AND i.tablename = ANY(%s)
-  AND NOT EXISTS (
-    SELECT 1 FROM pg_constraint con
-    WHERE con.conindid = format('%%I.%%I', i.schemaname, i.indexname)::regclass
-      AND con.contype IN ('p', 'u', 'x'))
-ORDER BY i.tablename, i.indexname
+_INDEXES = f"""
+SELECT c.relname::text, xc.relname::text, x.indisunique, am.amname::text,
+       x.indkey::int2[]::int[], x.indoption::int2[]::int[], {_PLAIN_INDEX}
+FROM pg_index x
+JOIN pg_class xc ON xc.oid = x.indexrelid
+JOIN pg_am am ON am.oid = xc.relam
+JOIN pg_class c ON c.oid = x.indrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relname = ANY(%s)
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint con WHERE con.conindid = x.indexrelid
+                  AND con.contype IN ('p', 'u', 'x'))
+ORDER BY c.relname, xc.relname
 """
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One ``pg_class`` row as the source answered it (untrusted)."""
+
+    name: str
+    relkind: str
+    is_partition: bool
+    typed: bool
+
+
+@dataclass(frozen=True)
+class ColumnRow:
+    """One ``pg_attribute`` row (with its type and default) as the source answered it."""
+
+    table: str
+    attnum: int
+    name: str
+    type_schema: str
+    type_name: str
+    type_kind: str  # typtype
+    type_category: str  # typcategory ('A': array)
+    element_schema: str | None
+    element_name: str | None
+    type_mod: int
+    not_null: bool
+    identity: str
+    generated: str
+    plain_collation: bool
+    default_node: str | None  # pg_attrdef.adbin as text (a node tree): the default's shape
+    default_text: str | None  # pg_get_expr: parsed with a strict grammar, never executed
+
+
+@dataclass(frozen=True)
+class ConstraintRow:
+    """One ``pg_constraint`` row as the source answered it."""
+
+    table: str
+    name: str
+    contype: str
+    keys: tuple[int, ...]
+    ref_schema: str | None
+    ref_table: str | None
+    ref_keys: tuple[int, ...]
+    on_update: str
+    on_delete: str
+    match: str
+    deferrable: bool
+    validated: bool
+    unsupported: bool  # WITHOUT OVERLAPS / ON DELETE SET NULL (cols)
+    plain_index: bool | None  # the index behind a p/u/x constraint is a plain b-tree
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    """One ``pg_index`` row (not backing a constraint) as the source answered it."""
+
+    table: str
+    name: str
+    unique: bool
+    method: str
+    keys: tuple[int, ...]
+    options: tuple[int, ...]
+    plain: bool
 
 
 def discover_tables(conn: Connection) -> list[str]:
@@ -226,60 +335,424 @@ def discover_tables(conn: Connection) -> list[str]:
     return [str(row[0]) for row in conn.execute(_DISCOVER).fetchall()]
 
 
-def table_columns(conn: Connection, tables: Sequence[str]) -> dict[str, list[Column]]:
-    """Columns per table from ``pg_attribute``/``pg_attrdef`` in ``attnum`` order."""
-    out: dict[str, list[Column]] = {t: [] for t in tables}
-    for rel, name, type_sql, default, not_null in conn.execute(_COLUMNS, (list(tables),)):
-        out[str(rel)].append(
-            Column(str(name), str(type_sql), None if default is None else str(default),
-                   bool(not_null))
-        )  # fmt: skip
-    return out
+def read_tables(conn: Connection, tables: Sequence[str]) -> list[TableRow]:
+    return [
+        TableRow(str(name), str(kind), bool(part), bool(typed))
+        for name, kind, part, typed in conn.execute(_TABLES, (list(tables),))
+    ]
+
+
+def read_columns(conn: Connection, tables: Sequence[str]) -> list[ColumnRow]:
+    return [
+        ColumnRow(
+            str(r[0]),
+            int(r[1]),
+            str(r[2]),
+            str(r[3]),
+            str(r[4]),
+            str(r[5]),
+            str(r[6]),
+            _opt(r[7]),
+            _opt(r[8]),
+            int(r[9]),
+            bool(r[10]),
+            str(r[11]),
+            str(r[12]),
+            bool(r[13]),
+            _opt(r[14]),
+            _opt(r[15]),
+        )
+        for r in conn.execute(_COLUMNS, (list(tables),))
+    ]
+
+
+def read_constraints(conn: Connection, tables: Sequence[str]) -> list[ConstraintRow]:
+    rows: list[ConstraintRow] = []
+    for r in conn.execute(_CONSTRAINTS, (list(tables),)):
+        if not isinstance(r[2], str):  # safeguard 32: never a "char" decoded as bytes
+            raise CopyError(f"constraint {_show(r[1])} on {_show(r[0])}: contype was not text")
+        rows.append(
+            ConstraintRow(
+                str(r[0]),
+                str(r[1]),
+                r[2],
+                _ints(r[3]),
+                _opt(r[4]),
+                _opt(r[5]),
+                _ints(r[6]),
+                str(r[7]),
+                str(r[8]),
+                str(r[9]),
+                bool(r[10]),
+                bool(r[11]),
+                bool(r[12]),
+                None if r[13] is None else bool(r[13]),
+            )
+        )
+    return rows
+
+
+def read_indexes(conn: Connection, tables: Sequence[str]) -> list[IndexRow]:
+    return [
+        IndexRow(str(r[0]), str(r[1]), bool(r[2]), str(r[3]), _ints(r[4]), _ints(r[5]), bool(r[6]))
+        for r in conn.execute(_INDEXES, (list(tables),))
+    ]
+
+
+def _opt(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise CopyError(f"catalog array value of unexpected type {type(value).__name__}")
+    return tuple(int(v) for v in value)
+
+
+# --- the shapes a DuckLake catalog can contain ---------------------------------------------------
+
+# pg_catalog base types a DuckLake catalog (its metadata tables and the inlined-data tables of
+# DuckDB's types) can use, and how this module writes each in DDL (schema-qualified, so no
+# SQL-standard spelling applies: ``pg_catalog.bpchar`` is unbounded, unlike ``char``).
+_TYPE_SQL: Mapping[str, str] = {
+    name: f"pg_catalog.{name}"
+    for name in (
+        "bool", "int2", "int4", "int8", "float4", "float8", "numeric", "text", "varchar",
+        "bpchar", "bytea", "date", "time", "timetz", "timestamp", "timestamptz", "interval",
+        "uuid", "json", "jsonb",
+    )
+}  # fmt: skip
+_LENGTH_TYPES = frozenset({"varchar", "bpchar"})
+_PRECISION_TYPES = frozenset({"time", "timetz", "timestamp", "timestamptz"})
+_VARHDRSZ = 4
+
+# Column defaults: integer, boolean and string constants only.
+_INT_TYPE_OIDS = frozenset({20, 21, 23})  # int8, int2, int4
+_BOOL_TYPE_OID = 16
+_STRING_TYPE_OIDS = frozenset({25, 1042, 1043})  # text, bpchar, varchar
+_CONST_NODE = re.compile(r"\{CONST :consttype (\d+) [^{}]*:constisnull (true|false) [^{}]*\}")
+_CAST_NODE = re.compile(
+    r"\{FUNCEXPR :funcid \d+ :funcresulttype (\d+) [^{}]*:funcformat 2 [^{}]*"
+    r":args \((\{CONST [^{}]*\})\) [^{}]*\}"
+)
+_INT_TEXT = re.compile(r"'?(-?[0-9]{1,19})'?(?:::(?:smallint|integer|bigint))?")
+_STRING_TEXT = re.compile(r"'((?:[^'\\]|'')*)'::(?:text|character varying|bpchar|character)")
+
+_FK_ACTIONS: Mapping[str, str] = {
+    "a": "NO ACTION",
+    "r": "RESTRICT",
+    "c": "CASCADE",
+    "n": "SET NULL",
+    "d": "SET DEFAULT",
+}
+_INDOPTION_DESC = 1
+_INDOPTION_NULLS_FIRST = 2
+
+
+@dataclass(frozen=True)
+class Column:
+    """A checked column: the composed type and default, never source text."""
+
+    name: str
+    type: sql.Composable
+    default: sql.Composable | None
+    not_null: bool
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A checked constraint; ``clause`` (``PRIMARY KEY (…)``, ``UNIQUE (…)``, ``FOREIGN KEY …``)
+    is composed from identifiers and this module's keywords."""
+
+    name: str
+    contype: str
+    clause: sql.Composable
+
+
+@dataclass(frozen=True)
+class IndexDef:
+    """A checked index; ``create`` is the composed ``CREATE [UNIQUE] INDEX … USING btree``."""
+
+    name: str
+    create: sql.Composed
+
+
+@dataclass(frozen=True)
+class Catalog:
+    columns: dict[str, list[Column]]
+    constraints: dict[str, list[Constraint]]
+    indexes: dict[str, list[IndexDef]]
+
+
+def _show(value: object) -> str:
+    """An untrusted name as it appears in a message: quoted, escaped, at most 80 characters."""
+    text = repr(str(value))
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _refuse(what: str, why: str) -> CopyError:
+    return CopyError(
+        f"refusing to copy: {what} is not a shape a DuckLake catalog contains ({why}); "
+        "nothing was written to the target"
+    )
+
+
+def _column_type(col: ColumnRow) -> sql.Composable:
+    what = f"column {_show(col.name)} of {_show(col.table)}"
+    array = col.type_category == "A"
+    schema, name = (col.element_schema, col.element_name) if array else (
+        col.type_schema, col.type_name
+    )  # fmt: skip
+    if col.type_schema != "pg_catalog" or col.type_kind != "b" or schema != "pg_catalog":
+        raise _refuse(what, f"type {_show(col.type_schema)}.{_show(col.type_name)} is not a "
+                            "built-in base type")  # fmt: skip
+    if name is None or name not in _TYPE_SQL:
+        raise _refuse(what, f"type {_show(name)}{'[]' if array else ''} is not one of "
+                            f"{', '.join(sorted(_TYPE_SQL))}")  # fmt: skip
+    base: sql.Composable = sql.SQL(_TYPE_SQL[name])
+    mods = _type_mods(name, col.type_mod, what)
+    if mods:
+        base = sql.SQL("{}({})").format(base, sql.SQL(", ").join(sql.Literal(m) for m in mods))
+    return sql.SQL("{}[]").format(base) if array else base
+
+
+def _type_mods(name: str, typmod: int, what: str) -> list[int]:
+    if typmod == -1:
+        return []
+    if name in _LENGTH_TYPES and typmod > _VARHDRSZ:
+        return [typmod - _VARHDRSZ]
+    if name in _PRECISION_TYPES and 0 <= typmod <= 6:
+        return [typmod]
+    if name == "numeric" and typmod >= _VARHDRSZ:
+        raw = typmod - _VARHDRSZ
+        precision, scale = (raw >> 16) & 0xFFFF, ((raw & 0x7FF) ^ 1024) - 1024
+        if 1 <= precision <= 1000 and -1000 <= scale <= 1000:
+            return [precision, scale]
+    raise _refuse(what, f"type modifier {typmod} of {name}")
+
+
+def _column_default(col: ColumnRow) -> sql.Composable | None:
+    """An integer, boolean or string constant, recognised from the node tree (a bare constant,
+    or an implicit integer cast of one) and its value read from the deparsed form with a strict
+    grammar; it is written back as a literal. Anything else (functions, operators, casts to other
+    types, strings with backslashes) is refused."""
+    if col.default_node is None:
+        return None
+    what = f"the default of column {_show(col.name)} of {_show(col.table)}"
+    node, text = col.default_node.strip(), (col.default_text or "").strip()
+    const = _CONST_NODE.fullmatch(node)
+    cast = _CAST_NODE.fullmatch(node)
+    if cast is not None:
+        const = _CONST_NODE.fullmatch(cast[2])
+        if const is None or int(cast[1]) not in _INT_TYPE_OIDS:
+            const = None
+    refusal = _refuse(what, "only integer, boolean and string constants are allowed as defaults")
+    if const is None or const[2] != "false":
+        raise refusal
+    type_oid = int(const[1])
+    if type_oid == _BOOL_TYPE_OID and cast is None and text in ("true", "false"):
+        return sql.SQL("true" if text == "true" else "false")
+    number = _INT_TEXT.fullmatch(text)
+    if type_oid in _INT_TYPE_OIDS and number is not None:
+        return sql.Literal(int(number[1]))
+    string = _STRING_TEXT.fullmatch(text)
+    if type_oid in _STRING_TYPE_OIDS and cast is None and string is not None:
+        return sql.Literal(string[1].replace("''", "'"))
+    raise refusal
+
+
+def _checked_column(col: ColumnRow) -> Column:
+    what = f"column {_show(col.name)} of {_show(col.table)}"
+    if col.identity or col.generated:
+        raise _refuse(what, "identity and generated columns are not used by DuckLake")
+    if not col.plain_collation:
+        raise _refuse(what, "an explicit collation")
+    return Column(col.name, _column_type(col), _column_default(col), col.not_null)
+
+
+def _names(keys: Sequence[int], by_num: Mapping[int, str], what: str) -> list[str]:
+    if not keys:
+        raise _refuse(what, "no key columns")
+    names = []
+    for num in keys:
+        if num not in by_num:
+            raise _refuse(what, f"attribute number {num} is not a column of its table")
+        names.append(by_num[num])
+    return names
+
+
+def _idents(names: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def _checked_constraint(
+    con: ConstraintRow, by_num: Mapping[str, Mapping[int, str]], tables: frozenset[str]
+) -> Constraint | None:
+    what = f"constraint {_show(con.name)} on {_show(con.table)}"
+    if con.contype == "n":
+        return None  # PostgreSQL 18's catalogued NOT NULL: CREATE TABLE carries it (safeguard 5)
+    if con.contype not in ("p", "u", "f"):
+        raise _refuse(what, f"constraint type {_show(con.contype)}; only primary keys, unique "
+                            "constraints and foreign keys are replayed")  # fmt: skip
+    if con.deferrable or not con.validated or con.unsupported:
+        raise _refuse(what, "deferrable, NOT VALID, WITHOUT OVERLAPS or column-list actions")
+    cols = _idents(_names(con.keys, by_num[con.table], what))
+    if con.contype in ("p", "u"):
+        if con.plain_index is not True:
+            raise _refuse(what, "its index is not a plain b-tree over columns")
+        keyword = "PRIMARY KEY" if con.contype == "p" else "UNIQUE"
+        return Constraint(con.name, con.contype, sql.SQL(keyword + " ({})").format(cols))
+    if con.ref_schema != "public" or con.ref_table not in tables:
+        raise _refuse(what, f"it references {_show(con.ref_schema)}.{_show(con.ref_table)}, "
+                            "which is not a copied ducklake_* table")  # fmt: skip
+    if con.on_update not in _FK_ACTIONS or con.on_delete not in _FK_ACTIONS:
+        raise _refuse(what, "an unknown referential action")
+    if con.match not in ("s", "f"):
+        raise _refuse(what, "MATCH PARTIAL")
+    ref_cols = _idents(_names(con.ref_keys, by_num[con.ref_table], what))
+    clause = sql.SQL("FOREIGN KEY ({}) REFERENCES public.{} ({})").format(
+        cols, sql.Identifier(con.ref_table), ref_cols
+    )
+    if con.match == "f":
+        clause = sql.SQL("{} MATCH FULL").format(clause)
+    if con.on_update != "a":
+        clause = sql.SQL("{} ON UPDATE " + _FK_ACTIONS[con.on_update]).format(clause)
+    if con.on_delete != "a":
+        clause = sql.SQL("{} ON DELETE " + _FK_ACTIONS[con.on_delete]).format(clause)
+    return Constraint(con.name, con.contype, clause)
+
+
+def _checked_index(idx: IndexRow, by_num: Mapping[int, str]) -> IndexDef:
+    what = f"index {_show(idx.name)} on {_show(idx.table)}"
+    if idx.method != "btree" or not idx.plain:
+        raise _refuse(what, "only plain b-tree indexes over columns are replayed (no "
+                            "expressions, predicates, INCLUDE, options, collations or operator "
+                            "classes)")  # fmt: skip
+    names = _names(idx.keys, by_num, what)
+    if len(idx.options) != len(names):
+        raise _refuse(what, "its per-column options do not match its columns")
+    keys = []
+    for name, option in zip(names, idx.options, strict=True):
+        if option & ~(_INDOPTION_DESC | _INDOPTION_NULLS_FIRST):
+            raise _refuse(what, f"column option {option}")
+        desc, nulls_first = bool(option & _INDOPTION_DESC), bool(option & _INDOPTION_NULLS_FIRST)
+        suffix = ""
+        if desc:
+            suffix = " DESC" if nulls_first else " DESC NULLS LAST"
+        elif nulls_first:
+            suffix = " NULLS FIRST"
+        keys.append(sql.SQL("{}" + suffix).format(sql.Identifier(name)))
+    create = sql.SQL("CREATE {}INDEX {} ON public.{} USING btree ({})").format(
+        sql.SQL("UNIQUE " if idx.unique else ""),
+        sql.Identifier(idx.name),
+        sql.Identifier(idx.table),
+        sql.SQL(", ").join(keys),
+    )
+    return IndexDef(idx.name, create)
+
+
+def check_table_names(tables: Sequence[str]) -> None:
+    """Discovery answers name ``ducklake_*`` tables only (every one is dropped on the target)."""
+    for name in tables:
+        if not name.startswith("ducklake_"):
+            raise _refuse(f"table {_show(name)}", "only ducklake_* tables are copied")
+
+
+def shape_catalog(
+    tables: Sequence[str],
+    table_rows: Iterable[TableRow],
+    column_rows: Iterable[ColumnRow],
+    constraint_rows: Iterable[ConstraintRow],
+    index_rows: Iterable[IndexRow],
+) -> Catalog:
+    """Check every introspected row against the DuckLake shapes and compose the target DDL;
+    :class:`CopyError` naming the first object that does not fit."""
+    wanted = frozenset(tables)
+    seen = {row.name: row for row in table_rows if row.name in wanted}
+    check_table_names(tables)
+    for name in tables:
+        row = seen.get(name)
+        if row is None:
+            raise _refuse(f"table {_show(name)}", "the source did not describe it")
+        if row.relkind != "r" or row.is_partition or row.typed:
+            raise _refuse(f"table {_show(name)}", "only plain tables (no partitions, partitioned "
+                                                  "or typed tables) are copied")  # fmt: skip
+    columns: dict[str, list[Column]] = {t: [] for t in tables}
+    by_num: dict[str, dict[int, str]] = {t: {} for t in tables}
+    for col in column_rows:
+        if col.table not in wanted:
+            raise _refuse(f"column {_show(col.name)}", f"of unknown table {_show(col.table)}")
+        if col.attnum in by_num[col.table] or col.attnum < 1:
+            raise _refuse(f"column {_show(col.name)} of {_show(col.table)}",
+                          f"attribute number {col.attnum}")  # fmt: skip
+        by_num[col.table][col.attnum] = col.name
+        columns[col.table].append(_checked_column(col))
+    for table in tables:
+        if not columns[table]:
+            raise CopyError(f"table {table} has no columns on the source; refusing to copy it")
+    constraints: dict[str, list[Constraint]] = {t: [] for t in tables}
+    for con in constraint_rows:
+        if con.table not in wanted:
+            raise _refuse(f"constraint {_show(con.name)}", f"of unknown table {_show(con.table)}")
+        checked = _checked_constraint(con, by_num, wanted)
+        if checked is not None:
+            constraints[con.table].append(checked)
+    indexes: dict[str, list[IndexDef]] = {t: [] for t in tables}
+    for idx in index_rows:
+        if idx.table not in wanted:
+            raise _refuse(f"index {_show(idx.name)}", f"of unknown table {_show(idx.table)}")
+        indexes[idx.table].append(_checked_index(idx, by_num[idx.table]))
+    return Catalog(
+        columns,
+        {t: order_constraints(cons) for t, cons in constraints.items()},
+        {t: sorted(idx, key=lambda i: i.name) for t, idx in indexes.items()},
+    )
+
+
+def read_catalog(conn: Connection, tables: Sequence[str]) -> Catalog:
+    """Introspect ``tables`` on the source and shape them (the seam plus the checks)."""
+    return shape_catalog(
+        tables,
+        read_tables(conn, tables),
+        read_columns(conn, tables),
+        read_constraints(conn, tables),
+        read_indexes(conn, tables),
+    )
 
 
 def create_table_sql(table: str, columns: Sequence[Column]) -> sql.Composed:
-    """``CREATE TABLE "<t>" (…)`` from introspected columns; zero columns is an error."""
+    """``CREATE TABLE public."<t>" (…)`` from checked columns; zero columns is an error."""
     if not columns:
         raise CopyError(f"table {table} has no columns on the source; refusing to copy it")
     parts = []
     for col in columns:
-        part = sql.SQL("{} {}").format(sql.Identifier(col.name), sql.SQL(col.type_sql))
+        part = sql.SQL("{} {}").format(sql.Identifier(col.name), col.type)
         if col.default is not None:
-            part = sql.SQL("{} DEFAULT {}").format(part, sql.SQL(col.default))
+            part = sql.SQL("{} DEFAULT {}").format(part, col.default)
         if col.not_null:
             part = sql.SQL("{} NOT NULL").format(part)
         parts.append(part)
-    return sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(table), sql.SQL(", ").join(parts))
+    return sql.SQL("CREATE TABLE public.{} ({})").format(
+        sql.Identifier(table), sql.SQL(", ").join(parts)
+    )
 
 
-def order_constraints(rows: Iterable[tuple[str, str, str]]) -> list[Constraint]:
-    """``(name, contype, definition)`` rows ordered by name → constraints to replay.
-
-    ``contype 'n'`` (PostgreSQL 18's catalogued NOT NULL) is skipped: older servers reject its
-    syntax and ``CREATE TABLE`` already carries NOT NULL (safeguard 5). Foreign keys are moved
-    last, keeping the name order otherwise (stable)."""
-    kept = [Constraint(n, t, d) for n, t, d in sorted(rows, key=lambda r: r[0]) if t != "n"]
+def order_constraints(constraints: Iterable[Constraint]) -> list[Constraint]:
+    """Constraints ordered by name, foreign keys moved last (stable); ``contype 'n'``
+    (PostgreSQL 18's catalogued NOT NULL) is never replayed (safeguard 5)."""
+    kept = [c for c in sorted(constraints, key=lambda c: c.name) if c.contype != "n"]
     return [c for c in kept if c.contype != "f"] + [c for c in kept if c.contype == "f"]
 
 
-def table_constraints(conn: Connection, tables: Sequence[str]) -> dict[str, list[Constraint]]:
-    raw: dict[str, list[tuple[str, str, str]]] = {t: [] for t in tables}
-    for rel, name, contype, definition in conn.execute(_CONSTRAINTS, (list(tables),)):
-        if not isinstance(contype, str):  # safeguard 32: never a "char" decoded as bytes
-            raise CopyError(f"constraint {name} on {rel}: contype was not read as text")
-        raw[str(rel)].append((str(name), contype, str(definition)))
-    return {t: order_constraints(rows) for t, rows in raw.items()}
-
-
-def table_indexes(conn: Connection, tables: Sequence[str]) -> dict[str, list[IndexDef]]:
-    """Indexes not backing a ``p``/``u``/``x`` constraint, by name."""
-    out: dict[str, list[IndexDef]] = {t: [] for t in tables}
-    for rel, name, definition in conn.execute(_INDEXES, (list(tables),)):
-        out[str(rel)].append(IndexDef(str(name), str(definition)))
-    return out
-
-
 # --- constraint and index replay (target side) --------------------------------------------------
+
+
+def _run(conn: Connection, statement: sql.SQL | sql.Composed) -> None:
+    """One composed statement on the target, sent with the extended query protocol (binary
+    results), which carries exactly one statement: nothing can ride along."""
+    conn.execute(statement, binary=True)
 
 
 def _drop_index_sql(name: str) -> sql.Composed:
@@ -287,16 +760,17 @@ def _drop_index_sql(name: str) -> sql.Composed:
 
 
 def apply_constraints(conn: Connection, table: str, constraints: Sequence[Constraint]) -> None:
-    """``ALTER TABLE … ADD CONSTRAINT`` for each; ``p``/``u``/``x`` first drop a same-named
-    index (a stale one on a reused target). Any error fails the copy."""
+    """``ALTER TABLE … ADD CONSTRAINT`` for each; ``p``/``u`` first drop a same-named index (a
+    stale one on a reused target). Any error fails the copy."""
     for con in constraints:
         try:
             if con.contype in ("p", "u", "x"):
-                conn.execute(_drop_index_sql(con.name))
-            conn.execute(
-                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                    sql.Identifier(table), sql.Identifier(con.name), sql.SQL(con.definition)
-                )
+                _run(conn, _drop_index_sql(con.name))
+            _run(
+                conn,
+                sql.SQL("ALTER TABLE public.{} ADD CONSTRAINT {} {}").format(
+                    sql.Identifier(table), sql.Identifier(con.name), con.clause
+                ),
             )
         except psycopg.Error as exc:
             raise _db_error(f"constraint {con.name} on {table}", exc) from exc
@@ -310,18 +784,18 @@ def apply_index(
     *,
     attempts: int = INDEX_CREATE_ATTEMPTS,
 ) -> int:
-    """Drop the index by name, then run its definition as is (never ``IF NOT EXISTS``: that
-    would keep a wrong stale index). On 42P07 (a stale or concurrently created relation of that
-    name) drop again and retry, ``attempts`` creates in all; any other error fails at once, as
-    does a failing ``DROP INDEX``. Returns the number of create attempts used."""
+    """Drop the index by name, then create it (never ``IF NOT EXISTS``: that would keep a wrong
+    stale index). On 42P07 (a stale or concurrently created relation of that name) drop again
+    and retry, ``attempts`` creates in all; any other error fails at once, as does a failing
+    ``DROP INDEX``. Returns the number of create attempts used."""
     drop = _drop_index_sql(index.name)
     for attempt in range(1, attempts + 1):
         try:
-            conn.execute(drop)
+            _run(conn, drop)
         except psycopg.Error as exc:
             raise _db_error(f"DROP INDEX {index.name} on {table}", exc) from exc
         try:
-            conn.execute(sql.SQL(index.definition))
+            _run(conn, index.create)
             return attempt
         except pg_errors.DuplicateTable as exc:
             if attempt >= attempts:
@@ -399,7 +873,8 @@ def copy_catalog(
         src = _open(source, hooks, opened, "source")
         tgt = _open(target, hooks, opened, "target")
         _fence_target(tgt)
-        tables, columns, constraints, indexes = _fence_source(src, hooks)
+        tables, catalog = _fence_source(src, hooks)
+        columns = catalog.columns
         progress = _Progress(hooks, len(tables), progress_interval)
         progress.maybe_emit(force_first=True)
         if parallelism == 1 or len(tables) == 1:
@@ -411,7 +886,7 @@ def copy_catalog(
                 src, tgt, source, target, tables, columns, hooks, progress, used
             )
         progress.maybe_emit()
-        _replay(tgt, tables, constraints, indexes, hooks)
+        _replay(tgt, tables, catalog.constraints, catalog.indexes, hooks)
         _durable_commit(tgt)
         _close_quietly(tgt, hooks)  # releases the advisory-lock fence
         return CopyResult(tuple(copied), ReleaseHandle(src, hooks), used)
@@ -440,7 +915,10 @@ def _open(factory: ConnectionFactory, hooks: CopyHooks, opened: list[Connection]
         )
     try:
         conn.autocommit = True
-        conn.execute("SET search_path = public")
+        # search_path empty and row_security off (safeguard reshard-60), whatever the factory
+        # did: every name below is schema-qualified, and a row-security policy on the source
+        # fails the copy instead of running the tenant's code as this session's user.
+        pin_session(conn)
         if side != "source":
             conn.execute("SET synchronous_commit = off")
     except psycopg.Error as exc:
@@ -457,19 +935,17 @@ def _fence_target(tgt: Connection) -> None:
         raise CopyError("target catalog is locked by another copier — refusing to interleave")
 
 
-def _fence_source(
-    src: Connection, hooks: CopyHooks
-) -> tuple[list[str], dict[str, list[Column]], dict[str, list[Constraint]],
-           dict[str, list[IndexDef]]]:  # fmt: skip
+def _fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]:
     try:
         src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         tables = discover_tables(src)
         if not tables:
             raise CopyError("source has no ducklake_% tables — refusing to copy an empty catalog")
+        check_table_names(tables)
         hooks.log("info", f"acquiring the source write fence on {len(tables)} tables…")
         src.execute(
             sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
-                sql.SQL(", ").join(sql.Identifier(t) for t in tables)
+                sql.SQL(", ").join(_qualified(t) for t in tables)
             )
         )
         again = discover_tables(src)
@@ -480,26 +956,25 @@ def _fence_source(
                 "source catalog table set changed while acquiring the write fence "
                 f"(added: {', '.join(added) or 'none'}; removed: {', '.join(gone) or 'none'})"
             )
-        columns = table_columns(src, tables)
-        for table in tables:
-            create_table_sql(table, columns[table])  # zero columns fails before any target write
-        constraints = table_constraints(src, tables)
-        indexes = table_indexes(src, tables)
+        # Every shape is checked (and the DDL composed) before anything touches the target.
+        catalog = read_catalog(src, tables)
     except psycopg.Error as exc:
         raise _db_error("acquiring the source write fence", exc) from exc
     hooks.log("info", f"source write fence held: SHARE locks on {len(tables)} tables")
-    return tables, columns, constraints, indexes
+    return tables, catalog
+
+
+def _qualified(table: str) -> sql.Composed:
+    return sql.SQL("public.{}").format(sql.Identifier(table))
 
 
 def _recreate(tgt: Connection, table: str, columns: Sequence[Column], hooks: CopyHooks) -> None:
-    """Pre-statement heartbeat, then ``DROP TABLE IF EXISTS … CASCADE; CREATE TABLE …`` in one
-    round trip (a leftover of an earlier attempt is replaced)."""
+    """Pre-statement heartbeat, then ``DROP TABLE IF EXISTS … CASCADE`` and ``CREATE TABLE …``
+    (a leftover of an earlier attempt is replaced), one statement per message."""
     hooks.before_irreversible()
-    statement = sql.SQL("DROP TABLE IF EXISTS {} CASCADE; {}").format(
-        sql.Identifier(table), create_table_sql(table, columns)
-    )
     try:
-        tgt.execute(statement)
+        _run(tgt, sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(_qualified(table)))
+        _run(tgt, create_table_sql(table, columns))
     except psycopg.Error as exc:
         raise _db_error(f"recreating {table} on the target", exc) from exc
 
@@ -508,7 +983,7 @@ def _drop(tgt: Connection, table: str, hooks: CopyHooks) -> None:
     """Pre-statement heartbeat, then ``DROP TABLE IF EXISTS … CASCADE``."""
     hooks.before_irreversible()
     try:
-        tgt.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table)))
+        _run(tgt, sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(_qualified(table)))
     except psycopg.Error as exc:
         raise _db_error(f"dropping {table} on the target", exc) from exc
 
@@ -554,7 +1029,7 @@ def stream_table(
     ``pages`` = ``(first, end)`` copies only the rows stored on heap pages ``first`` up to (not
     including) ``end`` (``None``: to the end), through a TID range scan (PostgreSQL 14+): the
     parallel copy splits large tables into such chunks."""
-    ident = sql.Identifier(table)
+    ident = _qualified(table)
     where = ""
     if pages is None:
         out_sql = sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(ident)
@@ -736,7 +1211,7 @@ def _copy_parallel(
                     try:
                         if chunk.create is not None:
                             try:
-                                helper.tgt.execute(chunk.create)
+                                _run(helper.tgt, chunk.create)
                             except psycopg.Error as exc:
                                 raise _db_error(
                                     f"creating {chunk.table} on the target", exc
@@ -861,8 +1336,8 @@ def _durable_commit(tgt: Connection) -> None:
     """Flush the WAL of every asynchronously committed copy statement: a synchronous commit of a
     transaction with an xid waits for the WAL up to its commit record, which follows them all."""
     try:
-        tgt.execute("SET synchronous_commit = on")
-        tgt.execute("SELECT txid_current()")  # assigns an xid on every server version
+        _run(tgt, sql.SQL("SET synchronous_commit = on"))
+        _run(tgt, sql.SQL("SELECT pg_catalog.txid_current()"))  # an xid on every server version
     except psycopg.Error as exc:
         raise _db_error("flushing the target's WAL", exc) from exc
 

@@ -13,6 +13,12 @@ handle's connection, write fence held), so it sees exactly what was copied. A mi
 detected with ``to_regclass`` before any read, so the source transaction never aborts (it still
 holds the fence). Reads only: neither side is changed.
 
+Both sessions are pinned before the first read (``lib.pgadmin.pin_session``: ``search_path``
+empty, ``row_security`` off; safeguard reshard-60): every name read is schema-qualified, so a
+tenant's objects cannot shadow a built-in, and a row-security policy a tenant planted on a
+``ducklake_*`` table fails the read (check ``read``) instead of running its code in a session
+that may be the provisioner's behind ``SET ROLE``.
+
 :func:`verify_ducklake` returns the passing :class:`Verification` (its ``message`` is the line
 to log) or raises :class:`VerifyError` with "DuckLake verification failed: <check>: source
 <value>, target <value>".
@@ -25,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+
+from duckgres_admin.lib.pgadmin import pin_session
 
 Connection = psycopg.Connection[Any]
 
@@ -65,10 +73,12 @@ class Verification:
 
 
 def read_state(conn: Connection) -> DuckLakeState:
-    """Read the three checks' values on one side (``public`` schema, read-only statements)."""
+    """Read the three checks' values on one side (``public`` schema, read-only statements, the
+    session pinned first)."""
+    pin_session(conn)
     present = conn.execute(
-        "SELECT t, to_regclass('public.' || quote_ident(t)) IS NOT NULL "
-        "FROM unnest(%s::text[]) AS t",
+        "SELECT t, pg_catalog.to_regclass('public.' || pg_catalog.quote_ident(t)) IS NOT NULL "
+        "FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS t",
         (list(_TABLES),),
     ).fetchall()
     missing = tuple(str(name) for name, ok in present if not ok)

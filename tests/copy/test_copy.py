@@ -22,7 +22,8 @@ from reshard.copy import (
     copy_catalog,
     drop_ducklake_tables,
     order_constraints,
-    table_constraints,
+    read_catalog,
+    read_constraints,
 )
 from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
 
@@ -86,11 +87,13 @@ def test_command_tag_row_counts_are_cursor_rowcount(catalog_pair: CatalogPairFac
     tgt = pair.target_factory()()
     try:
         tgt.execute("CREATE TABLE ducklake_pin (a int, b text)")
+        # A real table of public (the copy qualifies every name: a temporary table would not be
+        # what public.ducklake_pin2 names).
         src.execute(
-            "CREATE TEMP TABLE pin AS SELECT g a, 'x' || g b FROM generate_series(1, 1234) g"
+            "CREATE TABLE ducklake_pin2 AS SELECT g a, 'x' || g b FROM generate_series(1, 1234) g"
         )
         with src.cursor() as cur:
-            with cur.copy("COPY pin TO STDOUT (FORMAT binary)") as out:
+            with cur.copy("COPY ducklake_pin2 TO STDOUT (FORMAT binary)") as out:
                 data = b"".join(bytes(block) for block in out)
             assert cur.rowcount == 1234
         with tgt.cursor() as cur:
@@ -98,7 +101,6 @@ def test_command_tag_row_counts_are_cursor_rowcount(catalog_pair: CatalogPairFac
                 inp.write(data)
             assert cur.rowcount == 1234
         tgt.execute("CREATE TABLE ducklake_pin2 (a int, b text)")
-        src.execute("ALTER TABLE pin RENAME TO ducklake_pin2")
         done = catalog_copy.stream_table(src, tgt, "ducklake_pin2")
         assert (done.rows, done.bytes) == (1234, len(data))
     finally:
@@ -223,10 +225,11 @@ def test_apply_index_never_uses_if_not_exists(catalog_pair: CatalogPairFactory) 
         conn.execute("CREATE TABLE ducklake_x (a int, b int)")
         conn.execute("CREATE INDEX idx_x ON ducklake_x (b)")
         logs: list[tuple[str, str]] = []
+        create = sql.SQL("CREATE INDEX idx_x ON public.ducklake_x USING btree (a)")
         used = apply_index(
             conn,
             "ducklake_x",
-            IndexDef("idx_x", "CREATE INDEX idx_x ON public.ducklake_x USING btree (a)"),
+            IndexDef("idx_x", sql.Composed([create])),
             lambda level, msg: logs.append((level, msg)),
         )
         row = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_x'").fetchone()
@@ -240,19 +243,12 @@ def test_apply_index_never_uses_if_not_exists(catalog_pair: CatalogPairFactory) 
 def test_not_null_constraints_are_never_replayed() -> None:
     """*unit*: PostgreSQL 18 catalogues NOT NULL as contype 'n'; older targets reject its
     syntax and CREATE TABLE already carries NOT NULL, so the list excludes it. FKs go last."""
-    rows = [
-        ("b_fk", "f", "FOREIGN KEY (x) REFERENCES other(id)"),
-        ("a_nn", "n", "NOT NULL id"),
-        ("c_pkey", "p", "PRIMARY KEY (id)"),
-        ("a_check", "c", "CHECK (id > 0)"),
-        ("d_uniq", "u", "UNIQUE (k)"),
-    ]
-    assert order_constraints(rows) == [
-        Constraint("a_check", "c", "CHECK (id > 0)"),
-        Constraint("c_pkey", "p", "PRIMARY KEY (id)"),
-        Constraint("d_uniq", "u", "UNIQUE (k)"),
-        Constraint("b_fk", "f", "FOREIGN KEY (x) REFERENCES other(id)"),
-    ]
+    fk = Constraint("b_fk", "f", sql.SQL("FOREIGN KEY (x) REFERENCES public.other (id)"))
+    nn = Constraint("a_nn", "n", sql.SQL("NOT NULL id"))
+    pk = Constraint("c_pkey", "p", sql.SQL("PRIMARY KEY (id)"))
+    a_uniq = Constraint("a_uniq", "u", sql.SQL("UNIQUE (a)"))
+    d_uniq = Constraint("d_uniq", "u", sql.SQL("UNIQUE (k)"))
+    assert order_constraints([fk, nn, pk, a_uniq, d_uniq]) == [a_uniq, pk, d_uniq, fk]
 
 
 @pytest.mark.safeguard("reshard-32")
@@ -263,18 +259,21 @@ def test_contype_is_read_as_text(catalog_pair: CatalogPairFactory) -> None:
     with pair.su("source") as conn:
         conn.execute(
             "CREATE TABLE ducklake_fk_child (id bigint PRIMARY KEY, "
-            "snap bigint REFERENCES ducklake_snapshot (snapshot_id), CHECK (id > 0))"
+            "snap bigint REFERENCES ducklake_snapshot (snapshot_id), UNIQUE (snap))"
         )
         cur = conn.execute(catalog_copy._CONSTRAINTS, (["ducklake_fk_child"],))
         assert cur.description is not None
         assert cur.description[2].type_code == 25
-        found = table_constraints(conn, ["ducklake_fk_child", "ducklake_snapshot"])
+        rows = read_constraints(conn, ["ducklake_fk_child"])
+        tables = ["ducklake_fk_child", "ducklake_snapshot"]
+        found = read_catalog(conn, tables).constraints
+    assert all(isinstance(r.contype, str) for r in rows)
+    assert sorted(r.contype for r in rows) == ["f", "p", "u"]
     kinds = [c.contype for c in found["ducklake_fk_child"]]
-    assert all(isinstance(k, str) for k in kinds)
     assert kinds[-1] == "f"
-    assert sorted(kinds) == ["c", "f", "p"]
-    assert found["ducklake_snapshot"] == [
-        Constraint("ducklake_snapshot_pkey", "p", "PRIMARY KEY (snapshot_id)")
+    assert sorted(kinds) == ["f", "p", "u"]
+    assert [(c.name, c.contype) for c in found["ducklake_snapshot"]] == [
+        ("ducklake_snapshot_pkey", "p")
     ]
 
 
@@ -435,7 +434,8 @@ def test_row_count_mismatch_is_detected(
     catalog_pair: CatalogPairFactory, hooks: RecordingHooks
 ) -> None:
     """An event trigger on the target attaches, to the freshly created ducklake_metadata, a
-    row trigger that silently skips one row: COPY FROM's command tag then reports one less."""
+    row trigger that silently skips one row: COPY FROM's command tag then reports one less.
+    (The trigger names its function schema-qualified: the copy's sessions search no schema.)"""
     pair = catalog_pair(tables=2, inlined_every=0)
     with pair.su("target") as conn:
         conn.execute(
@@ -450,7 +450,7 @@ def test_row_count_mismatch_is_detected(
                    IF r.command_tag = 'CREATE TABLE'
                       AND r.object_identity = 'public.ducklake_metadata' THEN
                      EXECUTE 'CREATE TRIGGER skip BEFORE INSERT ON public.ducklake_metadata '
-                             'FOR EACH ROW EXECUTE FUNCTION skip_version()';
+                             'FOR EACH ROW EXECUTE FUNCTION public.skip_version()';
                    END IF;
                  END LOOP;
                END $$"""
@@ -576,7 +576,7 @@ def test_a_helper_error_fails_the_parallel_copy(
                  FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
                    IF r.object_identity = 'public.ducklake_table' THEN
                      EXECUTE 'CREATE TRIGGER boom BEFORE INSERT ON public.ducklake_table '
-                             'FOR EACH ROW EXECUTE FUNCTION boom()';
+                             'FOR EACH ROW EXECUTE FUNCTION public.boom()';
                    END IF;
                  END LOOP;
                END $$"""

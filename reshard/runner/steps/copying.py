@@ -1,15 +1,24 @@
-"""Steps I ``copying`` and J ``verifying`` (spec §4.4 I, J, §4.9; safeguards 7, 17, 18, 44, 54).
+"""Steps I ``copying`` and J ``verifying`` (spec §4.4 I, J, §4.9; safeguards 7, 17, 18, 44, 54,
+reshard-60, reshard-67).
 
 Source and target are built from the op's durable fields (never the binding: after a →cnpg
-cutover it names the target). Both are probed; the target identity checks (§4.18) run before
-any target write, takeovers included; then the copy. Its release handle (the source
-``REPEATABLE READ`` transaction holding the ``SHARE`` locks) lives on the run context until the
-source is dropped (cleanup) or the rollback ends. The three ``*_copied`` counters are written
-only after a successful copy.
+cutover it names the target). The target is reached logged in as the tenant (``stores``), the
+source as the provisioner with ``SET ROLE`` (cnpg) or as the tenant (external); every session is
+pinned (``search_path``, ``row_security``, timeouts sized from the step's deadline). Both are
+probed; the target identity checks (§4.18) run before any target write, takeovers included;
+then the copy. Its release handle (the source ``REPEATABLE READ`` transaction holding the
+``SHARE`` locks) lives on the run context until the source is dropped (cleanup) or the rollback
+ends. The three ``*_copied`` counters are written only after a successful copy.
+
+Interruptions: every copy connection is registered ``interrupt_on_stop``, so SIGTERM cancels
+the running statement (a lock wait, a ``COPY``) and the step ends :class:`Interrupted`; before
+the cnpg→external cancel cutoff (``orphaning_source``) an operator cancel does the same and the
+step ends :class:`Cancelled`. →cnpg copies are past their cutoff: a cancel is not acted on.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -17,11 +26,32 @@ from django.conf import settings
 
 from reshard import copy as catalog_copy
 from reshard import verify
-from reshard.runner import stores
-from reshard.runner.errors import Interrupted, StepError
+from reshard.runner import stores, waits
+from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import RunnerHooks
 from reshard.runner.steps import preflight
 from reshard.runner.steps.base import StepEnv
+
+
+class StepHooks(RunnerHooks):
+    """``RunnerHooks`` whose connections a stop or an acted-on cancel interrupts, and whose
+    ``stopped()`` also turns true on that cancel (the copy and the backup abort promptly)."""
+
+    def __init__(
+        self,
+        env: StepEnv,
+        *,
+        cancelled: threading.Event | None = None,
+        progress_keys: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(env, progress_keys=progress_keys)
+        self.cancelled = cancelled or threading.Event()
+
+    def register_connection(self, conn: Any) -> None:
+        self.env.ctx.register_connection(conn, interrupt_on_stop=True)
+
+    def stopped(self) -> bool:
+        return super().stopped() or self.cancelled.is_set()
 
 
 def _probe(env: StepEnv, side: stores.Side) -> None:
@@ -42,21 +72,27 @@ def run(env: StepEnv) -> None:
     _probe(env, target)
     preflight.check_target_identity(env)
     release_handle(env)  # a takeover's retry starts from a clean slate
-    hooks = RunnerHooks(
-        env, progress_keys=("tables_total", "tables_done", "rows_copied", "bytes_copied")
-    )
     env.log.info(f"copying the catalog from {source.redacted()} to {target.redacted()}")
-    try:
-        result = catalog_copy.copy_catalog(
-            lambda: source.connect(ctx),
-            lambda: target.connect(ctx),
-            hooks,
-            parallelism=int(settings.DUCKGRES_RESHARD_COPY_PARALLELISM),
+    # cnpg→external copies before its cancel cutoff (orphaning_source); →cnpg after it.
+    with waits.cancel_watch(ctx, env.log, enabled=op.target_kind == "external") as cancelled:
+        hooks = StepHooks(
+            env,
+            cancelled=cancelled,
+            progress_keys=("tables_total", "tables_done", "rows_copied", "bytes_copied"),
         )
-    except catalog_copy.CopyError as exc:
-        if ctx.stop.is_set():
-            raise Interrupted() from None
-        raise StepError(str(exc)) from None
+        try:
+            result = catalog_copy.copy_catalog(
+                lambda: source.connect(ctx),
+                lambda: target.connect(ctx),
+                hooks,
+                parallelism=int(settings.DUCKGRES_RESHARD_COPY_PARALLELISM),
+            )
+        except catalog_copy.CopyError as exc:
+            if ctx.stop.is_set():
+                raise Interrupted() from None
+            if cancelled.is_set():
+                raise Cancelled() from None
+            raise StepError(str(exc)) from None
     ctx.release_handle = result.release
     # Progress writes are throttled to one per 2 s; record the final figures so a fast copy
     # never leaves the admin showing a partial count.
@@ -103,7 +139,6 @@ def run_verify(env: StepEnv) -> None:
     target = stores.target_side(ctx, op)
     try:
         with target.connect(ctx) as conn, stores.registered(ctx, conn):
-            conn.execute("SET search_path = public")
             result = verify.verify_ducklake(handle.connection, conn)
     except verify.VerifyError as exc:
         raise StepError(str(exc)) from None
