@@ -8,9 +8,26 @@ Interface (wired into the ``backup_catalog`` step by the runner, spec §4.4 G)::
 
 Guarantees:
 - the password reaches ``pg_dump`` only as ``PGPASSWORD`` in its environment, never in argv;
+- ``pg_dump`` gets a minimal environment (``PATH``, locale, ``PGPASSWORD``), never the runner's
+  own (no config-store DSN, no AWS keys, no ``PG*`` variable of the runner) (safeguard
+  reshard-70);
+- every connection parameter is passed in one conninfo string built with ``make_conninfo``
+  (``--dbname=<conninfo>``): a database, role or host name is only ever a quoted value, so a
+  name containing ``host=… sslmode=disable`` can never redirect the connection (safeguard
+  reshard-65). The same TLS policy as every store connection (``lib.pgadmin.tls_params``:
+  TLS mandatory, ``verify-full`` by default, the configured CA, ``require_auth=scram-sha-256``
+  when the client's libpq knows it — a libpq 15 client cannot, and a warning says so unless the
+  source is ``verify-full``; safeguard reshard-69);
+- ``pg_dump`` waits for its table locks at most ``lock_wait_seconds`` (``--lock-wait-timeout``;
+  safeguard reshard-67);
+- the restore command written to the op log quotes every part for a POSIX shell
+  (``shlex.quote``), its connection again one conninfo value (safeguard reshard-70);
 - memory is bounded: three part buffers at most (two uploading, one filling), recycled;
-- every failure path kills and reaps ``pg_dump`` and aborts the multipart upload (or deletes
-  the completed object), so no partial object and no open upload is left behind;
+- every failure path kills and reaps ``pg_dump``, terminates its server session (a killed
+  client leaves its backend waiting for a lock, holding the ones it has: it is found by the
+  ``application_name`` the dump connects with, ``duckgres-reshard-op-<id>-pg_dump``) and aborts
+  the multipart upload (or deletes the completed object), so no partial object, no open upload
+  and no orphaned session is left behind;
 - the uploaded size is checked with ``HEAD`` against the bytes ``pg_dump`` produced (the ETag
   of ``CompleteMultipartUpload`` is never used: Ceph RGW returns it empty);
 - no tagging, no metadata: ``s3:PutObject`` (+ multipart) is the only permission needed.
@@ -27,6 +44,7 @@ import math
 import mmap
 import os
 import queue
+import shlex
 import subprocess
 import threading
 import time
@@ -36,10 +54,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from django.conf import settings
+from psycopg.conninfo import make_conninfo
 
-from duckgres_admin.lib.pgadmin import Endpoint, connect
+from duckgres_admin.lib.pgadmin import Endpoint, connect, effective_sslmode, tls_params
 from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
-from reshard.pgclients import NoPgClient, PgClient, choose_client, server_major
+from reshard.pgclients import (
+    NoPgClient,
+    PgClient,
+    choose_client,
+    knows_require_auth,
+    server_major,
+)
 
 __all__ = [
     "BackupDestination",
@@ -58,6 +83,7 @@ __all__ = [
     "read_source_facts",
     "restore_command",
     "run_backup",
+    "source_conninfo",
 ]
 
 MIB = 1 << 20
@@ -75,6 +101,12 @@ READ_CHUNK = 1 * MIB
 ABORT_ATTEMPTS = 3
 PREPARE_WAIT_SECONDS = 120.0  # the S3 client + CreateMultipartUpload (botocore bounds each call)
 STALE_WAIT_SECONDS = 15.0
+# pg_dump's lock wait when the caller passes none (the runner passes its step's deadline).
+DEFAULT_LOCK_WAIT_SECONDS = 900.0
+CONNECT_TIMEOUT_SECONDS = 10
+# The only variables of the runner's environment pg_dump inherits (besides PGPASSWORD).
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
+PASSWORD_PLACEHOLDER = "<PASSWORD>"
 
 EMPTY_ARCHIVE = "pg_dump produced an empty archive — refusing to record a useless backup"
 ANNOUNCE_SUFFIX_MANDATORY = " — HARD prerequisite for the destructive cnpg→external direction"
@@ -136,6 +168,7 @@ class RestoreTarget:
     port: int
     user: str
     database: str
+    sslmode: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,17 +230,47 @@ def format_mib(size: int) -> str:
     return str(size // MIB) if size % MIB == 0 else f"{size / MIB:.2f}"
 
 
-def pg_dump_argv(client: PgClient, source: BackupSource) -> list[str]:
-    """Exactly spec §4.10 step 4: no ``--file``, no password."""
+def pg_dump_application_name(op_id: int) -> str:
+    return f"duckgres-reshard-op-{op_id}-pg_dump"
+
+
+def source_conninfo(
+    source: BackupSource, *, require_auth: bool, application_name: str = "pg_dump"
+) -> str:
+    """Every connection parameter of ``pg_dump`` as one conninfo string (no password): the
+    database name is a quoted value there, never parsed as connection settings."""
+    endpoint = Endpoint(source.host, source.port, source.sslmode)
+    return make_conninfo(
+        "",
+        host=source.host,
+        port=str(source.port),
+        user=source.user,
+        dbname=source.database,
+        connect_timeout=str(CONNECT_TIMEOUT_SECONDS),
+        application_name=application_name,
+        **tls_params(endpoint, libpq16=require_auth),
+    )
+
+
+def pg_dump_argv(
+    client: PgClient,
+    source: BackupSource,
+    *,
+    lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
+    application_name: str = "pg_dump",
+) -> list[str]:
+    """Spec §4.10 step 4 with every connection parameter in ``--dbname=<conninfo>``: no
+    ``--file``, no password, a bounded lock wait."""
+    conninfo = source_conninfo(
+        source, require_auth=knows_require_auth(client), application_name=application_name
+    )
     argv = [
         client.pg_dump,
         "--format=custom",
         "--no-owner",
         "--schema=public",
-        f"--host={source.host}",
-        f"--port={source.port}",
-        f"--username={source.user}",
-        f"--dbname={source.database}",
+        f"--lock-wait-timeout={max(1, int(lock_wait_seconds * 1000))}",
+        f"--dbname={conninfo}",
     ]
     if source.role:
         argv.append(f"--role={source.role}")
@@ -215,23 +278,44 @@ def pg_dump_argv(client: PgClient, source: BackupSource) -> list[str]:
 
 
 def pg_dump_env(source: BackupSource) -> dict[str, str]:
-    env = dict(os.environ)
+    """``PATH``, the locale and ``PGPASSWORD``: nothing else of the runner's environment."""
+    env = {name: os.environ[name] for name in INHERITED_ENV if os.environ.get(name)}
+    env.setdefault("PATH", "/usr/bin:/bin")
+    if not any(name.startswith(("LANG", "LC_")) for name in env):
+        env["LANG"] = "C.UTF-8"
     env["PGPASSWORD"] = source.password
-    env["PGSSLMODE"] = source.sslmode
-    env["PGCONNECT_TIMEOUT"] = "10"
     return env
 
 
 def restore_command(
-    uri: str, target: RestoreTarget, pg_restore: str, endpoint_url: str = ""
+    uri: str,
+    target: RestoreTarget,
+    pg_restore: str,
+    endpoint_url: str = "",
+    *,
+    require_auth: bool = False,
 ) -> str:
-    """Spec §4.10 step 7, with the literal ``<PASSWORD>`` placeholder."""
-    endpoint = f" --endpoint-url {endpoint_url}" if endpoint_url else ""
+    """Spec §4.10 step 7, with the literal ``<PASSWORD>`` placeholder; every part quoted for a
+    POSIX shell, the connection one conninfo value (``--dbname``)."""
+    conninfo = make_conninfo(
+        "",
+        host=target.host,
+        port=str(target.port),
+        user=target.user,
+        dbname=target.database,
+        sslmode=target.sslmode or "verify-full",
+        **({"require_auth": "scram-sha-256"} if require_auth else {}),
+    )
+    download = ["aws", "s3", "cp", uri, "./catalog.dump"]
+    if endpoint_url:
+        download += ["--endpoint-url", endpoint_url]
+    restore = [
+        pg_restore, "--no-owner", "--clean", "--if-exists", "--format=custom",
+        f"--dbname={conninfo}", "./catalog.dump",
+    ]  # fmt: skip
     return (
-        f"aws s3 cp {uri} ./catalog.dump{endpoint} && "
-        f"PGPASSWORD=<PASSWORD> {pg_restore} --no-owner --clean --if-exists --format=custom "
-        f"--host={target.host} --port={target.port} --username={target.user} "
-        f"--dbname={target.database} ./catalog.dump"
+        f"{shlex.join(download)} && PGPASSWORD={shlex.quote(PASSWORD_PLACEHOLDER)} "
+        f"{shlex.join(restore)}"
     )
 
 
@@ -335,8 +419,10 @@ class _Backup:
         max_parts: int,
         hooks: BackupHooks,
         source: BackupSource,
+        application_name: str = "pg_dump",
     ) -> None:
         # The S3 client and the upload id come from a helper thread, overlapping pg_dump's start.
+        self.application_name = application_name
         self.prepared = prepared
         self.bucket = bucket
         self.key = key
@@ -570,9 +656,41 @@ class _Backup:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.abort_upload()
+        if self.proc is not None:
+            terminate_dump_sessions(self.source, self.application_name, self.hooks)
 
     def abort_upload(self) -> None:
         abort_prepared(self.prepared, self.bucket, self.key, self.hooks)
+
+
+def terminate_dump_sessions(
+    source: BackupSource, application_name: str, hooks: BackupHooks
+) -> None:
+    """End the server session of a killed ``pg_dump`` (same login, so no extra privilege):
+    its backend would otherwise keep waiting for a lock, holding the locks it already has,
+    until its lock wait ran out. Best effort, bounded; a failure is logged."""
+    try:
+        with connect(
+            Endpoint(source.host, source.port, source.sslmode),
+            dbname=source.database,
+            user=source.user,
+            password=source.password,
+            application_name="duckgres-reshard-backup",
+            connect_timeout=5,
+            statement_timeout=10,
+        ) as conn:
+            conn.execute(
+                "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity "
+                "WHERE application_name = %s AND usename = session_user "
+                "AND pid <> pg_catalog.pg_backend_pid()",
+                (application_name,),
+            )
+    except Exception as exc:  # noqa: BLE001 - reported; the session ends with its lock wait
+        hooks.log(
+            "warn",
+            f"could not end the server session of the killed pg_dump ({application_name}): "
+            f"{type(exc).__name__}: {exc}",
+        )
 
 
 def abort_prepared(prepared: Future[_Prepared], bucket: str, key: str, hooks: BackupHooks) -> None:
@@ -640,8 +758,12 @@ def run_backup(
     pg_bin_dirs: str | None = None,
     s3: S3 | None = None,
     now: dt.datetime | None = None,
+    lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
 ) -> BackupResult:
     """Dump ``source`` into ``s3://<bucket>/_reshard_catalog_backups/op-<id>-<ts>.dump``.
+
+    ``lock_wait_seconds`` bounds ``pg_dump``'s wait for each table lock (the runner passes what
+    is left of its step's deadline).
 
     ``mandatory`` only changes the announcement (the caller applies the direction gate);
     ``restore_to`` is what the logged restore command targets (default: the source database
@@ -700,9 +822,10 @@ def run_backup(
     stale_done = helper.submit(stale)
     handed_over: list[bool] = []
     try:
-        return _run(source, destination, hooks, prepared, handed_over, key,
+        return _run(op_id, source, destination, hooks, prepared, handed_over, key,
                     mandatory=mandatory, restore_to=restore_to, facts=facts, limit=limit,
-                    part_size=part_size, pg_bin_dirs=pg_bin_dirs)  # fmt: skip
+                    part_size=part_size, pg_bin_dirs=pg_bin_dirs,
+                    lock_wait_seconds=lock_wait_seconds)  # fmt: skip
     except BaseException:
         if not handed_over:  # failed before the upload loop owned the upload: abort it here
             abort_prepared(prepared, destination.bucket, key, hooks)
@@ -724,6 +847,7 @@ class _Lines:
 
 
 def _run(
+    op_id: int,
     source: BackupSource,
     destination: BackupDestination,
     hooks: BackupHooks,
@@ -737,12 +861,28 @@ def _run(
     limit: int,
     part_size: int | None,
     pg_bin_dirs: str | None,
+    lock_wait_seconds: float,
 ) -> BackupResult:
     facts = facts or read_source_facts(source)
     try:
         client = choose_client(facts.server_major, pg_bin_dirs)
     except NoPgClient as exc:
         raise BackupError(str(exc)) from exc
+    app = pg_dump_application_name(op_id)
+    try:
+        argv = pg_dump_argv(
+            client, source, lock_wait_seconds=lock_wait_seconds, application_name=app
+        )
+    except Exception as exc:  # an sslmode refused by the policy, an unparsable value
+        raise BackupError(f"cannot build the pg_dump connection: {exc}") from exc
+    mode = effective_sslmode(source.sslmode)
+    if not knows_require_auth(client) and mode != "verify-full":
+        hooks.log(
+            "warn",
+            f"pg_dump {client.version} uses a libpq that cannot refuse a cleartext password "
+            f"request (require_auth): with sslmode {mode} a server impersonating the source "
+            "could obtain the password; configure the source with sslmode verify-full",
+        )
     if part_size is None:
         part_size = part_size_for(facts.db_size, limit)
         if facts.db_size is None:
@@ -766,9 +906,10 @@ def _run(
         max_parts=limit,
         hooks=hooks,
         source=source,
+        application_name=app,
     )
     handed_over.append(True)  # from here on the upload loop aborts the upload on failure
-    parts = backup.run(pg_dump_argv(client, source), pg_dump_env(source))
+    parts = backup.run(argv, pg_dump_env(source))
     produced = backup.total
     upload = prepared.result()  # done: run() waited for it
     s3 = upload.s3
@@ -791,9 +932,12 @@ def _run(
             f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
         )
     target = restore_to or RestoreTarget(
-        source.host, source.port, source.role or source.user, source.database
+        source.host, source.port, source.role or source.user, source.database, source.sslmode
     )
-    command = restore_command(uri, target, client.pg_restore, s3.endpoint_url or "")
+    command = restore_command(
+        uri, target, client.pg_restore, s3.endpoint_url or "",
+        require_auth=knows_require_auth(client),
+    )  # fmt: skip
     return BackupResult(
         uri=uri,
         bytes=produced,

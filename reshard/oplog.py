@@ -2,12 +2,14 @@
 
 The runner uses its own buffered writer (``reshard.runner.oplog``) because its appends must
 never fail a step. Every message passes through a scrubber here, the one place this sink is
-written from these processes.
+written from these processes. An exception passed as ``exc`` is rendered with its traceback and
+scrubbed as part of the line (safeguard reshard-70).
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 
 from duckgres_admin.models import ReshardLogEntry
 from reshard.scrub import Scrubber, process_scrubber
@@ -23,8 +25,12 @@ def append(
     source: str = "api",
     epoch: int | None = None,
     scrubber: Scrubber | None = None,
+    exc: BaseException | None = None,
 ) -> None:
-    """Append one op-log line (scrubbed) and mirror it to the process log."""
+    """Append one op-log line (scrubbed) and mirror it to the process log; with ``exc`` the
+    line carries its rendered traceback, scrubbed with the rest."""
+    if exc is not None:
+        message = f"{message}\n" + "".join(traceback.format_exception(exc)).rstrip()
     text = (scrubber or process_scrubber()).scrub(message)
     ReshardLogEntry.objects.create(
         operation_id=op_id, level=level, message=text, runner_epoch=epoch, source=source

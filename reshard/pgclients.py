@@ -7,6 +7,12 @@ major is ≥ ``S`` (``pg_dump`` refuses servers newer than itself; see docs/back
 client → :class:`NoPgClient` "no pg_dump for PostgreSQL <S> (have: <majors>)".
 
 Each directory's version is read by running ``<dir>/pg_dump --version`` once per process.
+:func:`knows_require_auth` tells, once per client and only when asked, whether its libpq knows
+``require_auth`` (libpq 16+; the client of a major may run on another major's libpq): the
+``pg_dump`` binary is asked to parse a conninfo naming that keyword with a Unix socket directory
+that does not exist (nothing is contacted). A client whose libpq does not know it cannot refuse
+a server that asks for a cleartext password (docs/backup.md); a client that is not an ELF binary
+(a wrapper script) is never run for this and counts as not knowing it.
 """
 
 from __future__ import annotations
@@ -99,6 +105,39 @@ def _probe_dir(bin_dir: str) -> PgClient | None:
     return client
 
 
+_PROBE_CONNINFO = "require_auth=scram-sha-256 host=/nonexistent-duckgres-probe port=1"
+_require_auth: dict[str, bool] = {}
+
+
+def knows_require_auth(client: PgClient) -> bool:
+    """Does this client's libpq accept ``require_auth`` (and ``sslrootcert=system``)? An
+    unknown keyword is reported as ``invalid connection option`` before any connection."""
+    with _cache_lock:
+        if client.pg_dump in _require_auth:
+            return _require_auth[client.pg_dump]
+    known = False
+    try:
+        with open(client.pg_dump, "rb") as binary:
+            elf = binary.read(4) == b"\x7fELF"
+        if elf:
+            out = subprocess.run(
+                [client.pg_dump, "--schema-only", f"--dbname={_PROBE_CONNINFO}"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=10,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+                check=False,
+            )
+            stderr = out.stderr.decode("utf-8", "replace")
+            known = out.returncode != 0 and "invalid connection option" not in stderr
+    except (OSError, subprocess.SubprocessError):
+        known = False
+    with _cache_lock:
+        _require_auth[client.pg_dump] = known
+    return known
+
+
 def available_clients(bin_dirs: str | None = None) -> list[PgClient]:
     """Every usable client of the configured directories, newest major first (one per major:
     the first directory listed wins)."""
@@ -128,3 +167,4 @@ def clear_cache() -> None:
     """Forget probed directories (tests that rewrite a fake client directory)."""
     with _cache_lock:
         _cache.clear()
+        _require_auth.clear()

@@ -82,6 +82,8 @@ def run_process(op_id: int, ctx: RunContext) -> int:
     """§4.2 steps 2-5. Always flushes the op log and writes the marker; wipes passwords."""
     oplog = OpLogWriter(op_id, ctx.scrubber)
     oplog.bind(runner_id=ctx.runner_id)
+    # Uncaught exceptions of any thread reach the op log and stderr scrubbed, never raw.
+    oplog.install_excepthooks()
     op: ReshardOperation | None = None
     marker_epoch = 0
     try:

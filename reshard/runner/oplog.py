@@ -8,14 +8,27 @@ and a failed insert never poisons the caller's transaction.
 
 Every line is scrubbed here (the one place this sink is written) and mirrored to the process
 log as structured JSON bound with ``op_id``, ``org_id`` and ``epoch``.
+
+Tracebacks (safeguard reshard-70): :meth:`OpLogWriter.exception` renders an exception with its
+traceback and chained causes and scrubs the *rendered text* with the per-op scrubber (resolved
+provisioner, source and target passwords, SCRAM verifiers) before it reaches the op log or the
+process log. :meth:`OpLogWriter.install_excepthooks` routes every uncaught exception of the
+process (any thread) through it: Python's default hooks print raw tracebacks to stderr, which is
+the runner's pod log, and the janitor copies a pod log into the op log masking only the shared
+secrets (it does not know the op's). ``run_process`` is to install them right after creating its
+writer.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -90,6 +103,46 @@ class OpLogWriter:
 
     def error(self, message: str) -> None:
         self.append("error", message)
+
+    def exception(self, message: str, exc: BaseException, *, level: str = "error") -> None:
+        """``message``, then the rendered traceback of ``exc`` (causes included), scrubbed as
+        one text: a secret inside an exception message, an argument repr or a chained cause
+        is masked like any other."""
+        rendered = "".join(traceback.format_exception(exc)).rstrip()
+        self.append(level, f"{message}\n{rendered}")
+
+    def install_excepthooks(self) -> Callable[[], None]:
+        """Send uncaught exceptions of every thread through :meth:`exception` (op log and
+        process log, scrubbed) and print only the scrubbed text on stderr. Returns a function
+        restoring the previous hooks."""
+        previous_sys, previous_thread = sys.excepthook, threading.excepthook
+
+        def report(kind: str, exc: BaseException) -> None:
+            with contextlib.suppress(Exception):  # a failing sink must not hide the error
+                self.exception(f"uncaught exception in {kind}", exc)
+            text = "".join(traceback.format_exception(exc))
+            with contextlib.suppress(Exception):
+                sys.stderr.write(self.scrubber.scrub(text))
+
+        def on_main(
+            kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+        ) -> None:
+            report("the runner", exc.with_traceback(tb))
+
+        def on_thread(args: threading.ExceptHookArgs) -> None:
+            if args.exc_value is None or isinstance(args.exc_value, SystemExit):
+                return
+            name = args.thread.name if args.thread is not None else "a thread"
+            report(f"thread {name}", args.exc_value.with_traceback(args.exc_traceback))
+
+        sys.excepthook = on_main
+        threading.excepthook = on_thread
+
+        def restore() -> None:
+            sys.excepthook = previous_sys
+            threading.excepthook = previous_thread
+
+        return restore
 
     def append(self, level: str, message: str) -> None:
         text = self.scrubber.scrub(message)

@@ -15,7 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from reshard import backup as backup_mod
 from reshard import pgclients
@@ -130,27 +132,39 @@ def test_success_restorable_untagged_no_password_in_argv(
 
     # pg_dump argv exactly per spec, no password anywhere in it; the password only in env.
     # (What the product passed to exec, and what /proc shows when the child was still alive.)
-    dumps = [(a, e) for a, e in spawned if a[0].endswith("/pg_dump") and "--version" not in a]
+    dumps = [
+        (a, e)
+        for a, e in spawned
+        if a[0].endswith("/pg_dump") and "--version" not in a and "--schema-only" not in a
+    ]
     assert len(dumps) == 1
     assert len(hooks.processes) == 1
     argv, env = dumps[0]
     if hooks.cmdlines[0]:
         assert hooks.cmdlines[0] == argv
         assert hooks.environs[0]["PGPASSWORD"] == catalog.password
-    assert argv[1:] == [
-        "--format=custom",
-        "--no-owner",
-        "--schema=public",
-        f"--host={catalog.cluster.host}",
-        f"--port={catalog.cluster.port}",
-        f"--username={catalog.role}",
-        f"--dbname={catalog.database}",
-    ]
+    # Every connection parameter in one conninfo (--dbname; safeguard reshard-65), a bounded
+    # lock wait (reshard-67); the env is minimal (reshard-70) and carries only the password.
+    assert argv[1:5] == ["--format=custom", "--no-owner", "--schema=public",
+                         "--lock-wait-timeout=900000"]  # fmt: skip
+    assert len(argv) == 6
+    assert argv[5].startswith("--dbname=")
+    params = conninfo_to_dict(argv[5].removeprefix("--dbname="))
+    assert params == {
+        "host": catalog.cluster.host,
+        "port": str(catalog.cluster.port),
+        "user": catalog.role,
+        "dbname": catalog.database,
+        "connect_timeout": "10",
+        "application_name": "duckgres-reshard-op-41-pg_dump",
+        "sslmode": "require",
+        **({"sslrootcert": settings.DUCKGRES_STORE_SSLROOTCERT}
+           if settings.DUCKGRES_STORE_SSLROOTCERT else {}),
+    }  # fmt: skip
     assert os.path.basename(argv[0]) == "pg_dump"
     assert not any(catalog.password in a for a in argv)
     assert env["PGPASSWORD"] == catalog.password
-    assert env["PGSSLMODE"] == "require"
-    assert env["PGCONNECT_TIMEOUT"] == "10"
+    assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "PGPASSWORD"}
     assert catalog.password not in hooks.messages()
     assert catalog.password not in result.restore_command
 
@@ -169,12 +183,14 @@ def test_success_restorable_untagged_no_password_in_argv(
     text = hooks.messages()
     assert "may take several minutes — size unknown until complete" in text
     assert "HARD prerequisite for the destructive cnpg→external direction" in text
+    restore_conninfo = (
+        f"host={catalog.cluster.host} port={catalog.cluster.port} user={catalog.role} "
+        f"dbname={catalog.database} sslmode=require"
+    )
     assert result.restore_command == (
         f"aws s3 cp {result.uri} ./catalog.dump --endpoint-url {moto_s3.endpoint_url} && "
-        f"PGPASSWORD=<PASSWORD> {os.path.dirname(argv[0])}/pg_restore --no-owner --clean "
-        f"--if-exists --format=custom --host={catalog.cluster.host} "
-        f"--port={catalog.cluster.port} --username={catalog.role} "
-        f"--dbname={catalog.database} ./catalog.dump"
+        f"PGPASSWORD='<PASSWORD>' {os.path.dirname(argv[0])}/pg_restore --no-owner --clean "
+        f"--if-exists --format=custom '--dbname={restore_conninfo}' ./catalog.dump"
     )
     assert all(proc.returncode == 0 for proc in hooks.processes)
     assert hooks.unregistered == hooks.processes
@@ -186,9 +202,12 @@ def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
     cmd = backup_mod.restore_command(
         "s3://b/k.dump", target, "/usr/lib/postgresql/15/bin/pg_restore"
     )
-    assert "--host=db.example.com --port=6543 --username=tenant_a --dbname=catalog_a" in cmd
+    assert (
+        "'--dbname=host=db.example.com port=6543 user=tenant_a dbname=catalog_a "
+        "sslmode=verify-full'" in cmd
+    )
     assert "--endpoint-url" not in cmd
-    assert "PGPASSWORD=<PASSWORD> " in cmd
+    assert "PGPASSWORD='<PASSWORD>' " in cmd
 
 
 def test_cnpg_source_adds_role(tenant_catalog: Any) -> None:

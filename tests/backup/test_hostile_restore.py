@@ -1,0 +1,186 @@
+"""Hostile names in what the runner writes and spawns (safeguard reshard-70).
+
+- The restore command in the op log is quoted for a POSIX shell, every part: a bucket, key,
+  host, user or database name carrying ``$(…)``, backticks, ``;`` or quotes is one argument when
+  the operator pastes the command (run here by ``bash`` with recording stand-ins for ``aws`` and
+  ``pg_restore``).
+- ``pg_dump`` gets a minimal environment (``PATH``, the locale, ``PGPASSWORD``): none of the
+  runner's secrets, and no ``PG*`` variable that could redirect or reconfigure it.
+- Exception tracebacks written to the op log pass the per-op scrubber as rendered text, and
+  uncaught exceptions of any thread are reported the same way instead of raw on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from duckgres_admin.models import ReshardLogEntry
+from reshard import oplog as direct_oplog
+from reshard.backup import BackupDestination, RestoreTarget, restore_command, run_backup
+from reshard.runner.oplog import OpLogWriter
+from reshard.scrub import Scrubber
+from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
+from tests.fixtures.rows import new_op, new_warehouse
+
+pytestmark = pytest.mark.safeguard("reshard-70")
+
+MARK = "pwned"
+
+
+def _recorder(path: Path, log: Path) -> None:
+    path.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$0" "$@"; do printf "%s\\0" "$a"; done >> {shlex.quote(str(log))}\n'
+        f'printf "\\n" >> {shlex.quote(str(log))}\n'
+    )
+    path.chmod(0o755)
+
+
+def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> None:
+    marker = tmp_path / MARK
+    hostile = f"x$(touch {marker})`touch {marker}`;touch {marker}'\"; touch {marker} #"
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    calls = tmp_path / "calls"
+    _recorder(bins / "aws", calls)
+    pg_restore = bins / "pg_restore $(touch pwned); x"  # even the client's path
+    _recorder(pg_restore, calls)
+    target = RestoreTarget(f"h{hostile}", 6543, f"u{hostile}", f"d{hostile}", "verify-full")
+    uri = f"s3://bucket{hostile}/key{hostile}.dump"
+    endpoint = f"http://s3.example{hostile}"
+    cmd = restore_command(uri, target, str(pg_restore), endpoint, require_auth=True)
+    env = {"PATH": f"{bins}:/usr/bin:/bin"}
+    done = subprocess.run(
+        ["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    runs = [line.split("\0")[:-1] for line in calls.read_text().splitlines() if line]
+    assert runs[0][1:] == ["s3", "cp", uri, "./catalog.dump", "--endpoint-url", endpoint]
+    assert runs[1][1:-1] == ["--no-owner", "--clean", "--if-exists", "--format=custom",
+                             runs[1][-2]]  # fmt: skip
+    assert runs[1][-1] == "./catalog.dump"
+    params = conninfo_to_dict(runs[1][-2].removeprefix("--dbname="))
+    assert params == {
+        "host": target.host,
+        "port": "6543",
+        "user": target.user,
+        "dbname": target.database,
+        "sslmode": "verify-full",
+        "require_auth": "scram-sha-256",
+    }
+    # The placeholder is an assignment with a quoted value: replacing <PASSWORD> keeps it one.
+    assert " && PGPASSWORD='<PASSWORD>' " in cmd
+
+
+def test_pg_dump_gets_a_minimal_environment(
+    moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = tenant_catalog(rows=3)
+    poison = {
+        "DUCKGRES_CONFIG_STORE": "postgresql://admin:config-store-secret@db/admin",
+        "DUCKGRES_RUNNER_SECRET": "runner-secret-that-pg-dump-must-not-see",
+        "AWS_SECRET_ACCESS_KEY": "testing",  # still used by this process's S3 client
+        "PGHOST": "192.0.2.1",
+        "PGPORT": "1",
+        "PGDATABASE": "postgres",
+        "PGSERVICEFILE": "/nonexistent/pg_service.conf",
+        "PGOPTIONS": "-c search_path=evil",
+        "PGSSLMODE": "disable",
+        "PGPASSFILE": "/nonexistent/pgpass",
+    }
+    for name, value in poison.items():
+        monkeypatch.setenv(name, value)
+    result = run_backup(63, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks)
+    assert result.bytes > 0
+    assert len(hooks.environs) == 1
+    env = hooks.environs[0]
+    assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "PGPASSWORD"}
+    assert env["PGPASSWORD"] == catalog.password
+    assert env["PATH"] == os.environ["PATH"]
+
+
+# --- tracebacks in the op log --------------------------------------------------------------------
+
+
+def _entries(op_id: int) -> list[str]:
+    return list(
+        ReshardLogEntry.objects.filter(operation_id=op_id).order_by("id").values_list(
+            "message", flat=True
+        )
+    )  # fmt: skip
+
+
+def _failing(secret: str) -> BaseException:
+    try:
+        try:
+            raise ValueError(f"inner cause mentions {secret}")
+        except ValueError as inner:
+            raise RuntimeError(f"connection to host failed with password={secret}") from inner
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.fixture
+def logged_op(transactional_db: None) -> Any:
+    return new_op(new_warehouse(), source_kind="cnpg", target_kind="external")
+
+
+def test_a_traceback_in_the_op_log_is_scrubbed(logged_op: Any) -> None:
+    secret = "per-op-provisioner-secret-9a8b"
+    writer = OpLogWriter(logged_op.id, Scrubber(secret))
+    try:
+        writer.exception("step copying raised", _failing(secret))
+    finally:
+        writer.close()
+    (line,) = _entries(logged_op.id)
+    assert line.startswith("step copying raised\nTraceback (most recent call last):")
+    assert "RuntimeError: connection to host failed with password=***" in line
+    assert "ValueError: inner cause mentions ***" in line
+    assert secret not in line
+    # The direct appender (API, janitor, recovery) renders and scrubs the same way.
+    direct_oplog.append(
+        logged_op.id, "janitor: reconcile failed", exc=_failing(secret), scrubber=Scrubber(secret)
+    )
+    last = _entries(logged_op.id)[-1]
+    assert "Traceback (most recent call last):" in last
+    assert secret not in last
+
+
+def test_uncaught_exceptions_of_any_thread_are_scrubbed(
+    logged_op: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret = "per-op-target-secret-5c4d3e"
+    writer = OpLogWriter(logged_op.id, Scrubber(secret))
+    before = (sys.excepthook, threading.excepthook)
+    restore = writer.install_excepthooks()
+    try:
+        thread = threading.Thread(target=lambda: (_ for _ in ()).throw(_failing(secret)))
+        thread.start()
+        thread.join()
+        sys.excepthook(*_exc_info(_failing(secret)))
+    finally:
+        restore()
+        writer.close()
+    lines = _entries(logged_op.id)
+    assert len(lines) == 2
+    assert lines[0].startswith("uncaught exception in thread ")
+    assert lines[1].startswith("uncaught exception in the runner\nTraceback")
+    out, err = capfd.readouterr()
+    for text in (*lines, out, err):
+        assert secret not in text
+    assert "password=***" in err
+    assert (sys.excepthook, threading.excepthook) == before  # restored
+
+
+def _exc_info(exc: BaseException) -> tuple[type[BaseException], BaseException, Any]:
+    return type(exc), exc, exc.__traceback__
