@@ -1,10 +1,24 @@
 """Connections the steps, rollback and roll-forward open to metadata stores (spec §4.9, §4.11).
 
-Rules: passwords reach psycopg only as ``password=`` (``lib.pgadmin.connect``); every password
-resolved here is added to the run context's scrubber before it can appear anywhere; fences,
-terminations and drops use the store's **direct** endpoint (never the pooler); tenant probes use
-the tenant endpoint (pooler when configured). Every connection opened here is registered with the
-run context while in use so that fencing can cancel it.
+The single place runner work opens metadata-store connections. Rules:
+
+- passwords reach psycopg only as ``password=`` (``lib.pgadmin.connect``, which also enforces
+  TLS, ``require_auth=scram-sha-256`` and pins ``search_path``/``row_security``); every password
+  resolved here is added to the run context's scrubber before it can appear anywhere;
+- every statement runs under ``statement_timeout`` and ``lock_timeout`` sized from the step's
+  deadline (``RunContext.statement_seconds``), so a session outside the product holding a lock
+  can delay a step but never block it forever (safeguard reshard-67);
+- every connection is registered with the run context while in use, with
+  ``interrupt_on_stop``: fencing, SIGTERM and an acted-on cancel cancel its running statement,
+  and :func:`registered` turns the resulting ``QueryCanceled`` into :class:`Interrupted` so the
+  step machine reports the stop, not a database error;
+- fences, terminations and drops use the store's **direct** endpoint (never the pooler);
+  tenant probes use the tenant endpoint (pooler when configured) and pin nothing there;
+- the target side of a copy logs in **as the tenant** (cnpg targets: with the password of
+  ``target_password_secret_ref`` that ``cutover`` rendered the role with), never as the
+  provisioner with ``SET ROLE``: catalog work on a shared shard runs with the tenant's own
+  rights (safeguard reshard-60). cnpg sources are fenced (NOLOGIN), so the source side stays the
+  provisioner with ``SET ROLE``; its sessions are pinned like every other.
 """
 
 from __future__ import annotations
@@ -20,9 +34,11 @@ from psycopg import sql
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard.runner.context import RunContext
-from reshard.runner.errors import StepError
+from reshard.runner.errors import Interrupted, StepError
 
 PgConn = psycopg.Connection[tuple[object, ...]]
+# lock_timeout as a share of statement_timeout.
+LOCK_SHARE = 0.9
 
 
 def app_name(op_id: int) -> str:
@@ -80,11 +96,46 @@ def provisioner(ctx: RunContext, store_name: str) -> Provisioner:
 
 @contextlib.contextmanager
 def registered(ctx: RunContext, conn: PgConn) -> Iterator[PgConn]:
-    ctx.register_connection(conn)
+    """Register ``conn`` (``interrupt_on_stop``) while the body runs; a statement the context
+    cancelled (stop, cancel, fencing) surfaces as :class:`Interrupted`."""
+    ctx.register_connection(conn, interrupt_on_stop=True)
     try:
         yield conn
+    except psycopg.errors.QueryCanceled:
+        if ctx.was_interrupted(conn):
+            raise Interrupted() from None
+        raise
     finally:
         ctx.unregister_connection(conn)
+
+
+def open_store(
+    ctx: RunContext,
+    endpoint: pgadmin.Endpoint,
+    *,
+    dbname: str,
+    user: str,
+    password: str,
+    connect_timeout: int = 10,
+    autocommit: bool = True,
+    pin: bool = True,
+) -> PgConn:
+    """``lib.pgadmin.connect`` with the op's ``application_name`` and the step's timeouts
+    (``lock_timeout`` a tenth below ``statement_timeout``, so a lock wait reports itself as
+    one: SQLSTATE 55P03)."""
+    seconds = ctx.statement_seconds()
+    return pgadmin.connect(
+        endpoint,
+        dbname=dbname,
+        user=user,
+        password=password,
+        application_name=app_name(ctx.op_id),
+        connect_timeout=connect_timeout,
+        autocommit=autocommit,
+        statement_timeout=seconds,
+        lock_timeout=seconds * LOCK_SHARE,
+        pin=pin,
+    )
 
 
 @contextlib.contextmanager
@@ -98,12 +149,12 @@ def provisioner_conn(
 ) -> Iterator[PgConn]:
     """An autocommit provisioner connection on the direct endpoint (``SET ROLE`` optional)."""
     with (
-        pgadmin.connect(
+        open_store(
+            ctx,
             prov.direct,
             dbname=dbname,
             user=prov.store.provisioner_user,
             password=prov.password,
-            application_name=app_name(ctx.op_id),
             connect_timeout=connect_timeout,
         ) as conn,
         registered(ctx, conn),
@@ -144,25 +195,23 @@ def tenant_probe(
     user: str,
     password: str,
 ) -> None:
-    """Connect + ``SELECT 1`` as the tenant; raises the psycopg error."""
+    """Connect + ``SELECT 1`` as the tenant; raises the psycopg error. Nothing is pinned: the
+    endpoint may be a transaction pooler (a session setting would outlive this client)."""
     with (
-        pgadmin.connect(
-            endpoint,
-            dbname=database,
-            user=user,
-            password=password,
-            application_name=app_name(ctx.op_id),
-            connect_timeout=8,
+        open_store(
+            ctx, endpoint, dbname=database, user=user, password=password, connect_timeout=8,
+            pin=False,
         ) as conn,
         registered(ctx, conn),
-    ):
+    ):  # fmt: skip
         conn.execute("SELECT 1")
 
 
 # --- the two sides of a copy ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Side:
-    """How to reach one side's catalog as the tenant (directly or provisioner + SET ROLE)."""
+    """How to reach one side's catalog as the tenant: logged in as the tenant (targets,
+    external sources) or as the provisioner + ``SET ROLE`` (fenced cnpg sources)."""
 
     label: str
     endpoint: pgadmin.Endpoint
@@ -173,12 +222,13 @@ class Side:
     store: str = ""  # cnpg store name
 
     def connect(self, ctx: RunContext, *, autocommit: bool = True) -> PgConn:
-        conn = pgadmin.connect(
+        """A pinned connection with the step's timeouts (the caller registers it)."""
+        conn = open_store(
+            ctx,
             self.endpoint,
             dbname=self.database,
             user=self.user,
             password=self.password,
-            application_name=app_name(ctx.op_id),
             autocommit=autocommit,
         )
         try:
@@ -226,9 +276,8 @@ def source_side(ctx: RunContext, op: ReshardOperation) -> Side:
             )
     return Side(
         "source",
-        pgadmin.Endpoint(
-            op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
-        ),
+        # An empty sslmode is verify-full (lib.pgadmin); there is no weaker fallback.
+        pgadmin.Endpoint(op.source_endpoint, op.source_port or 5432, op.source_sslmode),
         op.source_database,
         op.source_user,
         ctx.source_password,
@@ -236,16 +285,24 @@ def source_side(ctx: RunContext, op: ReshardOperation) -> Side:
 
 
 def target_side(ctx: RunContext, op: ReshardOperation) -> Side:
+    """The target, logged in as the tenant (never provisioner + ``SET ROLE``, safeguard
+    reshard-60). cnpg: the store's direct endpoint (never the pooler: the copy needs a session)
+    and the password ``cutover`` rendered the tenant role with (``target_password_secret_ref``);
+    external: the pulled password."""
     if op.target_kind == "cnpg":
-        prov = provisioner(ctx, op.to_shard)
+        store = cnpg_store(op.to_shard)
+        password = resolve_secret(
+            ctx,
+            op.target_password_secret_ref,
+            f"the target password secret {op.target_password_secret_ref or '<empty>'}",
+        )
         return Side(
             "target",
-            prov.direct,
+            pgadmin.Endpoint(store.host, store.port, store.sslmode),
             op.target_database,
-            prov.store.provisioner_user,
-            prov.password,
-            role=op.target_user,
-            store=prov.store.name,
+            op.target_user,
+            password,
+            store=store.name,
         )
     if not ctx.target_password:
         raise StepError(
@@ -254,9 +311,7 @@ def target_side(ctx: RunContext, op: ReshardOperation) -> Side:
         )
     return Side(
         "target",
-        pgadmin.Endpoint(
-            op.target_endpoint, op.target_port or 5432, op.target_sslmode or "require"
-        ),
+        pgadmin.Endpoint(op.target_endpoint, op.target_port or 5432, op.target_sslmode),
         op.target_database,
         op.target_user,
         ctx.target_password,

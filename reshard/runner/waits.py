@@ -3,16 +3,25 @@
 Every wait announces its deadline, sleeps in slices of at most ``DUCKGRES_RESHARD_POLL_SECONDS``,
 returns early on ``stop`` (raising :class:`Interrupted`), reads the cancel flag with a fresh
 query when cancel-aware (a failed read counts as "not cancelled") and logs what it observes
-about every 15 s.
+about every 15 s. A wait's deadline also bounds the statements its observations send: it
+extends the step's deadline (``RunContext.extend_deadline``), from which every store
+connection's ``statement_timeout``/``lock_timeout`` is sized (safeguard reshard-67).
+
+:func:`cancel_watch` covers the long statements that are not waits (the copy, ``pg_dump``):
+while its body runs a helper thread reads the cancel flag, and an operator cancel before the
+cutoff cancels the step's running statements and kills its children instead of waiting for
+them to end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, connection
 
 from duckgres_admin.models import ReshardOperation
 from reshard.runner.context import RunContext
@@ -45,6 +54,7 @@ def hold(
 ) -> None:
     """Let ``seconds`` elapse (a propagation wait): its end is success, not a timeout."""
     deadline = time.monotonic() + seconds
+    ctx.extend_deadline(deadline)
     slice_seconds = float(settings.DUCKGRES_RESHARD_POLL_SECONDS)
     oplog.info(f"waiting {seconds:g} s {purpose} (deadline in {seconds:g} s)")
     next_observation = time.monotonic() + OBSERVATION_INTERVAL
@@ -90,6 +100,7 @@ def poll_until(
     flag when ``cancel_aware``; on timeout raises ``StepError`` with the last observation.
     """
     deadline = rollback_deadline(ctx, seconds) if rollback else time.monotonic() + seconds
+    ctx.extend_deadline(deadline)
     pause = float(settings.DUCKGRES_RESHARD_POLL_SECONDS) if interval is None else interval
     oplog.info(f"waiting up to {seconds:g} s {purpose} (deadline in {seconds:g} s)")
     next_observation = time.monotonic() + OBSERVATION_INTERVAL
@@ -133,3 +144,45 @@ def poll_until(
 def full_source_timeout() -> float:
     """The default flip timeout (never the per-op cutover override; spec §4.4)."""
     return float(settings.DUCKGRES_RESHARD_FLIP_TIMEOUT)
+
+
+@contextlib.contextmanager
+def cancel_watch(
+    ctx: RunContext, oplog: OpLogWriter, *, enabled: bool, interval: float | None = None
+) -> Iterator[threading.Event]:
+    """Yield an event that is set once an operator cancel is observed while the body runs.
+
+    With ``enabled`` (the step is before its direction's cancel cutoff) a daemon thread reads
+    the cancel flag every ``interval`` (default ``DUCKGRES_RESHARD_POLL_SECONDS``); when it is
+    set, the event is set, one line is logged and ``ctx.interrupt(stop_only=True)`` cancels the
+    statements of the step's ``interrupt_on_stop`` connections and kills its children. The
+    thread ends with the body (its deadline) and closes its own config-store connection. The
+    body raises :class:`Cancelled` when it sees the event."""
+    seen = threading.Event()
+    if not enabled:
+        yield seen
+        return
+    done = threading.Event()
+    pause = float(settings.DUCKGRES_RESHARD_POLL_SECONDS) if interval is None else interval
+
+    def watch() -> None:
+        try:
+            while not done.wait(pause):
+                if ctx.stop.is_set() or ctx.fenced:
+                    return
+                if cancel_requested(ctx.op_id):
+                    seen.set()
+                    oplog.warn("cancel requested: interrupting the running statements of the step")
+                    ctx.interrupt(stop_only=True)
+                    return
+        finally:
+            with contextlib.suppress(DatabaseError, InterfaceError):
+                connection.close()
+
+    thread = threading.Thread(target=watch, name="reshard-cancel-watch", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(timeout=pause + 10)
