@@ -150,6 +150,10 @@ SELECT format('ALTER ROLE provisioner LOGIN CREATEDB CREATEROLE PASSWORD %L', :'
 SQL
 done
 
+# One test CA signs every cluster's server certificate (SAN 127.0.0.1, ::1, localhost),
+# so verify-full works against the test stores (.ci/test-ca.sh; tests/testenv.py trusts it).
+"$HERE/test-ca.sh"
+
 # --- Redis ------------------------------------------------------------------------------------
 # "-" makes the pod-bridge address optional (Redis 7): loopback always, 10.244.0.1 when it exists.
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then

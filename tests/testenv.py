@@ -70,9 +70,25 @@ TEST_ENV = {
     "DUCKGRES_TEST_PROVISIONER_PASSWORD": "ci-provisioner-password-4f1e2d3c",
     "DUCKGRES_TEST_KUBE_URL": "https://127.0.0.1:16443",
     "DUCKGRES_TEST_KUBE_TOKEN": "ci-token",
+    # Secret references the tests may name (docs/configuration.md): the fixtures' variables
+    # (DUCKGRES_TEST_PROVISIONER_PASSWORD, DUCKGRES_TEST_PW_<tenant>, secret_env's
+    # DUCKGRES_TEST_SECRET_*) and the literal names and Secrets some API tests use.
+    "DUCKGRES_SECRET_REF_ALLOW_PROVISIONER": "env:DUCKGRES_TEST_*,env:PROV_PW,k8s:duckgres/shard-*",
+    "DUCKGRES_SECRET_REF_ALLOW_TENANT": (
+        "env:DUCKGRES_TEST_*,env:ACME_PW,env:EXT_PW,env:TENANT_PW,env:TENANT_PASSWORD,"
+        "env:CONTRACT_TENANT_PASSWORD,env:X,k8s:duckgres/acme*,k8s:tenants/*"
+    ),
 }
 for _key, _value in TEST_ENV.items():
     os.environ.setdefault(_key, _value)
+
+# The test CA (.ci/test-ca.sh): once it has issued the store clusters' certificates, every
+# metadata-store connection of the product verifies them (DUCKGRES_STORE_SSLROOTCERT), as in
+# production. Without it (the script was not run) the clusters' self-signed certificates are
+# used with sslmode=require and no verification, and the verify-full tests skip.
+TEST_CA = os.path.join(os.environ.get("CI_STATE_DIR", "/var/tmp/duckgres-ci"), "ca", "ca.crt")
+if os.path.isfile(TEST_CA):
+    os.environ.setdefault("DUCKGRES_STORE_SSLROOTCERT", TEST_CA)
 
 # One test database per pytest process, so that concurrent runs never drop each other's
 # database. Databases of dead processes are dropped by tests/conftest.py at session start.
