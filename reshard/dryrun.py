@@ -187,14 +187,16 @@ def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
     source_store: MetadataStore | None = None
     if source_kind == StoreKind.CNPG and warehouse.metadata_store_id:
         source_store = MetadataStore.objects.filter(name=warehouse.metadata_store_id).first()
-    # Resolved secrets join the scrubber (best effort, as in the start).
-    for ref in (
-        source_store.provisioner_password_ref if source_store is not None else "",
-        warehouse.metadata_store_password_ref,
-    ):
+    # Resolved secrets join the scrubber (best effort, as in the start; only references their
+    # purpose's allowlist covers are ever resolved).
+    refs: tuple[tuple[str, secretrefs.Purpose], ...] = (
+        (source_store.provisioner_password_ref if source_store is not None else "", "provisioner"),
+        (warehouse.metadata_store_password_ref, "tenant"),
+    )
+    for ref, purpose in refs:
         if ref:
             with suppress(Exception):  # reported by the checks that need it
-                scrubber.add(secretrefs.resolve(ref))
+                scrubber.add(services.resolve_allowed(ref, purpose))
 
     pf.run("warehouse_ready", lambda: _ready(warehouse))
     pf.run("trino_disabled", lambda: _trino(org_id))
@@ -292,7 +294,8 @@ def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
                 if target_conn is None:
                     raise _NotRun("the target is not reachable")
                 services.database_owner_check(target_conn, cnpg)
-                return f"database {cnpg.database} is absent or owned by {cnpg.user}"
+                role = services.target_role_check(target_conn, warehouse, cnpg)
+                return f"database {cnpg.database} is absent or owned by {cnpg.user}; {role}"
 
             pf.run("target_database_owner", database_owner)
 
@@ -382,3 +385,26 @@ def _no_active(org_id: str) -> str:
             409, f"{services.ACTIVE_OP_MESSAGE} (operation {active[0]}, {active[1]})"
         )
     return "no pending or running operation for the org"
+
+
+def _side_label(side: dict[str, Any]) -> str:
+    kind = str(side.get("kind") or "<none>")
+    if kind == StoreKind.CNPG:
+        return f"cnpg {side.get('store') or '<none>'}"
+    if kind == StoreKind.EXTERNAL:
+        return f"external {side.get('endpoint') or '<none>'}"
+    return kind
+
+
+def describe(org_id: str, plan: dict[str, Any]) -> str:
+    """The audit detail of a dry run: the move asked for and which checks failed (names only;
+    the details may carry addresses the caller chose, never a password)."""
+    entries = plan["preflight"]
+    failed = [str(e["check"]) for e in entries if not e["ok"]]
+    verdict = f"{len(entries) - len(failed)}/{len(entries)} checks ok"
+    if failed:
+        verdict += f", failed: {', '.join(failed)}"
+    return (
+        f"dry run org {org_id}: {_side_label(plan['source'])} → {_side_label(plan['target'])}: "
+        f"{verdict}"
+    )

@@ -2,6 +2,21 @@
 
 Only references are ever persisted. Resolution errors name the reference and the cause,
 never a value. A value that parses as a JSON object is refused: secrets hold raw passwords.
+
+A reference is a capability: whoever may store one can have the control plane read the secret
+behind it and present it to a server. Two rules bound it:
+
+- **Never the control plane's own secrets** (:func:`denied_reason`), in every process, whatever
+  any setting says: the variables the control plane itself is configured with (the Django key,
+  the config-store DSN, the three shared secrets, the broker URL, the AWS and Kubernetes
+  credentials), every ``*_FILE`` form, and the Secrets ``duckgres-admin`` and
+  ``duckgres-admin-trino`` in any namespace. :func:`resolve` refuses them.
+- **Only inside an allowlist per purpose** (:func:`check_allowed`): ``provisioner`` (a metadata
+  store's ``provisioner_password_ref``) and ``tenant`` (a binding's or a reshard target's
+  password reference), configured by ``DUCKGRES_SECRET_REF_ALLOW_PROVISIONER`` and
+  ``DUCKGRES_SECRET_REF_ALLOW_TENANT`` (entries parsed by :func:`parse_allowlist`; unset means
+  nothing is allowed). The API enforces it wherever a reference is written or about to be
+  resolved on a caller's behalf; runners do not (they only resolve references the API vetted).
 """
 
 from __future__ import annotations
@@ -10,14 +25,39 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from django.conf import settings
 
+_NS = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _K8S_RE = re.compile(
-    r"^k8s:(?P<ns>[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/"
+    rf"^k8s:(?P<ns>{_NS})/"
     r"(?P<name>[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)#(?P<key>[-._a-zA-Z0-9]{1,253})$"
 )
 _ENV_RE = re.compile(r"^env:(?P<var>[A-Za-z_][A-Za-z0-9_]*)$")
+
+Purpose = Literal["provisioner", "tenant"]
+ALLOW_SETTINGS: dict[str, str] = {
+    "provisioner": "DUCKGRES_SECRET_REF_ALLOW_PROVISIONER",
+    "tenant": "DUCKGRES_SECRET_REF_ALLOW_TENANT",
+}
+
+# The control plane's own configuration: never resolvable through a reference.
+DENIED_VARIABLES = frozenset(
+    {
+        "DJANGO_SECRET_KEY",
+        "DUCKGRES_CONFIG_STORE",
+        "DUCKGRES_INTERNAL_SECRET",
+        "DUCKGRES_RUNNER_SECRET",
+        "DUCKGRES_DATAPLANE_SECRET",
+        "DUCKGRES_BROKER_URL",
+        "DUCKGRES_KUBE_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    }
+)
+DENIED_SECRET_NAMES = frozenset({"duckgres-admin", "duckgres-admin-trino"})
 
 
 class SecretRefError(ValueError):
@@ -55,9 +95,150 @@ def parse(ref: str, *, launcher: str | None = None) -> SecretRef:
     )
 
 
-def resolve(ref: str, *, launcher: str | None = None) -> str:
-    """The raw secret value behind ``ref``; errors name the reference and cause only."""
+def _denied_variable(variable: str) -> bool:
+    return variable in DENIED_VARIABLES or variable.endswith("_FILE")
+
+
+def denied_reason(parsed: SecretRef) -> str | None:
+    """Why ``parsed`` names one of the control plane's own secrets (None: it does not)."""
+    if parsed.scheme == "env" and _denied_variable(parsed.variable):
+        return (
+            f"secret {parsed} names the control plane's own configuration ({parsed.variable}), "
+            "which is never readable through a reference; store the password in a variable "
+            "or Secret of its own"
+        )
+    if parsed.scheme == "k8s" and parsed.name in DENIED_SECRET_NAMES:
+        return (
+            f"secret {parsed} is the control plane's own Secret {parsed.name}, which is never "
+            "readable through a reference; store the password in a Secret of its own"
+        )
+    return None
+
+
+# --- allowlists -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    """One allowlist entry: ``k8s:<namespace>/<name>`` / ``k8s:<namespace>/<prefix>*`` or
+    ``env:<NAME>`` / ``env:<PREFIX>*``."""
+
+    scheme: str
+    namespace: str  # k8s only
+    name: str  # the secret name / variable, or the prefix when ``prefix``
+    prefix: bool
+
+    def matches(self, ref: SecretRef) -> bool:
+        if ref.scheme != self.scheme:
+            return False
+        if self.scheme == "k8s":
+            if ref.namespace != self.namespace:
+                return False
+            subject = ref.name
+        else:
+            subject = ref.variable
+        return subject.startswith(self.name) if self.prefix else subject == self.name
+
+    def __str__(self) -> str:
+        star = "*" if self.prefix else ""
+        if self.scheme == "k8s":
+            return f"k8s:{self.namespace}/{self.name}{star}"
+        return f"env:{self.name}{star}"
+
+
+_ALLOW_K8S_RE = re.compile(rf"^k8s:(?P<ns>{_NS})/(?P<name>[a-z0-9.-]*)(?P<star>\*?)$")
+_ALLOW_ENV_RE = re.compile(r"^env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<star>\*?)$")
+
+
+def parse_allowlist(variable: str, raw: str) -> tuple[tuple[AllowEntry, ...], list[str]]:
+    """Parse a comma-separated allowlist; returns the entries and one error per bad entry.
+
+    Strict: an empty item, anything but the four entry forms, a ``*`` anywhere but at the end,
+    an ``env:*`` with no prefix (every variable of the API process) and an entry that can
+    only name a denied secret are errors. ``k8s:<ns>/*`` (a whole namespace) is allowed."""
+    entries: list[AllowEntry] = []
+    errors: list[str] = []
+    if not raw.strip():
+        return (), errors
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            errors.append(f"{variable}: an entry is empty (remove the extra comma)")
+            continue
+        forms = (
+            "write k8s:<namespace>/<secret>, k8s:<namespace>/<prefix>*, env:<VARIABLE> or "
+            "env:<PREFIX>*, comma-separated"
+        )
+        if m := _ALLOW_K8S_RE.match(item):
+            entry = AllowEntry("k8s", m["ns"], m["name"], bool(m["star"]))
+            if not entry.prefix and not entry.name:
+                errors.append(f"{variable}: {item!r} names no secret; {forms}")
+                continue
+            if not entry.prefix and entry.name in DENIED_SECRET_NAMES:
+                errors.append(
+                    f"{variable}: {item!r} is the control plane's own Secret, which is never "
+                    "allowed; remove the entry"
+                )
+                continue
+        elif m := _ALLOW_ENV_RE.match(item):
+            entry = AllowEntry("env", "", m["name"], bool(m["star"]))
+            if not entry.prefix and _denied_variable(entry.name):
+                errors.append(
+                    f"{variable}: {item!r} is the control plane's own configuration, which is "
+                    "never allowed; remove the entry"
+                )
+                continue
+        elif item == "env:*":
+            errors.append(
+                f"{variable}: 'env:*' would allow every variable of the API process; list the "
+                "variables (env:<NAME>) or a prefix of their own (env:<PREFIX>*)"
+            )
+            continue
+        else:
+            errors.append(f"{variable}: {item!r} is not an allowlist entry; {forms}")
+            continue
+        entries.append(entry)
+    return tuple(entries), errors
+
+
+def allowlist(purpose: Purpose) -> tuple[AllowEntry, ...]:
+    value = getattr(settings, ALLOW_SETTINGS[purpose], ())
+    return tuple(value)
+
+
+def check_allowed(ref: str, purpose: Purpose, *, launcher: str | None = None) -> SecretRef:
+    """Parse ``ref`` and require it to be inside the ``purpose`` allowlist and not one of the
+    control plane's own secrets; :class:`SecretRefError` names the reference and the fix."""
     parsed = parse(ref, launcher=launcher)
+    denied = denied_reason(parsed)
+    if denied:
+        raise SecretRefError(denied)
+    entries = allowlist(purpose)
+    if not any(entry.matches(parsed) for entry in entries):
+        variable = ALLOW_SETTINGS[purpose]
+        example = (
+            f"k8s:{parsed.namespace}/<prefix>*"
+            if parsed.scheme == "k8s"
+            else f"env:{parsed.variable}"
+        )
+        configured = ", ".join(str(e) for e in entries) or "nothing"
+        raise SecretRefError(
+            f"{parsed} is not allowed for {purpose} passwords: {variable} allows {configured}; "
+            f"use a reference inside it, or have an operator add an entry such as {example}"
+        )
+    return parsed
+
+
+# --- resolution -------------------------------------------------------------------------------
+
+
+def resolve(ref: str, *, launcher: str | None = None) -> str:
+    """The raw secret value behind ``ref``; errors name the reference and cause only.
+
+    The control plane's own secrets are refused here, in every process."""
+    parsed = parse(ref, launcher=launcher)
+    denied = denied_reason(parsed)
+    if denied:
+        raise SecretRefError(denied)
     if parsed.scheme == "env":
         value = os.environ.get(parsed.variable)
         if value is None:
@@ -80,6 +261,9 @@ def resolve(ref: str, *, launcher: str | None = None) -> str:
 
 
 def env_variable(ref: str) -> str | None:
-    """The variable an ``env:`` reference names (the local launcher passes it through)."""
+    """The variable an ``env:`` reference names (the local launcher passes it through); never
+    one of the control plane's own (those are not resolvable)."""
     m = _ENV_RE.match(ref or "")
-    return m["var"] if m else None
+    if not m or _denied_variable(m["var"]):
+        return None
+    return str(m["var"])

@@ -23,7 +23,9 @@ external_source = start_tests.external_source
 def assert_nothing(published: Any) -> None:
     assert ReshardOperation.objects.count() == 0
     assert stash.held_ids() == []
-    assert AuditRecord.objects.count() == 0
+    # A dry run is audited (it resolves secrets and contacts stores for its caller; reshard-61),
+    # as a dry run: never a reshard.create.
+    assert {a.action for a in AuditRecord.objects.all()} <= {"reshard.dry_run"}
     assert ReshardLogEntry.objects.count() == 0
     assert published.messages == []
 
@@ -215,7 +217,7 @@ def test_every_failing_check_reported(clients, published, cnpg_source):
     assert body["direction"] is None
     assert body["steps"] == []
     assert ReshardOperation.objects.count() == 1  # only the one made above
-    assert AuditRecord.objects.count() == 0
+    assert list(AuditRecord.objects.values_list("action", flat=True)) == ["reshard.dry_run"]
 
 
 def test_dry_run_malformed_body_and_missing_warehouse_answer_as_a_start(clients, published):
@@ -330,21 +332,26 @@ def test_pg_dump_client_not_run_when_the_source_is_unreadable(clients, published
     assert body["backup"]["part_size_bytes"] is None
 
 
-def test_refused_dry_run_is_not_audited(clients, published):
+def test_refused_dry_run_is_audited_as_a_dry_run(clients, published):
+    """Dry runs used to be audited never, refused or not (the "hostile inputs" issue, item 2,
+    changed that): a refused one is a reshard.dry_run row with the refusal."""
     response = clients.internal.post(
         "/api/v1/warehouses/nobody/reshards",
         {"target": {"type": "cnpg", "bogus": 1}, "dry_run": True},
         format="json",
     )
     assert response.status_code == 400
-    assert AuditRecord.objects.count() == 0
     response = clients.internal.post(
         "/api/v1/warehouses/nobody/reshards",
         {"target": {"type": "cnpg"}, "dry_run": True},
         format="json",
     )
     assert response.status_code == 404
-    assert AuditRecord.objects.count() == 0
+    audits = list(AuditRecord.objects.order_by("id").values_list("action", "status", "detail"))
+    assert audits == [
+        ("reshard.dry_run", 400, "invalid body: target.bogus: unknown field"),
+        ("reshard.dry_run", 404, "org has no managed warehouse"),
+    ]
 
 
 @pytest.mark.safeguard("reshard-53")

@@ -572,14 +572,21 @@ def test_start_after_a_terminal_op_is_allowed(transactional_db, clients, cnpg_so
     assert response.status_code == 202, response.content
 
 
-def test_dry_run_is_not_audited(clients, published, cnpg_source):
+def test_dry_run_is_audited_as_a_dry_run(clients, published, cnpg_source):
+    """A dry run used to write no audit row (the "hostile inputs" issue, item 2): it is audited
+    now, as reshard.dry_run, and still creates nothing."""
     response = clients.internal.post(
         cnpg_source.path,
         {"target": {"type": "cnpg", "cnpg_shard": cnpg_source.target_store.name}, "dry_run": True},
         format="json",
     )
     assert response.status_code == 200
-    assert AuditRecord.objects.count() == 0
+    [audit] = AuditRecord.objects.all()
+    assert (audit.action, audit.status, audit.org_id) == ("reshard.dry_run", 200, cnpg_source.org)
+    assert audit.detail.startswith(
+        f"dry run org {cnpg_source.org}: cnpg {cnpg_source.source_store.name} → cnpg "
+        f"{cnpg_source.target_store.name}: "
+    )
     assert_nothing_created(published)
 
 
