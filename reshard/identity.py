@@ -9,17 +9,41 @@
 
 Each check returns an error message (``None`` when the check passes); callers decide whether
 that is a 400 (submit) or a step failure (runner). Connections come from ``lib.pgadmin``.
+
+Also here, because submit and runner share them:
+
+- **Tenant role identity** (:func:`tenant_role_message`): the role a reshard acts on (the source
+  role it fences and un-fences, the target role it creates, adopts, or sets NOLOGIN) is never
+  the store's provisioner, ``postgres`` or a ``pg_*`` role, never privileged (superuser,
+  createrole, createdb, replication, bypassrls) nor a member of another role, never used by
+  another live warehouse's binding or another org's active reshard on the same server, and owns
+  no database but the tenant's own. Checked at submit and by the runner right before every
+  role statement.
+- **One warehouse per catalog** (:func:`other_binding`): no two live warehouses are bound to
+  the same database on the same server (same cnpg store, or a shared ``host:port``).
+- **Store hosts** (:func:`host_refusal`): no address in ``DUCKGRES_STORE_HOST_DENYLIST``
+  (link-local, cloud metadata, "any"), literal or resolved.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import psycopg
+from django.conf import settings
 
 from duckgres_admin.lib.pgadmin import Endpoint
-from duckgres_admin.models import MetadataStore, StoreKind, Warehouse, WarehouseState
+from duckgres_admin.models import (
+    ACTIVE_STATES,
+    MetadataStore,
+    ReshardOperation,
+    StoreKind,
+    Warehouse,
+    WarehouseState,
+)
 
 PgConnection = psycopg.Connection[tuple[object, ...]]
 
@@ -136,6 +160,52 @@ def _binding_server(
     return None, set()
 
 
+LIVE_EXCLUDED = (WarehouseState.DELETING, WarehouseState.DELETED)
+
+
+def _bindings_on_server(
+    *, org_id: str, store_name: str | None, endpoints: Iterable[tuple[str, int]], **match: str
+) -> Iterable[Warehouse]:
+    """Live warehouses of other orgs bound to the same server (the cnpg store ``store_name``,
+    or a binding sharing one of ``endpoints``) whose binding matches ``match``."""
+    wanted = {(normalize_host(h), p) for h, p in endpoints}
+    stores = {s.name: s for s in MetadataStore.objects.all()}
+    candidates = (
+        Warehouse.objects.exclude(org_id=org_id)
+        .exclude(state__in=LIVE_EXCLUDED)
+        .exclude(metadata_store_kind="")
+        .filter(**{f"metadata_store_{k}": v for k, v in match.items()})
+        .order_by("org_id")
+    )
+    for warehouse in candidates:
+        name, bound = _binding_server(warehouse, stores)
+        if (store_name and name == store_name) or (bound & wanted):
+            yield warehouse
+
+
+def other_binding(
+    *,
+    org_id: str,
+    database: str,
+    store_name: str | None,
+    endpoints: Iterable[tuple[str, int]],
+) -> Warehouse | None:
+    """The live warehouse of another org bound to ``database`` on this server, if any."""
+    return next(
+        iter(
+            _bindings_on_server(
+                org_id=org_id, store_name=store_name, endpoints=endpoints, database=database
+            )
+        ),
+        None,
+    )
+
+
+def store_server(store: MetadataStore) -> tuple[str, set[tuple[str, int]]]:
+    """(name, endpoints) of a cnpg store, the arguments of the server checks."""
+    return store.name, store_endpoints(store)
+
+
 def other_warehouse_message(
     *,
     org_id: str,
@@ -145,20 +215,217 @@ def other_warehouse_message(
     target_label: str,
 ) -> str | None:
     """Check 2: the message naming the other org, or None."""
-    endpoints = {(normalize_host(h), p) for h, p in target_endpoints}
-    stores = {s.name: s for s in MetadataStore.objects.all()}
-    candidates = (
-        Warehouse.objects.exclude(org_id=org_id)
-        .exclude(state__in=[WarehouseState.DELETING, WarehouseState.DELETED])
-        .filter(metadata_store_database=target_database)
-        .order_by("org_id")
+    other = other_binding(
+        org_id=org_id,
+        database=target_database,
+        store_name=target_store,
+        endpoints=target_endpoints,
     )
-    for warehouse in candidates:
-        store_name, bound = _binding_server(warehouse, stores)
-        if (target_store and store_name == target_store) or (bound & endpoints):
+    if other is None:
+        return None
+    return (
+        f"target database {target_database} on {target_label} is the catalog of another "
+        f"warehouse ({other.org_id})"
+    )
+
+
+def shared_catalog_message(*, org_id: str, database: str, store: MetadataStore) -> str | None:
+    """A cnpg source catalog that another live warehouse is bound to as well (then fencing its
+    role or dropping it would hit that warehouse): the message naming it, or None."""
+    name, endpoints = store_server(store)
+    other = other_binding(org_id=org_id, database=database, store_name=name, endpoints=endpoints)
+    if other is None:
+        return None
+    return (
+        f"source database {database} on store {store.name} is also the catalog of warehouse "
+        f"{other.org_id}"
+    )
+
+
+# --- tenant role identity ----------------------------------------------------------------------
+
+PRIVILEGED_ATTRIBUTES = (
+    ("rolsuper", "superuser"),
+    ("rolcreaterole", "createrole"),
+    ("rolcreatedb", "createdb"),
+    ("rolreplication", "replication"),
+    ("rolbypassrls", "bypassrls"),
+)
+
+
+def _role_name_message(role: str, store: MetadataStore) -> str | None:
+    if not role:
+        return f"the tenant role is empty (store {store.name})"
+    if role == store.provisioner_user:
+        return (
+            f"tenant role {role} is the provisioner of store {store.name}: a reshard never "
+            "logs in as, alters or fences the provisioner; bind the warehouse to its own role"
+        )
+    if role == "postgres" or role.startswith("pg_"):
+        return (
+            f"tenant role {role} on store {store.name} is a reserved PostgreSQL role: a "
+            "reshard never alters it; bind the warehouse to a role of its own"
+        )
+    return None
+
+
+def _role_users_message(*, org_id: str, role: str, store: MetadataStore) -> str | None:
+    name, endpoints = store_server(store)
+    for other in _bindings_on_server(
+        org_id=org_id, store_name=name, endpoints=endpoints, user=role
+    ):
+        return (
+            f"tenant role {role} on store {store.name} is also the role of warehouse "
+            f"{other.org_id}: a reshard never alters a role another warehouse uses"
+        )
+    same_server = [
+        s.name for s in MetadataStore.objects.all() if store_endpoints(s) & endpoints
+    ] or [name]
+    op = (
+        ReshardOperation.objects.filter(
+            state__in=ACTIVE_STATES,
+            target_kind=StoreKind.CNPG,
+            to_shard__in=same_server,
+            target_user=role,
+        )
+        .exclude(org_id=org_id)
+        .values_list("id", "org_id")
+        .first()
+    )
+    if op is not None:
+        return (
+            f"tenant role {role} on store {store.name} is the target role of reshard "
+            f"operation {op[0]} of warehouse {op[1]}: a role is never shared by two warehouses"
+        )
+    return None
+
+
+def _role_catalog_message(
+    conn: PgConnection, *, role: str, database: str, store: MetadataStore
+) -> str | None:
+    """What the store says about an existing role (None: absent or usable)."""
+    attributes = ", ".join(column for column, _ in PRIVILEGED_ATTRIBUTES)
+    row = conn.execute(
+        f"SELECT {attributes} FROM pg_roles WHERE rolname = %s",  # a constant column list
+        [role],
+    ).fetchone()
+    if row is None:
+        return None
+    held = [label for (_, label), value in zip(PRIVILEGED_ATTRIBUTES, row, strict=True) if value]
+    if held:
+        return (
+            f"tenant role {role} on store {store.name} has {', '.join(held)}: a tenant role is "
+            "never privileged, and a reshard never alters a privileged role"
+        )
+    groups = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT g.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member "
+            "JOIN pg_roles g ON g.oid = m.roleid WHERE r.rolname = %s ORDER BY 1",
+            [role],
+        )
+    ]
+    if groups:
+        return (
+            f"tenant role {role} on store {store.name} is a member of {', '.join(groups)}: a "
+            "tenant role inherits nothing (REVOKE the membership, or use another role)"
+        )
+    owned = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT d.datname FROM pg_database d JOIN pg_roles r ON r.oid = d.datdba "
+            "WHERE r.rolname = %s AND d.datname <> %s ORDER BY 1",
+            [role, database],
+        )
+    ]
+    if owned:
+        return (
+            f"tenant role {role} on store {store.name} owns other databases ({', '.join(owned)}), "
+            f"not only the tenant's {database}: it is not this warehouse's role alone"
+        )
+    return None
+
+
+def tenant_role_message(
+    conn: PgConnection | None,
+    *,
+    org_id: str,
+    role: str,
+    database: str,
+    store: MetadataStore,
+) -> str | None:
+    """Whether a reshard of ``org_id`` may act on ``role`` on the cnpg ``store`` (create it,
+    adopt it, fence it, set it NOLOGIN or LOGIN): the refusal, or None.
+
+    The rule (docs/api.md "Tenant role identity"): not the provisioner, ``postgres`` or a
+    ``pg_*`` role; no other live warehouse bound to the same server names it and no other org's
+    active reshard targets it there; and, when it exists (read on ``conn``, a provisioner
+    connection to the store), no superuser/createrole/createdb/replication/bypassrls, no
+    membership in any role, and it owns no database other than ``database``. Without ``conn``
+    only the first two parts are checked (submit when the store cannot be reached)."""
+    message = _role_name_message(role, store) or _role_users_message(
+        org_id=org_id, role=role, store=store
+    )
+    if message or conn is None:
+        return message
+    return _role_catalog_message(conn, role=role, database=database, store=store)
+
+
+# --- store hosts --------------------------------------------------------------------------------
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _denied_network(address: str) -> Network | None:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        candidates.append(ip.ipv4_mapped)
+    networks: tuple[Network, ...] = tuple(settings.DUCKGRES_STORE_HOST_DENYLIST)
+    for candidate in candidates:
+        for network in networks:
+            if candidate.version == network.version and candidate in network:
+                return network
+    return None
+
+
+def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | None:
+    """Why ``host`` may not be a metadata store's address (None: it may).
+
+    A literal address is checked as is; a name is resolved (``getaddrinfo``) and every address
+    it resolves to is checked. A name that does not resolve now is not judged (it may be
+    created after the store is registered; connecting to it would fail anyway)."""
+    text = host.strip().strip("[]")
+    if not text:
+        return None
+    fix = (
+        "link-local, cloud metadata and wildcard addresses (DUCKGRES_STORE_HOST_DENYLIST) are "
+        "never metadata stores; use the server's own address"
+    )
+    network = _denied_network(text)
+    if network is not None:
+        return f"{field_name}: {text} is in the denied network {network}: {fix}"
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])
+        return None  # a literal address that is not denied
+    except ValueError:
+        pass
+    if not resolve:
+        return None
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return None
+    for info in infos:
+        address = str(info[4][0])
+        network = _denied_network(address)
+        if network is not None:
             return (
-                f"target database {target_database} on {target_label} is the catalog of "
-                f"another warehouse ({warehouse.org_id})"
+                f"{field_name}: {text} resolves to {address}, in the denied network {network}: "
+                f"{fix}"
             )
     return None
 

@@ -253,11 +253,17 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             "drop the partial target's ducklake_* tables if the binding names the source"
         )
     if op.target_kind == "cnpg" and op.target_rendered_at is not None:
-        actions.append(f"set the target tenant role {op.target_user} NOLOGIN on {op.to_shard}")
+        actions.append(
+            f"set the target tenant role {op.target_user} NOLOGIN on {op.to_shard} (only if "
+            "it passes the tenant role identity check: never the provisioner or another "
+            "warehouse's role)"
+        )
     if progress.fence_requested:
         actions.append(
             f"un-fence: ALTER ROLE {op.source_user} LOGIN on {op.from_shard}, then wait for "
-            "LOGIN, the database and a tenant SELECT 1 through the source tenant endpoint"
+            "LOGIN, the database and a tenant SELECT 1 through the source tenant endpoint (only "
+            "if the role passes the tenant role identity check; otherwise nothing is sent and "
+            "the warehouse stays resharding)"
         )
     elif op.source_kind == "external" and progress.flipped:
         actions.append("wait for a tenant SELECT 1 on the external source")

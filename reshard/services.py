@@ -124,27 +124,75 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _resolve(ref: str, what: str) -> str:
+def _allowed(ref: str, purpose: secretrefs.Purpose, what: str) -> None:
+    """400 naming ``what`` unless ``ref`` is inside the ``purpose`` allowlist (and not one of
+    the control plane's own secrets): a reference is resolved for a caller only then."""
+    try:
+        secretrefs.check_allowed(ref, purpose)
+    except secretrefs.SecretRefError as exc:
+        raise ServiceError(400, f"{what}: {exc}") from None
+
+
+def _resolve(ref: str, what: str, purpose: secretrefs.Purpose = "tenant") -> str:
+    _allowed(ref, purpose, what)
     try:
         return secretrefs.resolve(ref)
     except Exception as exc:  # noqa: BLE001 - resolution errors name the reference and cause
         raise ServiceError(400, f"cannot resolve {what} {ref}: {exc}") from None
 
 
+def resolve_allowed(ref: str, purpose: secretrefs.Purpose) -> str:
+    """Resolve ``ref`` for the API only when its purpose's allowlist covers it (raises)."""
+    secretrefs.check_allowed(ref, purpose)
+    return secretrefs.resolve(ref)
+
+
+def check_host(field_name: str, host: str) -> None:
+    """400 when ``host`` is (or resolves to) a denied address (``DUCKGRES_STORE_HOST_DENYLIST``);
+    run right before every connection the API opens, and where a host is written."""
+    refusal = identity.host_refusal(field_name, host)
+    if refusal:
+        raise ServiceError(400, refusal)
+
+
+def _connect_checked(
+    endpoint: Endpoint,
+    *,
+    what: str,
+    dbname: str,
+    user: str,
+    password: str,
+) -> identity.PgConnection:
+    check_host(what, endpoint.host)
+    return pgadmin.connect(
+        endpoint,
+        dbname=dbname,
+        user=user,
+        password=password,
+        application_name="duckgres-admin-submit",
+        connect_timeout=PROBE_TIMEOUT_SECONDS,
+    )
+
+
 @contextmanager
 def _maybe_connect(
-    endpoint: Endpoint, *, dbname: str, user: str, password_ref: str
+    endpoint: Endpoint,
+    *,
+    dbname: str,
+    user: str,
+    password_ref: str,
+    purpose: secretrefs.Purpose,
 ) -> Iterator[identity.PgConnection | None]:
-    """A best-effort connection for identity reads; None when it cannot be opened."""
+    """A best-effort connection for identity reads; None when it cannot be opened (or the
+    reference is not allowed, or the host is denied)."""
     conn: identity.PgConnection | None = None
     with suppress(Exception):
-        conn = pgadmin.connect(
+        conn = _connect_checked(
             endpoint,
+            what="host",
             dbname=dbname,
             user=user,
-            password=secretrefs.resolve(password_ref),
-            application_name="duckgres-admin-submit",
-            connect_timeout=PROBE_TIMEOUT_SECONDS,
+            password=resolve_allowed(password_ref, purpose),
         )
     try:
         yield conn
@@ -163,6 +211,7 @@ def _source_identity(
             dbname="postgres",
             user=store.provisioner_user,
             password_ref=store.provisioner_password_ref,
+            purpose="provisioner",
         )
     else:
         endpoint = Endpoint(
@@ -175,6 +224,7 @@ def _source_identity(
             dbname=warehouse.metadata_store_database,
             user=warehouse.metadata_store_user,
             password_ref=warehouse.metadata_store_password_ref,
+            purpose="tenant",
         )
     with ctx as conn:
         return identity.read_server_identity(conn, endpoint) if conn is not None else None
@@ -245,7 +295,68 @@ def _check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore |
         source_user=warehouse.metadata_store_user,
         source_password_secret_ref=warehouse.metadata_store_password_ref,
     )
+    _allowed(
+        warehouse.metadata_store_password_ref,
+        "tenant",
+        "the binding's metadata_store_password_ref",
+    )
+    if store is not None:
+        _allowed(
+            store.provisioner_password_ref,
+            "provisioner",
+            f"metadata store {store.name}: provisioner_password_ref",
+        )
+        check_host(f"metadata store {store.name}: host", store.host)
+        if store.pooler_host:
+            check_host(f"metadata store {store.name}: pooler_host", store.pooler_host)
+        _check_source_identity(warehouse, store)
+    else:
+        check_host("the binding's metadata_store_host", warehouse.metadata_store_host)
+        other = identity.other_binding(
+            org_id=warehouse.org_id,
+            database=warehouse.metadata_store_database,
+            store_name=None,
+            endpoints={(warehouse.metadata_store_host, warehouse.metadata_store_port or 5432)},
+        )
+        if other is not None:
+            raise ServiceError(
+                409,
+                f"source database {warehouse.metadata_store_database} on {label} is also the "
+                f"catalog of warehouse {other.org_id}; give each warehouse its own catalog "
+                "before resharding",
+            )
     return fields, store, label
+
+
+def _check_source_identity(warehouse: Warehouse, store: MetadataStore) -> None:
+    """A cnpg source: its catalog is this warehouse's alone (409), and its role may be fenced
+    (400, :func:`identity.tenant_role_message`; read on the store when it can be reached)."""
+    shared = identity.shared_catalog_message(
+        org_id=warehouse.org_id, database=warehouse.metadata_store_database, store=store
+    )
+    if shared:
+        raise ServiceError(
+            409,
+            f"{shared}: a reshard would fence its sessions and drop it; give each warehouse its "
+            "own catalog before resharding",
+        )
+    ctx = _maybe_connect(
+        Endpoint(store.host, store.port, store.sslmode),
+        dbname="postgres",
+        user=store.provisioner_user,
+        password_ref=store.provisioner_password_ref,
+        purpose="provisioner",
+    )
+    with ctx as conn:
+        message = identity.tenant_role_message(
+            conn,
+            org_id=warehouse.org_id,
+            role=warehouse.metadata_store_user,
+            database=warehouse.metadata_store_database,
+            store=store,
+        )
+    if message:
+        raise ServiceError(400, f"source {message}")
 
 
 # --- target checks (§5.1 steps 4-6), split so the dry run can run each one on its own ------
@@ -332,9 +443,18 @@ def resolve_cnpg_target_ref(ref: str, scrubber: Scrubber) -> None:
 def open_cnpg_target(store: MetadataStore, scrubber: Scrubber) -> identity.PgConnection:
     """The 8 s provisioner probe on the direct endpoint (503 ``destination_shard_unavailable``).
 
-    Returns the open connection (the caller closes it) for the identity checks."""
+    Returns the open connection (the caller closes it) for the identity checks. A provisioner
+    reference outside its allowlist and a denied host are 400: nothing is sent there."""
     endpoint = Endpoint(store.host, store.port, store.sslmode)
     unavailable = f"destination shard {store.name} is not accepting PostgreSQL connections"
+    _allowed(
+        store.provisioner_password_ref,
+        "provisioner",
+        f"target store {store.name}: provisioner_password_ref",
+    )
+    check_host(f"target store {store.name}: host", store.host)
+    if store.pooler_host:
+        check_host(f"target store {store.name}: pooler_host", store.pooler_host)
     try:
         provisioner_password = secretrefs.resolve(store.provisioner_password_ref)
     except Exception as exc:  # noqa: BLE001 - reported as unavailable, naming the reference
@@ -422,6 +542,22 @@ def database_owner_check(conn: identity.PgConnection, target: CnpgTarget) -> Non
         raise ServiceError(400, message)
 
 
+def target_role_check(conn: identity.PgConnection, warehouse: Warehouse, target: CnpgTarget) -> str:
+    """The cnpg target's tenant role may be created or adopted (400 otherwise); returns what
+    was observed."""
+    message = identity.tenant_role_message(
+        conn,
+        org_id=warehouse.org_id,
+        role=target.user,
+        database=target.database,
+        store=target.store,
+    )
+    if message:
+        raise ServiceError(400, f"target {message}")
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [target.user]).fetchone()
+    return f"role {target.user} " + ("exists and is adoptable" if exists else "will be created")
+
+
 def validate_external_target(source_kind: str, target: TargetRequest) -> ExternalTarget:
     """Step 5 up to (not including) the password reference and the probe."""
     if source_kind == StoreKind.EXTERNAL:
@@ -436,6 +572,7 @@ def validate_external_target(source_kind: str, target: TargetRequest) -> Externa
         host, port = parse_endpoint(target.endpoint)
     except ValueError as exc:
         raise ServiceError(400, str(exc)) from None
+    check_host("target.endpoint", host)
     sslmode = target.sslmode or "require"
     if sslmode not in EXTERNAL_SSLMODES:
         raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
@@ -452,7 +589,7 @@ def check_external_password(ref: str, password: str, scrubber: Scrubber) -> None
         secretrefs.parse(ref)
     except secretrefs.SecretRefError as exc:
         raise ServiceError(400, f"target.password_secret_ref {exc}") from None
-    stored = _resolve(ref, "target.password_secret_ref")
+    stored = _resolve(ref, "target.password_secret_ref", "tenant")
     scrubber.add(stored)
     if not _constant_time_equal(stored, password):
         raise ServiceError(400, f"the password stored in {ref} does not match target.password")
@@ -463,6 +600,7 @@ def open_external_target(target: ExternalTarget, password: str) -> identity.PgCo
     endpoint = Endpoint(target.host, target.port, target.sslmode)
     where = f"{target.label}/{target.database}"
     conn: identity.PgConnection | None = None
+    check_host("target.endpoint", target.host)
     try:
         conn = pgadmin.connect(
             endpoint,
@@ -509,6 +647,7 @@ def _check_cnpg_target(
         same_database_check(plan.warnings, warehouse, source_store, conn, endpoint, ct.database)
         other_warehouse_check(warehouse, ct)
         database_owner_check(conn, ct)
+        target_role_check(conn, warehouse, ct)
     return plan
 
 
@@ -554,9 +693,10 @@ def source_connection(
 ) -> Iterator[identity.PgConnection]:
     """A connection to the source tenant database: cnpg = the provisioner on the direct
     endpoint; external = the binding's tenant credentials. Raises on failure."""
+    purpose: secretrefs.Purpose
     if store is not None:
         endpoint = Endpoint(store.host, store.port, store.sslmode)
-        user, ref = store.provisioner_user, store.provisioner_password_ref
+        user, ref, purpose = store.provisioner_user, store.provisioner_password_ref, "provisioner"
     else:
         endpoint = Endpoint(
             warehouse.metadata_store_host,
@@ -564,13 +704,13 @@ def source_connection(
             warehouse.metadata_store_sslmode or "require",
         )
         user, ref = warehouse.metadata_store_user, warehouse.metadata_store_password_ref
-    conn = pgadmin.connect(
+        purpose = "tenant"
+    conn = _connect_checked(
         endpoint,
+        what="source host",
         dbname=warehouse.metadata_store_database,
         user=user,
-        password=secretrefs.resolve(ref),
-        application_name="duckgres-admin-submit",
-        connect_timeout=PROBE_TIMEOUT_SECONDS,
+        password=resolve_allowed(ref, purpose),
     )
     try:
         yield conn
@@ -612,8 +752,8 @@ def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> _P
     source_fields, source_store, source_label = _check_source(warehouse)
     with suppress(Exception):
         if source_store is not None:
-            scrubber.add(secretrefs.resolve(source_store.provisioner_password_ref))
-        scrubber.add(secretrefs.resolve(warehouse.metadata_store_password_ref))
+            scrubber.add(resolve_allowed(source_store.provisioner_password_ref, "provisioner"))
+        scrubber.add(resolve_allowed(warehouse.metadata_store_password_ref, "tenant"))
     target = request.target
     if target.type == StoreKind.CNPG:
         plan = _check_cnpg_target(warehouse, source_store, target, scrubber)
@@ -881,10 +1021,65 @@ WAREHOUSE_RESHARDING = ServiceError(
 )
 
 
-def validate_warehouse(values: dict[str, Any], *, check_state: bool = True) -> None:
-    """The §2.3 CHECKs and binding rules on a complete set of column values."""
+BINDING_FIELDS = (
+    "metadata_store_kind",
+    "metadata_store",
+    "metadata_store_host",
+    "metadata_store_port",
+    "metadata_store_sslmode",
+    "metadata_store_database",
+    "metadata_store_user",
+    "metadata_store_password_ref",
+)
+BINDING_IN_USE = "binding_in_use"
+
+
+def _show(value: Any) -> str:
+    """An audited value: references and endpoints are not secrets; empty strings stay visible."""
+    if value is None:
+        return "null"
+    return f"'{value}'" if isinstance(value, str) else str(value)
+
+
+def audit_changes(
+    old: dict[str, Any] | None, new: dict[str, Any], fields: tuple[str, ...]
+) -> list[str]:
+    """``field 'old' → 'new'`` for each audited field that changed (``old`` None: a create,
+    ``field 'value'`` for each one set)."""
+    label = {"metadata_store": "metadata_store_name"}
+    out: list[str] = []
+    for f in fields:
+        if f not in new:
+            continue
+        name = label.get(f, f)
+        if old is None:
+            if new[f] not in ("", None):
+                out.append(f"{name} {_show(new[f])}")
+        elif old.get(f) != new[f]:
+            out.append(f"{name} {_show(old.get(f))} → {_show(new[f])}")
+    return out
+
+
+def validate_warehouse(
+    values: dict[str, Any],
+    *,
+    check_state: bool = True,
+    org_id: str = "",
+    written: frozenset[str] | None = None,
+) -> None:
+    """The §2.3 CHECKs and binding rules on a complete set of column values.
+
+    ``written`` names the fields this request writes (None: every field, a create): the
+    allowlist, host and role-name rules apply to what is written, so a legacy row is not
+    refused for a field nobody touches. The one-warehouse-per-catalog rule applies whenever the
+    binding or the state changes."""
+
+    def writes(*keys: str) -> bool:
+        return written is None or any(k in written for k in keys)
+
     kind = values.get("metadata_store_kind", "")
     store_name = values.get("metadata_store")
+    store: MetadataStore | None = None
     if check_state and values.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")
     if kind == StoreKind.CNPG:
@@ -932,6 +1127,8 @@ def validate_warehouse(values: dict[str, Any], *, check_state: bool = True) -> N
                 "invalid body: metadata_store_sslmode: must be one of "
                 + ", ".join(EXTERNAL_SSLMODES),
             )
+        if writes("metadata_store_host"):
+            check_host("invalid body: metadata_store_host", str(values["metadata_store_host"]))
     elif kind == "" and store_name:
         raise ServiceError(
             400, "invalid body: metadata_store_name: requires metadata_store_kind cnpg"
@@ -940,8 +1137,64 @@ def validate_warehouse(values: dict[str, Any], *, check_state: bool = True) -> N
     if ref:
         try:
             secretrefs.parse(ref)
+            if writes("metadata_store_password_ref"):
+                secretrefs.check_allowed(ref, "tenant")
         except secretrefs.SecretRefError as exc:
             raise ServiceError(400, f"invalid body: metadata_store_password_ref: {exc}") from None
+    if store is not None and writes("metadata_store_user", "metadata_store", "metadata_store_kind"):
+        refusal = identity.tenant_role_message(
+            None,
+            org_id=org_id,
+            role=str(values["metadata_store_user"]),
+            database=str(values["metadata_store_database"]),
+            store=store,
+        )
+        if refusal:
+            code = BINDING_IN_USE if "also the role of warehouse" in refusal else None
+            raise ServiceError(
+                409 if code else 400, f"invalid body: metadata_store_user: {refusal}", code=code
+            )
+    if writes(*BINDING_FIELDS, "state"):
+        _check_binding_unique(values, org_id=org_id, store=store)
+
+
+def _binding_server(
+    values: dict[str, Any], store: MetadataStore | None
+) -> tuple[str | None, set[tuple[str, int]], str] | None:
+    """(cnpg store name, endpoints, label) of a complete binding; None without one."""
+    kind = values.get("metadata_store_kind", "")
+    if kind == StoreKind.CNPG and store is not None:
+        name, endpoints = identity.store_server(store)
+        return name, endpoints, f"store {store.name}"
+    if kind == StoreKind.EXTERNAL and values.get("metadata_store_host"):
+        host, port = str(values["metadata_store_host"]), int(values["metadata_store_port"] or 5432)
+        return None, {(host, port)}, _hostport(host, port)
+    return None
+
+
+def _check_binding_unique(
+    values: dict[str, Any], *, org_id: str, store: MetadataStore | None
+) -> None:
+    """409 naming the other warehouse when a live warehouse of another org is bound to the same
+    database on the same server (the unique indexes of migration 0008 back this up)."""
+    if values.get("state") in LIVE_WAREHOUSE_EXCLUDED or not values.get("metadata_store_database"):
+        return
+    server = _binding_server(values, store)
+    if server is None:
+        return
+    name, endpoints, label = server
+    database = str(values["metadata_store_database"])
+    other = identity.other_binding(
+        org_id=org_id, database=database, store_name=name, endpoints=endpoints
+    )
+    if other is not None:
+        raise ServiceError(
+            409,
+            f"metadata_store_database: database {database} on {label} is already the catalog "
+            f"of warehouse {other.org_id}; a catalog belongs to one warehouse (bind this one to "
+            "its own database, or move the other first)",
+            code=BINDING_IN_USE,
+        )
 
 
 def _warehouse_values(warehouse: Warehouse) -> dict[str, Any]:
@@ -967,21 +1220,51 @@ WAREHOUSE_WRITABLE_FIELDS = (
     "data_role_arn",
     "max_connection_leases",
 )
+UNIQUE_BINDING_CONSTRAINTS = ("warehouse_cnpg_binding_unique", "warehouse_external_binding_unique")
 
 
-def warehouse_create(*, values: dict[str, Any]) -> Warehouse:
+@dataclass(frozen=True)
+class WarehouseWrite:
+    warehouse: Warehouse
+    changes: list[str]  # audited binding changes, ``field 'old' → 'new'``
+
+
+def _integrity_refusal(exc: IntegrityError, values: dict[str, Any], org_id: str) -> ServiceError:
+    name = _constraint_name(exc)
+    if name in UNIQUE_BINDING_CONSTRAINTS:
+        # Lost a race with another write: name the winner (the check above missed it).
+        store = (
+            MetadataStore.objects.filter(name=values.get("metadata_store")).first()
+            if values.get("metadata_store")
+            else None
+        )
+        try:
+            _check_binding_unique(values, org_id=org_id, store=store)
+        except ServiceError as refusal:
+            return refusal
+        return ServiceError(
+            409,
+            "metadata_store_database: the database is already the catalog of another warehouse",
+            code=BINDING_IN_USE,
+        )
+    return ServiceError(400, f"invalid warehouse: {name}")
+
+
+def warehouse_create(*, values: dict[str, Any]) -> WarehouseWrite:
     org_id = str(values["org_id"])
     full = {f: values[f] for f in WAREHOUSE_WRITABLE_FIELDS if f in values}
     full.setdefault("state", WarehouseState.PENDING)
-    validate_warehouse(full)
+    validate_warehouse(full, org_id=org_id)
+    changes = audit_changes(None, full, BINDING_FIELDS)
     store = full.pop("metadata_store", None)
     try:
         with transaction.atomic():
-            return Warehouse.objects.create(org_id=org_id, metadata_store_id=store, **full)
+            warehouse = Warehouse.objects.create(org_id=org_id, metadata_store_id=store, **full)
     except IntegrityError as exc:
         if Warehouse.objects.filter(org_id=org_id).exists():
             raise ServiceError(409, f"org {org_id} already has a managed warehouse") from None
-        raise ServiceError(400, f"invalid warehouse: {_constraint_name(exc)}") from None
+        raise _integrity_refusal(exc, {**full, "metadata_store": store}, org_id) from None
+    return WarehouseWrite(warehouse, changes)
 
 
 def _constraint_name(exc: IntegrityError) -> str:
@@ -990,7 +1273,7 @@ def _constraint_name(exc: IntegrityError) -> str:
     return str(getattr(diag, "constraint_name", "") or "constraint violated")
 
 
-def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> Warehouse:
+def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> WarehouseWrite:
     """PATCH under the per-org lock; guarded columns change only while not ``resharding``."""
     if changes.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")
@@ -1005,9 +1288,10 @@ def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> Warehouse:
         if guarded and warehouse.state == WarehouseState.RESHARDING:
             raise WAREHOUSE_RESHARDING
         merged = {**current, **changes}
-        validate_warehouse(merged, check_state=False)
+        validate_warehouse(merged, check_state=False, org_id=org_id, written=frozenset(changed))
         if not changed:
-            return warehouse
+            return WarehouseWrite(warehouse, [])
+        audited = audit_changes(current, changed, BINDING_FIELDS)
         update = dict(changed)
         if "metadata_store" in update:
             update["metadata_store_id"] = update.pop("metadata_store")
@@ -1018,11 +1302,11 @@ def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> Warehouse:
             with transaction.atomic():
                 rows = qs.update(updated_at=Now(), **update)
         except IntegrityError as exc:
-            raise ServiceError(400, f"invalid warehouse: {_constraint_name(exc)}") from None
+            raise _integrity_refusal(exc, merged, org_id) from None
         if rows != 1:
             raise WAREHOUSE_RESHARDING
     warehouse.refresh_from_db()
-    return warehouse
+    return WarehouseWrite(warehouse, audited)
 
 
 STORE_FIELDS = (
@@ -1037,51 +1321,97 @@ STORE_FIELDS = (
     "provisioner_user",
     "provisioner_password_ref",
 )
+AUDITED_STORE_FIELDS = STORE_FIELDS[2:]
 
 
-def validate_store(values: dict[str, Any]) -> None:
+def validate_store(values: dict[str, Any], *, written: frozenset[str] | None = None) -> None:
+    """A store definition. ``written``: the fields this request writes (None: a create); the
+    host and allowlist rules apply to what is written, the sslmode rule always."""
+
+    def writes(key: str) -> bool:
+        return written is None or key in written
+
     if values.get("kind") == StoreKind.CNPG:
         for key in ("provisioner_user", "provisioner_password_ref"):
             if not values.get(key):
                 raise ServiceError(400, f"invalid body: {key}: required for cnpg stores")
     if values.get("pooler_port") is not None and not values.get("pooler_host"):
         raise ServiceError(400, "invalid body: pooler_port: requires pooler_host")
+    for key in ("sslmode", "pooler_sslmode"):
+        value = values.get(key)
+        if value == "disable":
+            raise ServiceError(
+                400,
+                f"invalid body: {key}: disable is refused for every store (the provisioner "
+                "password and the tenant catalogs would cross the network unencrypted); use "
+                "require, verify-ca or verify-full",
+            )
+        # The same rule the connection seam applies: refused here, not at the first connect.
+        problem = pgadmin.sslmode_refusal(str(value)) if value else None
+        if problem is not None and writes(key):
+            raise ServiceError(400, f"invalid body: {key}: {problem}")
+    for key in ("host", "pooler_host"):
+        if values.get(key) and writes(key):
+            check_host(f"invalid body: {key}", str(values[key]))
     ref = values.get("provisioner_password_ref")
     if ref:
         try:
             secretrefs.parse(ref)
+            if writes("provisioner_password_ref"):
+                secretrefs.check_allowed(ref, "provisioner")
         except secretrefs.SecretRefError as exc:
             raise ServiceError(400, f"invalid body: provisioner_password_ref: {exc}") from None
 
 
-def metadata_store_create(*, values: dict[str, Any]) -> MetadataStore:
+@dataclass(frozen=True)
+class StoreWrite:
+    store: MetadataStore
+    changes: list[str]  # audited endpoint/provisioner changes, ``field 'old' → 'new'``
+
+
+def metadata_store_create(*, values: dict[str, Any]) -> StoreWrite:
     full = {k: v for k, v in values.items() if k in STORE_FIELDS}
     validate_store(full)
     name = str(full["name"])
     try:
         with transaction.atomic():
-            return MetadataStore.objects.create(**full)
+            store = MetadataStore.objects.create(**full)
     except IntegrityError as exc:
         if MetadataStore.objects.filter(name=name).exists():
             raise ServiceError(409, f"metadata store {name} already exists") from None
         raise ServiceError(400, f"invalid metadata store: {_constraint_name(exc)}") from None
+    return StoreWrite(store, audit_changes(None, _store_values(store), AUDITED_STORE_FIELDS))
 
 
-def metadata_store_update(*, name: str, changes: dict[str, Any]) -> MetadataStore:
+def _store_values(store: MetadataStore) -> dict[str, Any]:
+    return {f: getattr(store, f) for f in STORE_FIELDS}
+
+
+def metadata_store_update(*, name: str, changes: dict[str, Any]) -> StoreWrite:
+    """PATCH by compare-and-swap on the values read, so the audited ``old → new`` is exact."""
     store = MetadataStore.objects.filter(name=name).first()
     if store is None:
         raise ServiceError(404, "no such metadata store")
-    merged = {f: getattr(store, f) for f in STORE_FIELDS}
-    merged.update(changes)
-    validate_store(merged)
-    if changes:
-        try:
-            with transaction.atomic():
-                MetadataStore.objects.filter(name=name).update(updated_at=Now(), **changes)
-        except IntegrityError as exc:
-            raise ServiceError(400, f"invalid metadata store: {_constraint_name(exc)}") from None
-        store.refresh_from_db()
-    return store
+    current = _store_values(store)
+    changed = {k: v for k, v in changes.items() if current.get(k) != v}
+    merged = {**current, **changes}
+    validate_store(merged, written=frozenset(changed))
+    if not changed:
+        return StoreWrite(store, [])
+    try:
+        with transaction.atomic():
+            rows = MetadataStore.objects.filter(
+                name=name, **{k: current[k] for k in changed}
+            ).update(updated_at=Now(), **changed)
+    except IntegrityError as exc:
+        raise ServiceError(400, f"invalid metadata store: {_constraint_name(exc)}") from None
+    if rows != 1:
+        raise ServiceError(
+            409,
+            f"metadata store {name} changed while this update was applied; read it again and retry",
+        )
+    store.refresh_from_db()
+    return StoreWrite(store, audit_changes(current, changed, AUDITED_STORE_FIELDS))
 
 
 # --- selectors -------------------------------------------------------------------------------

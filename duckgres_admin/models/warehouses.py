@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Lower, Now, Trim
 
 from duckgres_admin.models.stores import MetadataStore
 
@@ -19,6 +19,15 @@ class WarehouseState(models.TextChoices):
 
 
 EXTERNAL_SSLMODES = ("require", "verify-ca", "verify-full")
+# Warehouses that hold no catalog any more: their binding may name a database another uses.
+NOT_LIVE_STATES = (WarehouseState.DELETING.value, WarehouseState.DELETED.value)
+LIVE = ~models.Q(state__in=NOT_LIVE_STATES)
+
+
+def normalized_host(field: str = "metadata_store_host") -> models.Func:
+    """``rtrim(lower(btrim(host)), '.')``: the external endpoint as the unique index compares
+    it (``reshard.identity.normalize_host`` is the same rule in Python)."""
+    return models.Func(Lower(Trim(field)), models.Value("."), function="RTRIM")
 
 
 class Warehouse(models.Model):
@@ -86,6 +95,22 @@ class Warehouse(models.Model):
                 condition=models.Q(max_connection_leases__isnull=True)
                 | models.Q(max_connection_leases__gte=0),
                 name="warehouse_lease_cap_nonnegative",
+            ),
+            # One live warehouse per catalog (docs/api.md "Warehouses and metadata stores"): a
+            # cnpg binding is keyed by its store row, an external one by its normalized
+            # host:port. Aliases the database cannot see (two store rows on one server, an
+            # external binding to a cnpg store's address) are refused by the API's check.
+            models.UniqueConstraint(
+                fields=["metadata_store", "metadata_store_database"],
+                condition=models.Q(metadata_store_kind="cnpg") & LIVE,
+                name="warehouse_cnpg_binding_unique",
+            ),
+            models.UniqueConstraint(
+                normalized_host(),
+                models.F("metadata_store_port"),
+                models.F("metadata_store_database"),
+                condition=models.Q(metadata_store_kind="external") & LIVE,
+                name="warehouse_external_binding_unique",
             ),
         ]
 

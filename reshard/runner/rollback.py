@@ -39,6 +39,7 @@ from duckgres_admin import orglock as locks
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import copy as catalog_copy
+from reshard import identity
 from reshard.runner import binding, stores, waits
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
@@ -172,6 +173,15 @@ def _drop_partial_target(env: StepEnv) -> None:
         try:
             prov = stores.provisioner(ctx, op.to_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
+                refusal = identity.tenant_role_message(
+                    conn,
+                    org_id=op.org_id,
+                    role=op.target_user,
+                    database=op.target_database,
+                    store=prov.store,
+                )
+                if refusal:
+                    raise StepError(f"target {refusal}; not setting it NOLOGIN")
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
                     sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(op.target_user))
@@ -253,6 +263,15 @@ def _restore_source_access(env: StepEnv) -> bool:
         try:
             prov = stores.provisioner(ctx, op.from_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
+                refusal = identity.tenant_role_message(
+                    conn,
+                    org_id=op.org_id,
+                    role=op.source_user,
+                    database=op.source_database,
+                    store=prov.store,
+                )
+                if refusal:
+                    raise StepError(f"source {refusal}; not sending ALTER ROLE … LOGIN")
                 env.fence.pre_statement_heartbeat()  # a fenced-away runner never un-fences
                 conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
             log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")

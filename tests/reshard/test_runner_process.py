@@ -206,7 +206,10 @@ def test_binding_edited_after_submit_fails_with_identity_drift(
 @pytest.mark.safeguard("reshard-3")
 def test_missing_tenant_database_on_the_store_is_drift(cnpg_world: CnpgWorld, runner_state_dir):
     op = cnpg_world.op
+    # Submitted for a database the store does not have (the binding and the op agree: a binding
+    # changed after the submit is drift of its own, caught before the store is read).
     Warehouse.objects.filter(org_id=op.org_id).update(metadata_store_database="no_such_catalog")
+    ReshardOperation.objects.filter(id=op.id).update(source_database="no_such_catalog")
     runner = run_runner(op.id, runner_state_dir)
     assert runner.proc.returncode == 0, runner.output()
     op = reload(op)
@@ -224,6 +227,7 @@ def test_a_secret_in_an_error_reaches_the_op_log_and_error_scrubbed(
     op = cnpg_world.op
     password = store_clusters.source.provisioner_password
     Warehouse.objects.filter(org_id=op.org_id).update(metadata_store_database=password)
+    ReshardOperation.objects.filter(id=op.id).update(source_database=password)
     runner = run_runner(op.id, runner_state_dir)
     assert runner.proc.returncode == 0, runner.output()
     op = reload(op)

@@ -4,8 +4,10 @@
 The source ``DROP DATABASE … WITH (FORCE)`` runs on the source's **direct** endpoint, database
 ``postgres``, as the provisioner after ``SET ROLE`` tenant, after the pre-statement heartbeat,
 and only after the commit point is durable (``source_drop_committed_at`` for →cnpg,
-``external_verified_at`` for →external). An empty database name is never sent (ERROR, skip). A
-failed drop is an ERROR, not fatal. The tenant role on the source stays NOLOGIN, never dropped.
+``external_verified_at`` for →external). An empty database name is never sent (ERROR, skip), nor
+is the drop of a catalog another live warehouse is bound to (ERROR naming it, skip: the bindings
+are re-read right before the statement). A failed drop is an ERROR, not fatal. The tenant role
+on the source stays NOLOGIN, never dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
+from reshard import identity
 from reshard.runner import stores, testhooks
 from reshard.runner.errors import StepError
 from reshard.runner.steps.base import StepEnv
@@ -49,6 +52,16 @@ def drop_source(env: StepEnv) -> None:
         return
     try:
         prov = stores.provisioner(ctx, op.from_shard)
+        shared = identity.shared_catalog_message(
+            org_id=op.org_id, database=database, store=prov.store
+        )
+        if shared:
+            env.log.error(
+                f"source database must be dropped manually once it is no longer shared: "
+                f"{shared}, so DROP DATABASE was not sent (nothing was deleted); decide which "
+                "warehouse owns it before dropping anything"
+            )
+            return
         with stores.provisioner_conn(ctx, prov, role=op.source_user) as conn:
             env.fence.pre_statement_heartbeat()
             conn.execute(

@@ -2,7 +2,9 @@
 
 H2 renders the tenant on the target store (role with LOGIN and the password as a
 client-computed SCRAM-SHA-256 verifier — the cleartext never appears in SQL, so server
-statement logs cannot capture it; database owned by the tenant, never adopted), observes both
+statement logs cannot capture it; database owned by the tenant, never adopted; the role only
+after :func:`reshard.identity.tenant_role_message` allows it: never the provisioner,
+``postgres``, a ``pg_*`` or privileged role, or a role another warehouse uses), observes both
 (``target_rendered_at``), reads the cancel flag one last time, flips the binding and waits,
 cancel-aware, for ``rolcanlogin`` and a tenant ``SELECT 1`` through the tenant endpoint
 (``target_login_ready_at``, the →cnpg cancel cutoff).
@@ -46,6 +48,11 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
     op, ctx = env.op, env.ctx
     role, database = op.target_user, op.target_database
     with stores.provisioner_conn(ctx, prov) as conn:
+        refusal = identity.tenant_role_message(
+            conn, org_id=op.org_id, role=role, database=database, store=prov.store
+        )
+        if refusal:
+            raise StepError(f"target {refusal}; refusing to create or adopt it")
         verifier = conn.pgconn.encrypt_password(
             password.encode(), role.encode(), b"scram-sha-256"
         ).decode()

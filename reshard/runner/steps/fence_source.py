@@ -5,6 +5,12 @@ in between still un-fences on rollback). Everything runs on the store's **direct
 the provisioner (never NOLOGIN itself), database ``postgres``. The pre-statement heartbeat
 precedes ``ALTER ROLE`` and every ``pg_terminate_backend`` batch. ``source_fenced_at`` only
 after ``pg_roles`` shows NOLOGIN and zero tenant backends remain (positive observation).
+
+Before anything is recorded or sent, on the same connection: the source catalog is no other
+live warehouse's (fencing would end that warehouse's sessions) and the tenant role passes
+:func:`reshard.identity.tenant_role_message` (never the provisioner, ``postgres``, a ``pg_*``
+or privileged role, or a role another warehouse uses); a refusal fails the op pre-flip with
+nothing sent.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
+from reshard import identity
 from reshard.runner import stores, testhooks, waits
 from reshard.runner.errors import StepError
 from reshard.runner.steps.base import StepEnv
@@ -29,17 +36,40 @@ def alter_nologin(conn: stores.PgConn, tenant: str) -> None:
     conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(tenant)))
 
 
+def check_source_identity(env: StepEnv, conn: stores.PgConn, prov: stores.Provisioner) -> None:
+    """The fence's preconditions on the catalog and the role (StepError, nothing sent)."""
+    op = env.op
+    shared = identity.shared_catalog_message(
+        org_id=op.org_id, database=op.source_database, store=prov.store
+    )
+    if shared:
+        raise StepError(
+            f"{shared}: refusing to fence role {op.source_user} (it would end that warehouse's "
+            "sessions); give each warehouse its own catalog, then start a new operation"
+        )
+    refusal = identity.tenant_role_message(
+        conn,
+        org_id=op.org_id,
+        role=op.source_user,
+        database=op.source_database,
+        store=prov.store,
+    )
+    if refusal:
+        raise StepError(f"source {refusal}; refusing to fence it")
+
+
 def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     if op.source_access_verified_at is None and not ctx.progress.source_access_verified:
         raise StepError("source access was never verified; refusing to fence the source")
     prov = stores.provisioner(ctx, op.from_shard)  # fail closed before anything is sent
     tenant, database = op.source_user, op.source_database
-    env.fence.update(source_fence_requested_at=Coalesce("source_fence_requested_at", Now()))
-    ctx.progress.fence_requested = True
     timeout = waits.full_source_timeout()
     try:
         with stores.provisioner_conn(ctx, prov) as conn:
+            check_source_identity(env, conn, prov)
+            env.fence.update(source_fence_requested_at=Coalesce("source_fence_requested_at", Now()))
+            ctx.progress.fence_requested = True
             env.fence.pre_statement_heartbeat()
             alter_nologin(conn, tenant)
             env.log.info(f"ALTER ROLE {tenant} NOLOGIN sent on store {prov.store.name} (direct)")

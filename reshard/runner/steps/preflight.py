@@ -1,7 +1,8 @@
 """H1 ``preflightCnpgTarget`` (→cnpg; no stamp; spec §4.4 H1, §4.18; safeguards 14, 44, 45).
 
 Within 8 s the target store's provisioner runs ``SELECT 1`` on ``postgres`` at its direct
-endpoint; then the target identity checks. Every failure is pre-flip.
+endpoint; then the target identity checks, the tenant role identity of the target role
+included (``reshard.identity.tenant_role_message``). Every failure is pre-flip.
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def run(env: StepEnv) -> None:
     check_target_identity(env)
 
 
+def _target_role_refusal(env: StepEnv, conn: stores.PgConn, prov: stores.Provisioner) -> str | None:
+    """→cnpg: the target role may be created or adopted (tenant role identity)."""
+    op = env.op
+    refusal = identity.tenant_role_message(
+        conn,
+        org_id=op.org_id,
+        role=op.target_user,
+        database=op.target_database,
+        store=prov.store,
+    )
+    return f"target {refusal}" if refusal else None
+
+
 def check_target_identity(env: StepEnv) -> None:
     """§4.18 checks 1-3 in the runner (before the →cnpg flip and before any copy write)."""
     op, ctx = env.op, env.ctx
@@ -52,7 +66,7 @@ def check_target_identity(env: StepEnv) -> None:
                     database=target.database,
                     tenant_role=op.target_user,
                     store_name=target.store,
-                )
+                ) or _target_role_refusal(env, conn, prov)
                 if owner:
                     raise StepError(owner)
         else:

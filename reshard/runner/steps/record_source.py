@@ -1,18 +1,23 @@
 """Sub-step B ``recordSource`` (spec reshard §4.4 B; safeguards 3b, 4). Stamps nothing.
 
 Reads the live binding, requires it complete, checks it against the op's submit-time source
-(drift → pre-flip failure), observes the tenant database and role on a cnpg store with the
-provisioner on the **direct** endpoint, then persists the ``source_*`` fields and copies them onto
-the in-memory op (a missing in-memory copy once produced ``DROP DATABASE ""``). Never run after
-``cutover``: the binding names the target by then.
+(drift → pre-flip failure: the kind, the store or endpoint, the database and the user), refuses
+a catalog another live warehouse is bound to as well, observes the tenant database and role on
+a cnpg store with the provisioner on the **direct** endpoint (and the tenant role identity,
+``reshard.identity.tenant_role_message``), then persists the ``source_*`` fields and copies
+them onto the in-memory op (a missing in-memory copy once produced ``DROP DATABASE ""``).
+Never run after ``cutover``: the binding names the target by then.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import psycopg
 
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, Warehouse
+from reshard import identity
 from reshard.runner.errors import StepError
 from reshard.runner.steps.base import StepEnv
 
@@ -53,6 +58,7 @@ def run(env: StepEnv) -> None:
             f"incomplete metadata-store info in the binding of org {op.org_id} (kind "
             f"{kind or '<empty>'}); refusing to proceed"
         )
+    _know_secrets(env, binding)
     _check_drift(env, binding)
     if kind == "cnpg":
         endpoint = _observe_cnpg_source(env, binding, store_name)
@@ -84,6 +90,20 @@ def run(env: StepEnv) -> None:
     )
 
 
+def _know_secrets(env: StepEnv, binding: Warehouse) -> None:
+    """Best effort, before any message names a binding value: the scrubber learns the secrets
+    this step may use (the drift and sharing messages quote names a hostile binding may have
+    set to a password)."""
+    refs = [binding.metadata_store_password_ref]
+    if binding.metadata_store_kind == "cnpg":
+        store = MetadataStore.objects.filter(name=binding.metadata_store_id or "").first()
+        if store is not None:
+            refs.append(store.provisioner_password_ref)
+    for ref in refs:
+        with contextlib.suppress(Exception):  # reported where the secret is needed
+            env.ctx.scrubber.add(secretrefs.resolve(ref))
+
+
 def _check_drift(env: StepEnv, binding: Warehouse) -> None:
     op = env.op
     kind = binding.metadata_store_kind
@@ -98,6 +118,16 @@ def _check_drift(env: StepEnv, binding: Warehouse) -> None:
             f"{DRIFT}: the binding now names cnpg store {store_name} but the operation was "
             f"submitted for store {op.from_shard}; refusing to proceed"
         )
+    if kind == "cnpg" and (binding.metadata_store_database, binding.metadata_store_user) != (
+        op.source_database,
+        op.source_user,
+    ):
+        raise StepError(
+            f"{DRIFT}: the binding now names database {binding.metadata_store_database} (user "
+            f"{binding.metadata_store_user}) on cnpg store {store_name} but the operation was "
+            f"submitted for database {op.source_database} (user {op.source_user}); refusing to "
+            "proceed"
+        )
     if kind == "external":
         now = (
             binding.metadata_store_host,
@@ -111,6 +141,18 @@ def _check_drift(env: StepEnv, binding: Warehouse) -> None:
                 f"{DRIFT}: the external binding is now {now[0]}:{now[1]}/{now[2]} (user "
                 f"{now[3]}) but the operation was submitted for {then[0]}:{then[1]}/{then[2]} "
                 f"(user {then[3]}); refusing to proceed"
+            )
+        other = identity.other_binding(
+            org_id=op.org_id,
+            database=binding.metadata_store_database,
+            store_name=None,
+            endpoints={(binding.metadata_store_host, int(binding.metadata_store_port or 5432))},
+        )
+        if other is not None:
+            raise StepError(
+                f"source database {binding.metadata_store_database} on "
+                f"{binding.metadata_store_host}:{binding.metadata_store_port} is also the catalog "
+                f"of warehouse {other.org_id}; refusing to move a catalog two warehouses share"
             )
 
 
@@ -132,6 +174,13 @@ def _observe_cnpg_source(env: StepEnv, binding: Warehouse, store_name: str) -> p
     direct = pgadmin.Endpoint(store.host, store.port, store.sslmode)
     database = binding.metadata_store_database
     role = binding.metadata_store_user
+    shared = identity.shared_catalog_message(org_id=env.op.org_id, database=database, store=store)
+    if shared:
+        raise StepError(
+            f"{shared}; refusing to move a catalog two warehouses share (its fence and drop "
+            "would hit the other warehouse)"
+        )
+    refusal: str | None = None
     try:
         with pgadmin.connect(
             direct,
@@ -147,6 +196,9 @@ def _observe_cnpg_source(env: StepEnv, binding: Warehouse, store_name: str) -> p
                     "EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)",
                     (database, role),
                 ).fetchone()
+                refusal = identity.tenant_role_message(
+                    conn, org_id=env.op.org_id, role=role, database=database, store=store
+                )
             finally:
                 env.ctx.unregister_connection(conn)
     except psycopg.Error as exc:
@@ -168,4 +220,6 @@ def _observe_cnpg_source(env: StepEnv, binding: Warehouse, store_name: str) -> p
             f"{DRIFT}: {missing} not found on cnpg store {store.name} (binding: database "
             f"{database}, role {role}); refusing to proceed"
         )
+    if refusal:
+        raise StepError(f"source {refusal}; refusing to proceed")
     return direct
