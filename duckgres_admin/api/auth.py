@@ -4,17 +4,31 @@ Three shared secrets, each with its own header and each accepted only on its rou
 presented on another route is 403 and never falls through to another identity. Staff users
 authenticate with a Django session; their role comes from ``duckgres_operators`` (no row →
 viewer, disabled → 403). Every secret comparison uses ``hmac.compare_digest``.
+
+A request that proves no identity at all (no credential, a wrong value for the route's secret,
+or only a foreign secret header whose value is wrong) is **unauthenticated**: it is answered as
+before, but writes nothing to the config store (no audit row, no op-log line). It is counted in
+``duckgres_api_unauthenticated_requests_total{scope, reason}`` and logged at most once a minute
+per scope and reason, with the count of the ones not logged.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+import logging
+import threading
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.http import HttpRequest
+from prometheus_client import Counter
+from rest_framework import exceptions
 from rest_framework.authentication import CSRFCheck
+from rest_framework.permissions import BasePermission
 
 from duckgres_admin.models import Operator, OperatorRole
 from reshard.services import ServiceError
@@ -60,6 +74,60 @@ _SCOPE_REFUSAL = {
 }
 
 
+UNAUTHENTICATED = Counter(
+    "duckgres_api_unauthenticated_requests_total",
+    "API requests refused without any proven identity (nothing is written for them), by route "
+    "scope and reason (no_credentials, invalid_secret, unverified_foreign_secret).",
+    ["scope", "reason"],
+)
+REASONS = ("no_credentials", "invalid_secret", "unverified_foreign_secret")
+for _scope in Scope:
+    for _reason in REASONS:
+        UNAUTHENTICATED.labels(scope=_scope.value, reason=_reason)
+LOG_INTERVAL_SECONDS = 60.0
+_log = logging.getLogger("duckgres.api.auth")
+_log_lock = threading.Lock()
+_log_window: dict[tuple[str, str], tuple[float, int]] = {}
+
+
+class AuthRefusal(ServiceError):
+    """A 401/403 of :func:`authenticate`. ``reason`` is set when the caller proved no identity
+    (unauthenticated: nothing may be written for it); ``proven`` is the identity the caller did
+    prove when it is refused anyway (a valid secret or session on a route that does not take
+    it), for the audit row."""
+
+    def __init__(
+        self, status: int, message: str, *, reason: str = "", proven: Identity | None = None
+    ) -> None:
+        super().__init__(status, message)
+        self.reason = reason
+        self.proven = proven
+
+
+def record_unauthenticated(request: HttpRequest, scope: Scope, reason: str) -> None:
+    """Count an unauthenticated request; log it, rate-limited (one line per minute per scope
+    and reason, carrying how many were not logged)."""
+    UNAUTHENTICATED.labels(scope=scope.value, reason=reason).inc()
+    key = (scope.value, reason)
+    now = time.monotonic()
+    with _log_lock:
+        last, skipped = _log_window.get(key, (None, 0))
+        if last is not None and now - last < LOG_INTERVAL_SECONDS:
+            _log_window[key] = (last, skipped + 1)
+            return
+        _log_window[key] = (now, 0)
+    _log.warning(
+        "unauthenticated API request refused (%s route, %s): %s %r from %s; %d more refused "
+        "since the last such line",
+        scope.value,
+        reason,
+        request.method,
+        request.path[:200],
+        request.META.get("REMOTE_ADDR", ""),
+        skipped,
+    )
+
+
 def _header(request: HttpRequest, name: str) -> str | None:
     value = request.headers.get(name)
     return value if value else None
@@ -74,13 +142,28 @@ def _staff_identity(request: HttpRequest) -> Identity | None:
     if user is None or not user.is_authenticated:
         return None
     email = (getattr(user, "email", "") or user.get_username()).strip().lower()
+    session = Identity(Kind.STAFF, email, "", "django")
     if not user.is_staff:
-        raise ServiceError(403, "staff user required")
+        raise AuthRefusal(403, "staff user required", proven=session)
     operator = Operator.objects.filter(email=email).first()
     if operator is not None and operator.disabled:
-        raise ServiceError(403, "operator disabled")
+        raise AuthRefusal(403, "operator disabled", proven=session)
     role = operator.role if operator is not None else OperatorRole.VIEWER.value
     return Identity(Kind.STAFF, email, str(role), "django")
+
+
+_EXPECTED = {
+    Kind.INTERNAL: "DUCKGRES_INTERNAL_SECRET",
+    Kind.RUNNER: "DUCKGRES_RUNNER_SECRET",
+    Kind.DATAPLANE: "DUCKGRES_DATAPLANE_SECRET",
+}
+
+
+def _secret_identity(kind: Kind) -> Identity:
+    if kind is Kind.INTERNAL:
+        return Identity(Kind.INTERNAL, INTERNAL_ACTOR, OperatorRole.ADMIN.value, INTERNAL_ACTOR)
+    label = "runner-secret" if kind is Kind.RUNNER else "dataplane-secret"
+    return Identity(kind, label, "", label)
 
 
 def describe_caller(request: HttpRequest) -> str:
@@ -98,7 +181,7 @@ def describe_caller(request: HttpRequest) -> str:
 
 
 def authenticate(request: HttpRequest, scope: Scope) -> Identity:
-    """The caller's identity on a route of ``scope``; raises ``ServiceError`` 401/403."""
+    """The caller's identity on a route of ``scope``; raises :class:`AuthRefusal` 401/403."""
     presented = {
         Kind.INTERNAL: _header(request, INTERNAL_HEADER),
         Kind.RUNNER: _header(request, RUNNER_HEADER),
@@ -110,29 +193,49 @@ def authenticate(request: HttpRequest, scope: Scope) -> Identity:
         Scope.DATAPLANE: Kind.DATAPLANE,
     }[scope]
     refusal = _SCOPE_REFUSAL[scope]
-    # A secret that this route does not accept is refused outright, even with a valid session.
+    # A secret that this route does not accept is refused outright, even with a valid session
+    # (the answer never depends on its value). Its value decides only whether the caller proved
+    # who it is (and may be audited) or nothing (and nothing is written).
     for kind, value in presented.items():
         if value is not None and kind is not accepted:
-            raise ServiceError(403, refusal)
+            if _matches(value, str(getattr(settings, _EXPECTED[kind]))):
+                raise AuthRefusal(403, refusal, proven=_secret_identity(kind))
+            raise AuthRefusal(403, refusal, reason="unverified_foreign_secret")
     value = presented[accepted]
     if value is not None:
-        expected = {
-            Kind.INTERNAL: settings.DUCKGRES_INTERNAL_SECRET,
-            Kind.RUNNER: settings.DUCKGRES_RUNNER_SECRET,
-            Kind.DATAPLANE: settings.DUCKGRES_DATAPLANE_SECRET,
-        }[accepted]
-        if not _matches(value, str(expected)):
-            raise ServiceError(401, "invalid credentials")
-        if accepted is Kind.INTERNAL:
-            return Identity(Kind.INTERNAL, INTERNAL_ACTOR, OperatorRole.ADMIN.value, INTERNAL_ACTOR)
-        label = "runner-secret" if accepted is Kind.RUNNER else "dataplane-secret"
-        return Identity(accepted, label, "", label)
+        if not _matches(value, str(getattr(settings, _EXPECTED[accepted]))):
+            raise AuthRefusal(401, "invalid credentials", reason="invalid_secret")
+        return _secret_identity(accepted)
     staff = _staff_identity(request)
     if staff is None:
-        raise ServiceError(401, "authentication required")
+        raise AuthRefusal(401, "authentication required", reason="no_credentials")
     if scope is not Scope.OPERATOR:
-        raise ServiceError(403, refusal)
+        raise AuthRefusal(403, refusal, proven=staff)
     return staff
+
+
+class _SchemaRefused(exceptions.APIException):
+    def __init__(self, refusal: ServiceError) -> None:
+        super().__init__(detail={"error": refusal.message})
+        self.status_code = refusal.status
+
+
+class SchemaPermission(BasePermission):
+    """``/api/schema/`` (drf-spectacular's ``SERVE_PERMISSIONS``): the operator identities,
+    as every other operator read; answered ``{"error"}`` 401/403 like the API."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        django_request: HttpRequest = request._request
+        # DRF's own (empty) authentication has replaced the session user with None by now;
+        # read it from the session again, as AuthenticationMiddleware does.
+        django_request.user = get_user(django_request)
+        try:
+            authenticate(django_request, Scope.OPERATOR)
+        except AuthRefusal as exc:
+            if exc.reason:
+                record_unauthenticated(django_request, Scope.OPERATOR, exc.reason)
+            raise _SchemaRefused(exc) from None
+        return True
 
 
 def require_admin(identity: Identity, method: str) -> None:

@@ -6,6 +6,7 @@ password, spec reshard §1.11 and safeguard 51).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -122,3 +123,15 @@ def query_int(raw: str | None, default: int, *, minimum: int, maximum: int) -> i
     except ValueError:
         return default
     return value if minimum <= value <= maximum else default
+
+
+def query_cursor_id(raw: str | None, name: str) -> int | None:
+    """A page cursor that is an id: absent → None; anything but a positive integer → 400
+    (a cursor silently reset to the first page would make a client loop)."""
+    if raw is None or raw == "":
+        return None
+    if not re.fullmatch(r"[0-9]{1,18}", raw) or int(raw) < 1:
+        raise ServiceError(
+            400, f"invalid query: {name}: must be a positive integer (the cursor of a page)"
+        )
+    return int(raw)

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.db import transaction
+from django.http import HttpRequest
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from duckgres_admin.api import trino_views
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import Scope, describe_caller
-from duckgres_admin.api.base import ApiView
+from duckgres_admin.api.base import ApiView, BoundedJSONParser
 from duckgres_admin.api.serializers import log_entry_json, op_json, store_json, warehouse_json
 from duckgres_admin.models import (
     LIBPQ_SSLMODES,
@@ -33,8 +33,24 @@ from trino_pools import config
 
 OBJ = OpenApiTypes.OBJECT
 ERRORS = {400: OBJ, 401: OBJ, 403: OBJ, 404: OBJ, 409: OBJ}
-# Requests with a body: DRF's JSON parser answers 415 to any other Content-Type.
-BODY_ERRORS = {**ERRORS, 415: OBJ}
+# Requests with a body: DRF's JSON parser answers 415 to any other Content-Type, and a body
+# over DUCKGRES_API_MAX_BODY_BYTES is 413.
+BODY_ERRORS = {**ERRORS, 413: OBJ, 415: OBJ}
+# Reads: 400 for a NUL in a query parameter or a bad page cursor.
+READ_ERRORS = {400: OBJ, 401: OBJ, 403: OBJ}
+# Lists (docs/api.md "Pagination"): ?limit= (1..500, default 100) and a keyset cursor.
+PAGE_DEFAULT = 100
+PAGE_MAX = 500
+LIMIT_PARAM = OpenApiParameter("limit", int, required=False)
+
+
+def _limit(request: Request) -> int:
+    return v.query_int(request.query_params.get("limit"), PAGE_DEFAULT, minimum=1, maximum=PAGE_MAX)
+
+
+def _page(rows: list[Any], limit: int) -> tuple[list[Any], bool]:
+    """The first ``limit`` of ``limit + 1`` rows read, and whether there are more."""
+    return rows[:limit], len(rows) > limit
 
 
 def _parse_start(data: Any) -> StartRequest:
@@ -73,7 +89,15 @@ def _parse_start(data: Any) -> StartRequest:
 class ReshardStartView(ApiView):
     audit_action = "reshard.create"
     accepts_dry_run = True
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
+    dry_run = False
+
+    def audit_action_for(self, request: HttpRequest) -> str:
+        """A dry run is audited as ``reshard.dry_run`` (refused ones too, even before the view
+        ran: a NUL or a size refusal of a body that asked for one)."""
+        body = self.parsed_body
+        asked = isinstance(body, dict) and body.get("dry_run") is True
+        return "reshard.dry_run" if self.dry_run or asked else self.audit_action
 
     @extend_schema(
         operation_id="reshard_start",
@@ -90,16 +114,19 @@ class ReshardStartView(ApiView):
 
         data = request.data
         if isinstance(data, dict) and data.get("dry_run") is True:
-            self.skip_audit = True  # a dry run is never audited, even when refused (§5)
+            self.dry_run = True  # audited as reshard.dry_run, even when refused
         try:
             start = _parse_start(data)
         except ServiceError:
             stash.prune()
             raise
         if start.dry_run:
-            # Not audited and creates nothing (spec §5.1); 404 for a missing warehouse.
-            self.skip_audit = True
-            return Response(dryrun.dry_run(org, start), status=200)
+            # Creates nothing (spec §5.1) but is audited: it resolves secrets and contacts the
+            # stores on the caller's behalf. 404 for a missing warehouse.
+            self.dry_run = True
+            plan = dryrun.dry_run(org, start)
+            self.audit_detail = dryrun.describe(org, plan)
+            return Response(plan, status=200)
         assert self.identity is not None
         outcome = services.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
         self.audit_detail = f"reshard {outcome.description}"
@@ -112,22 +139,36 @@ class ReshardListView(ApiView):
         parameters=[
             OpenApiParameter("org", str, required=False),
             OpenApiParameter("state", str, required=False),
-            OpenApiParameter("limit", int, required=False),
+            LIMIT_PARAM,
+            OpenApiParameter("before", int, required=False),
         ],
-        responses={200: OBJ, 401: OBJ, 403: OBJ},
+        responses={200: OBJ, **READ_ERRORS},
+        description=(
+            "Newest first, one page: `{operations, next_before}`; pass `before=next_before` for "
+            "the next page (`next_before` is null on the last one)."
+        ),
     )
     def get(self, request: Request) -> Response:
-        limit = v.query_int(request.query_params.get("limit"), 100, minimum=1, maximum=500)
+        limit = _limit(request)
         qs = ReshardOperation.objects.order_by("-id")
         if org := request.query_params.get("org"):
             qs = qs.filter(org_id=org)
         if state := request.query_params.get("state"):
             qs = qs.filter(state=state)
-        return Response({"operations": [op_json(op) for op in qs[:limit]]})
+        before = v.query_cursor_id(request.query_params.get("before"), "before")
+        if before is not None:
+            qs = qs.filter(id__lt=before)
+        ops, more = _page(list(qs[: limit + 1]), limit)
+        return Response(
+            {
+                "operations": [op_json(op) for op in ops],
+                "next_before": ops[-1].id if more else None,
+            }
+        )
 
 
 class ReshardTargetsView(ApiView):
-    @extend_schema(operation_id="reshard_targets", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    @extend_schema(operation_id="reshard_targets", responses={200: OBJ, **READ_ERRORS})
     def get(self, request: Request) -> Response:
         return Response(services.reshard_targets())
 
@@ -140,7 +181,7 @@ def _op_or_404(op_id: int) -> ReshardOperation:
 
 
 class ReshardDetailView(ApiView):
-    @extend_schema(operation_id="reshard_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ})
+    @extend_schema(operation_id="reshard_get", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, op_id: int) -> Response:
         return Response(op_json(_op_or_404(op_id)))
 
@@ -152,7 +193,7 @@ class ReshardLogView(ApiView):
             OpenApiParameter("after", int, required=False),
             OpenApiParameter("limit", int, required=False),
         ],
-        responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ},
+        responses={200: OBJ, 404: OBJ, **READ_ERRORS},
     )
     def get(self, request: Request, op_id: int) -> Response:
         _op_or_404(op_id)
@@ -195,7 +236,7 @@ class ReshardPasswordView(ApiView):
             OpenApiParameter("X-Duckgres-Op-Epoch", str, OpenApiParameter.HEADER, required=True),
             OpenApiParameter("X-Duckgres-Runner-Id", str, OpenApiParameter.HEADER, required=True),
         ],
-        responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ},
+        responses={200: OBJ, 404: OBJ, **READ_ERRORS},
         description="Runner secret only; the op's current epoch and runner id (spec §5.3).",
     )
     def get(self, request: Request, op_id: int) -> Response:
@@ -207,7 +248,9 @@ class ReshardPasswordView(ApiView):
         return Response({"password": password}, headers={"Cache-Control": "no-store"})
 
     def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, ServiceError) and exc.status == 403:
+        # A refusal of a caller that proved who it is is logged on the op; an unauthenticated
+        # one (a foreign header with a wrong value) writes nothing.
+        if isinstance(exc, ServiceError) and exc.status == 403 and not self.unauthenticated:
             services.reshard_password_refused(
                 op_id=int(self.kwargs["op_id"]),
                 caller=describe_caller(self.request._request),
@@ -227,7 +270,7 @@ def _lease_response(outcome: leases.LeaseOutcome) -> Response:
 
 class LeaseCreateView(ApiView):
     scope = Scope.DATAPLANE
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
     @extend_schema(
         operation_id="lease_request",
@@ -264,7 +307,7 @@ class LeaseDetailView(ApiView):
 
 class LeaseRenewView(ApiView):
     scope = Scope.DATAPLANE
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
     @extend_schema(
         operation_id="lease_renew", request=OBJ, responses={200: OBJ, 410: OBJ, **BODY_ERRORS}
@@ -366,12 +409,28 @@ def _parse_warehouse(data: Any, *, partial: bool) -> dict[str, Any]:
 
 class WarehouseListView(ApiView):
     audit_action = "warehouse.create"
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
-    @extend_schema(operation_id="warehouse_list", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    @extend_schema(
+        operation_id="warehouse_list",
+        parameters=[LIMIT_PARAM, OpenApiParameter("after", str, required=False)],
+        responses={200: OBJ, **READ_ERRORS},
+        description=(
+            "Sorted by org, one page: `{warehouses, next_after}`; pass `after=next_after` for the "
+            "next page (`next_after` is null on the last one)."
+        ),
+    )
     def get(self, request: Request) -> Response:
+        limit = _limit(request)
+        qs = Warehouse.objects.order_by("org_id")
+        if after := request.query_params.get("after"):
+            qs = qs.filter(org_id__gt=after)
+        rows, more = _page(list(qs[: limit + 1]), limit)
         return Response(
-            {"warehouses": [warehouse_json(w) for w in Warehouse.objects.order_by("org_id")]}
+            {
+                "warehouses": [warehouse_json(w) for w in rows],
+                "next_after": rows[-1].org_id if more else None,
+            }
         )
 
     @extend_schema(
@@ -391,18 +450,20 @@ class WarehouseListView(ApiView):
         # One transaction: a later failure of this request rolls back the warehouse, the
         # Trino enable and its default placement together (trino-pools §4.2).
         with transaction.atomic():
-            warehouse = services.warehouse_create(values=values)
+            written = services.warehouse_create(values=values)
+            warehouse = written.warehouse
             detail = _apply_trino(warehouse.org_id, trino)
             body = warehouse_json(warehouse)
-        self.audit_detail = f"warehouse {warehouse.org_id} created{detail}"
+        binding = f" with {', '.join(written.changes)}" if written.changes else ""
+        self.audit_detail = f"warehouse {warehouse.org_id} created{binding}{detail}"
         return Response(body, status=201)
 
 
 class WarehouseDetailView(ApiView):
     audit_action = "warehouse.update"
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
-    @extend_schema(operation_id="warehouse_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ})
+    @extend_schema(operation_id="warehouse_get", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, org: str) -> Response:
         warehouse = Warehouse.objects.filter(org_id=org).first()
         if warehouse is None:
@@ -423,11 +484,12 @@ class WarehouseDetailView(ApiView):
         changes = _parse_warehouse(request.data, partial=True)
         trino = _parse_trino(request.data)
         with transaction.atomic():
-            warehouse = services.warehouse_update(org_id=org, changes=changes)
+            written = services.warehouse_update(org_id=org, changes=changes)
             detail = _apply_trino(org, trino)
-            body = warehouse_json(warehouse)
+            body = warehouse_json(written.warehouse)
         summary = "updated " + ", ".join(sorted(changes)) if changes else "no change"
-        self.audit_detail = summary + detail
+        binding = f" ({', '.join(written.changes)})" if written.changes else ""
+        self.audit_detail = summary + binding + detail
         return Response(body)
 
 
@@ -468,30 +530,48 @@ def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
 
 class MetadataStoreListView(ApiView):
     audit_action = "metadata_store.create"
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
-    @extend_schema(operation_id="metadata_store_list", responses={200: OBJ, 401: OBJ, 403: OBJ})
+    @extend_schema(
+        operation_id="metadata_store_list",
+        parameters=[LIMIT_PARAM, OpenApiParameter("after", str, required=False)],
+        responses={200: OBJ, **READ_ERRORS},
+        description=(
+            "Sorted by name, one page: `{metadata_stores, next_after}`; pass `after=next_after` "
+            "for the next page (`next_after` is null on the last one)."
+        ),
+    )
     def get(self, request: Request) -> Response:
-        stores = MetadataStore.objects.order_by("name")
-        return Response({"metadata_stores": [store_json(s) for s in stores]})
+        limit = _limit(request)
+        qs = MetadataStore.objects.order_by("name")
+        if after := request.query_params.get("after"):
+            qs = qs.filter(name__gt=after)
+        rows, more = _page(list(qs[: limit + 1]), limit)
+        return Response(
+            {
+                "metadata_stores": [store_json(s) for s in rows],
+                "next_after": rows[-1].name if more else None,
+            }
+        )
 
     @extend_schema(
         operation_id="metadata_store_create", request=OBJ, responses={201: OBJ, **BODY_ERRORS}
     )
     def post(self, request: Request) -> Response:
         values = _parse_store(request.data, partial=False)
-        store = services.metadata_store_create(values=values)
-        self.audit_detail = f"metadata store {store.name} ({store.kind}) created"
+        written = services.metadata_store_create(values=values)
+        store = written.store
+        self.audit_detail = f"metadata store {store.name} ({store.kind}) created with " + ", ".join(
+            written.changes
+        )
         return Response(store_json(store), status=201)
 
 
 class MetadataStoreDetailView(ApiView):
     audit_action = "metadata_store.update"
-    parser_classes: ClassVar[list[Any]] = [JSONParser]  # type: ignore[misc]
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
-    @extend_schema(
-        operation_id="metadata_store_get", responses={200: OBJ, 401: OBJ, 403: OBJ, 404: OBJ}
-    )
+    @extend_schema(operation_id="metadata_store_get", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, name: str) -> Response:
         store = MetadataStore.objects.filter(name=name).first()
         if store is None:
@@ -503,6 +583,8 @@ class MetadataStoreDetailView(ApiView):
     )
     def patch(self, request: Request, name: str) -> Response:
         changes = _parse_store(request.data, partial=True)
-        store = services.metadata_store_update(name=name, changes=changes)
-        self.audit_detail = f"metadata store {name} updated: " + ", ".join(sorted(changes))
-        return Response(store_json(store))
+        written = services.metadata_store_update(name=name, changes=changes)
+        self.audit_detail = f"metadata store {name} updated: " + (
+            ", ".join(written.changes) or "no change"
+        )
+        return Response(store_json(written.store))

@@ -43,7 +43,11 @@ def test_list_newest_first_with_filters_and_limits(clients, target_store):
     assert len(clients.viewer.get("/api/v1/reshards?limit=2").json()["operations"]) == 2
     for bad in ("0", "-1", "501", "x"):
         assert len(clients.viewer.get(f"/api/v1/reshards?limit={bad}").json()["operations"]) == 3
-    assert clients.viewer.get("/api/v1/reshards?org=nobody").json() == {"operations": []}
+    # One page (docs/api.md "Pagination"): next_before is null on the last one.
+    assert clients.viewer.get("/api/v1/reshards?org=nobody").json() == {
+        "operations": [],
+        "next_before": None,
+    }
 
 
 def test_detail_and_404(clients, target_store):
