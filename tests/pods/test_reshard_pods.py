@@ -1,0 +1,356 @@
+"""Reshards on real runner pods (marker ``pods``): the worker pod's pod launcher creates
+``duckgres-reshard-op-<id>``, the kubelet runs it from the image, it claims, moves the catalog and
+exits; the janitor (control-worker pod) captures logs through the kubelet's log API and reaps.
+
+Catalogs live on the host's store clusters (5433/5434, reached by the pods at 10.244.0.1);
+their tenant passwords are Secret keys the pods resolve through ``k8s:`` references.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.fixtures.pod_security import read_only_root, restricted_violations
+from tests.fixtures.secrets_scan import scan, unique_password
+from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
+from tests.pods.conftest import (
+    BUCKET,
+    NAMESPACE,
+    NODE_IP,
+    TENANT_SECRET,
+    Deployed,
+    kubectl,
+    kubectl_json,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
+
+
+def _ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class Tenant:
+    """A tenant catalog on the source cluster and its warehouse, registered through the API."""
+
+    def __init__(self, deployed: Deployed, rows: int = 5, tables: int = 0) -> None:
+        self.deployed = deployed
+        self.org = f"pods-{secrets.token_hex(4)}"
+        self.catalog: TenantCatalog = create_tenant_catalog(
+            deployed.clusters.source, rows=rows, with_tables=tables == 0
+        )
+        if tables:
+            from psycopg import sql
+
+            from reshard.demo_catalog import build_demo_catalog
+
+            with deployed.clusters.source.superuser_conn(self.catalog.database) as conn:
+                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.catalog.role)))
+                build_demo_catalog(conn, tables=tables)
+        deployed.put_secret_key(TENANT_SECRET, self.org, self.catalog.password)
+        body = {
+            "org_id": self.org,
+            "database_name": self.catalog.database,
+            "state": "ready",
+            "metadata_store_kind": "cnpg",
+            "metadata_store_name": "pods-source",
+            "metadata_store_database": self.catalog.database,
+            "metadata_store_user": self.catalog.role,
+            "metadata_store_password_ref": f"k8s:{NAMESPACE}/{TENANT_SECRET}#{self.org}",
+            "compaction_enabled": False,
+            "data_bucket": BUCKET,
+            "data_region": "us-east-1",
+        }
+        resp = deployed.api.post("warehouses", body)
+        assert resp.status == 201, (resp.status, resp.raw[:600])
+
+    def start(self, target: dict[str, Any]) -> int:
+        resp = self.deployed.api.start_reshard(self.org, {"target": target})
+        assert resp.status == 202, (resp.status, resp.raw[:800])
+        assert resp.body["launcher"] == "pod"
+        return int(resp.body["id"])
+
+    def to_cnpg_target(self) -> int:
+        return self.start({"type": "cnpg", "cnpg_shard": "pods-target"})
+
+    def cleanup(self) -> None:
+        for cluster in (self.deployed.clusters.source, self.deployed.clusters.target):
+            drop_tenant(cluster, self.catalog.role)
+
+
+@pytest.fixture
+def tenant(deployed: Deployed) -> Any:
+    made: list[Tenant] = []
+
+    def factory(**kwargs: Any) -> Tenant:
+        t = Tenant(deployed, **kwargs)
+        made.append(t)
+        return t
+
+    yield factory
+    for t in made:
+        t.cleanup()
+
+
+def _messages(entries: list[dict[str, Any]]) -> str:
+    return "\n".join(f"[{e['source']}/{e['level']}] {e['message']}" for e in entries)
+
+
+def _runner_pod(op_id: int) -> dict[str, Any] | None:
+    out = kubectl("-n", NAMESPACE, "get", "pod", f"duckgres-reshard-op-{op_id}",
+                  "--ignore-not-found", "-o", "json")  # fmt: skip
+    return json.loads(out) if out.strip() else None
+
+
+def _moved_rows(tenant: Tenant) -> dict[str, int]:
+    moved = TenantCatalog(
+        tenant.deployed.clusters.target,
+        tenant.catalog.role,
+        tenant.catalog.database,
+        tenant.catalog.password,
+        tenant.catalog.password_var,
+    )
+    return moved.row_counts()
+
+
+def _checksums(cluster: Any, database: str) -> dict[str, str]:
+    """md5 of every ducklake_* table's rows in a stable order (read as the superuser)."""
+    with cluster.superuser_conn(database) as conn:
+        names = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename LIKE 'ducklake\\_%' ORDER BY 1"
+            )
+        ]
+        sums: dict[str, str] = {}
+        for name in names:
+            row = conn.execute(
+                f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM \"{name}\" t"  # noqa: E501
+            ).fetchone()
+            sums[name] = str(row[0]) if row else ""
+    return sums
+
+
+def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deployed, tenant):
+    t = tenant(rows=5)
+    rows_before = t.catalog.row_counts()
+    op_id = t.to_cnpg_target()
+
+    pod = wait_until(lambda: _runner_pod(op_id), f"runner pod duckgres-reshard-op-{op_id}", 60)
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 600
+    assert pod["metadata"]["labels"]["app"] == "duckgres-reshard"
+    container = spec["containers"][0]
+    assert container["image"] == "localhost/duckgres-admin:0.1.0"
+    assert restricted_violations(spec, "runner") == []
+    assert read_only_root(spec) == []
+
+    op = deployed.api.wait_terminal(op_id, timeout=300)
+    entries = deployed.api.log_entries(op_id)
+    assert op["state"] == "succeeded", (op, _messages(entries)[-4000:])
+    assert op["runner_id"] == f"duckgres-reshard-op-{op_id}"
+    assert _moved_rows(t) == rows_before
+    # The pod ran to completion, exit 0, under the kubelet.
+    pod = wait_until(
+        lambda: (p := _runner_pod(op_id)) and p["status"].get("phase") in ("Succeeded", "Failed")
+        and p,
+        "the runner pod to finish", 60,
+    )  # fmt: skip
+    if pod is not True:
+        terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated") or {}
+        assert pod["status"]["phase"] == "Succeeded", pod["status"]
+        assert terminated.get("exitCode") == 0
+    # The op log carries the pod's own lines and the runner's exit marker naming the pod.
+    text = _messages(deployed.api.log_entries(op_id))
+    assert f"operation claimed by duckgres-reshard-op-{op_id} (epoch 1)" in text
+    assert "runner log persisted: pod " in text, text[-3000:]
+    # The janitor reaps the finished pod (REAP_AFTER 5 s + one janitor interval).
+    wait_until(lambda: _runner_pod(op_id) is None, "the janitor to reap the runner pod", 120, 2)
+
+
+def test_an_external_target_password_reaches_the_runner_pod_and_nowhere_else(
+    deployed: Deployed, tenant
+):
+    """The password is pulled by the runner pod from the API pod that holds the stash, over the
+    pod network, and no form of it is in pod specs, events, container logs, the config store or
+    Redis afterwards."""
+    password = unique_password()
+    t = tenant(rows=3)
+    external = create_tenant_catalog(deployed.clusters.target, password=password, with_tables=False)
+    # Where the binding will read the password after the move (the operator's secret store).
+    deployed.put_secret_key(TENANT_SECRET, f"{t.org}-external", password)
+    try:
+        op_id = t.start(
+            {
+                "type": "external",
+                "endpoint": f"{NODE_IP}:{deployed.clusters.target.port}",
+                "user": external.role,
+                "database": external.database,
+                "sslmode": "require",
+                "password_secret_ref": f"k8s:{NAMESPACE}/{TENANT_SECRET}#{t.org}-external",
+                "password": password,
+            }
+        )
+        pod = wait_until(lambda: _runner_pod(op_id), "the runner pod", 60)
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        url = env["DUCKGRES_RESHARD_PASSWORD_URL"]["value"]
+        api_ips = {p["status"].get("podIP") for p in deployed.pods("component=api")}
+        assert url.split("//", 1)[1].split(":", 1)[0] in api_ips, (url, api_ips)
+        op = deployed.api.wait_terminal(op_id, timeout=300)
+        entries = deployed.api.log_entries(op_id)
+        text = _messages(entries)
+        assert "runner fetched the ephemeral external target password" in text, text[-3000:]
+
+        sources: list[tuple[str, bytes | str]] = [("op JSON", json.dumps(op))]
+        sources.append(("op log", json.dumps(entries)))
+        for p in kubectl_json("-n", NAMESPACE, "get", "pods")["items"]:
+            name = p["metadata"]["name"]
+            sources.append((f"pod spec {name}", json.dumps(p)))
+            for c in p["spec"]["containers"]:
+                logs = kubectl("-n", NAMESPACE, "logs", name, "-c", c["name"], check=False)
+                sources.append((f"container log {name}/{c['name']}", logs))
+        sources.append(("events", kubectl("-n", NAMESPACE, "get", "events", "-o", "json")))
+        dump = subprocess.run(
+            ["pg_dump", "-h", "127.0.0.1", "-U", "postgres", "--no-owner", "-d", "duckgres_pods"],
+            capture_output=True, check=True, timeout=120,
+        ).stdout  # fmt: skip
+        assert b"duckgres_reshard_operation_log" in dump
+        sources.append(("pg_dump of the config store", dump))
+        redis_dump = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-n", "4", "--no-raw", "KEYS", "*"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        for key in redis_dump.decode().split():
+            key = key.strip('"')
+            for cmd in (["GET", key], ["LRANGE", key, "0", "-1"], ["HGETALL", key]):
+                out = subprocess.run(["redis-cli", "-n", "4", *cmd], capture_output=True)
+                sources.append((f"redis {key}", out.stdout))
+        hits = scan(password, sources)
+        assert hits == [], f"the password leaked into: {hits}"
+        assert scan(password, [("sanity", password)])
+    finally:
+        drop_tenant(deployed.clusters.target, external.role)
+
+
+def _wait_step(deployed: Deployed, op_id: int, steps: set[str], timeout: float) -> str:
+    def reached() -> str:
+        step = deployed.one("SELECT step FROM duckgres_reshard_operations WHERE id=%s", op_id)
+        return str(step) if step in steps else ""
+
+    return str(wait_until(reached, f"op {op_id} to reach {sorted(steps)}", timeout, 0.2))
+
+
+def test_deleting_the_runner_pod_mid_copy_rolls_back_within_the_grace(deployed: Deployed, tenant):
+    """``kubectl delete pod``: SIGTERM, the runner rolls back inside its 600 s grace, the
+    warehouse is consistent and unblocked, and the op ends failed (docs/runner.md)."""
+    t = tenant(tables=1500)
+    rows_before = t.catalog.row_counts()
+    op_id = t.to_cnpg_target()
+    _wait_step(deployed, op_id, {"copying"}, 180)
+    started = time.monotonic()
+    kubectl("-n", NAMESPACE, "delete", "pod", f"duckgres-reshard-op-{op_id}", "--wait=false")
+    op = deployed.api.wait_terminal(op_id, timeout=300)
+    took = time.monotonic() - started
+    text = _messages(deployed.api.log_entries(op_id))
+    assert op["state"] in ("failed", "cancelled"), (op, text[-3000:])
+    assert "SIGTERM" in text, text[-3000:]
+    assert took < 600
+    wh = deployed.api.get(f"warehouses/{t.org}").body
+    assert wh["state"] == "ready"
+    assert wh["writable"] is True
+    assert wh["metadata_store_id"] == "pods-source", wh
+    assert t.catalog.row_counts() == rows_before
+    with t.catalog.tenant_conn() as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def _container_id(pod: dict[str, Any]) -> str:
+    return str(pod["status"]["containerStatuses"][0]["containerID"]).split("://", 1)[1]
+
+
+def test_a_runner_killed_by_the_runtime_is_relaunched_and_the_move_completes(
+    deployed: Deployed, tenant
+):
+    """kill -9 of the runner's container through containerd mid-copy: the pod ends Failed, the
+    janitor captures its log through the kubelet, relaunches a runner within its thresholds and
+    the op ends succeeded with the same rows and checksums on both sides."""
+    from tests.pods.conftest import NODE_DIR
+
+    t = tenant(tables=1500)
+    sums_before = _checksums(deployed.clusters.source, t.catalog.database)
+    op_id = t.to_cnpg_target()
+    _wait_step(deployed, op_id, {"copying"}, 180)
+    pod = _runner_pod(op_id)
+    assert pod is not None
+    first_uid = pod["metadata"]["uid"]
+    subprocess.run(
+        ["ctr", "--address", str(NODE_DIR / "containerd" / "containerd.sock"), "-n", "k8s.io",
+         "tasks", "kill", "-s", "KILL", _container_id(pod)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    killed_at = time.monotonic()
+    op = deployed.api.wait_terminal(op_id, timeout=600)
+    entries = deployed.api.log_entries(op_id)
+    text = _messages(entries)
+    assert op["state"] == "succeeded", (op, text[-4000:])
+    assert op["runner_epoch"] >= 2, op
+    assert f"captured from runner pod duckgres-reshard-op-{op_id} uid {first_uid}:" in text, text[
+        -4000:
+    ]
+    assert any(e["source"] == "pod-log" for e in entries)
+    assert _checksums(deployed.clusters.target, t.catalog.database) == sums_before
+    print(f"pods: relaunch after kill -9 took {time.monotonic() - killed_at:.1f} s to succeed")
+
+
+def test_losing_the_api_replica_that_holds_the_stash_fails_cleanly(deployed: Deployed, tenant):
+    """The API pod holding an external target's password is deleted before the runner pulls it:
+    the pull fails, the op ends failed with the documented message, the warehouse is ready on
+    its old binding (nothing stranded)."""
+    t = tenant(rows=3)
+    external = create_tenant_catalog(deployed.clusters.target, with_tables=False)
+    deployed.put_secret_key(TENANT_SECRET, f"{t.org}-x", external.password)
+    try:
+        # Scale the workers down so no runner pod starts before the API pod is gone.
+        kubectl("-n", NAMESPACE, "scale", "deploy/duckgres-admin-worker", "--replicas=0")
+        wait_until(lambda: not deployed.pods("component=worker"), "workers gone", 120)
+        op_id = t.start(
+            {
+                "type": "external",
+                "endpoint": f"{NODE_IP}:{deployed.clusters.target.port}",
+                "user": external.role,
+                "database": external.database,
+                "sslmode": "require",
+                "password_secret_ref": f"k8s:{NAMESPACE}/{TENANT_SECRET}#{t.org}-x",
+                "password": external.password,
+            }
+        )
+        holder = deployed.one(
+            "SELECT password_url FROM duckgres_reshard_operations WHERE id=%s", op_id
+        )
+        host = str(holder).split("//", 1)[1].split(":", 1)[0]
+        [api_pod] = [p for p in deployed.pods("component=api") if p["status"]["podIP"] == host]
+        kubectl("-n", NAMESPACE, "delete", "pod", api_pod["metadata"]["name"], "--wait=true",
+                "--timeout=120s")  # fmt: skip
+    finally:
+        kubectl("-n", NAMESPACE, "scale", "deploy/duckgres-admin-worker", "--replicas=2")
+    try:
+        op = deployed.api.wait_terminal(op_id, timeout=400)
+        text = _messages(deployed.api.log_entries(op_id))
+        assert op["state"] == "failed", (op, text[-3000:])
+        assert "password" in op["error"].lower(), op["error"]
+        wh = deployed.api.get(f"warehouses/{t.org}").body
+        assert wh["state"] == "ready"
+        assert wh["metadata_store_id"] == "pods-source"
+    finally:
+        drop_tenant(deployed.clusters.target, external.role)
