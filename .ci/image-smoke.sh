@@ -71,6 +71,12 @@ if config Env | grep -qiE 'SECRET|PASSWORD|PIP_CERT|CONFIG_STORE'; then
 fi
 log "no compiler, pip or cache; labels $labels"
 
+# 2b. what every process imports really is in the image (the broker transport included: the
+#     dev venv can hide an undeclared dependency)
+run python -c 'import duckgres_admin.celery, kombu.transport.redis, gunicorn.workers.gthread, whitenoise' \
+  || fail "a module a process imports is missing from the image"
+log "the Celery broker transport, gunicorn's worker and WhiteNoise import"
+
 # 3. deploy checks
 out=$(run python manage.py check --deploy --fail-level WARNING 2>&1) || { echo "$out"; fail "check --deploy"; }
 log "manage.py check --deploy: $(tail -1 <<<"$out")"
