@@ -269,7 +269,7 @@ def test_deleting_the_runner_pod_mid_copy_rolls_back_within_the_grace(deployed: 
     wh = deployed.api.get(f"warehouses/{t.org}").body
     assert wh["state"] == "ready"
     assert wh["writable"] is True
-    assert wh["metadata_store_id"] == "pods-source", wh
+    assert wh["metadata_store_name"] == "pods-source", wh
     assert t.catalog.row_counts() == rows_before
     with t.catalog.tenant_conn() as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -351,6 +351,6 @@ def test_losing_the_api_replica_that_holds_the_stash_fails_cleanly(deployed: Dep
         assert "password" in op["error"].lower(), op["error"]
         wh = deployed.api.get(f"warehouses/{t.org}").body
         assert wh["state"] == "ready"
-        assert wh["metadata_store_id"] == "pods-source"
+        assert wh["metadata_store_name"] == "pods-source"
     finally:
         drop_tenant(deployed.clusters.target, external.role)
