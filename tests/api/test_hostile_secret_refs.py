@@ -487,7 +487,7 @@ def test_a_denied_legacy_store_host_is_never_connected_at_submit(
 # --- item 10's edge: no store without TLS ---------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-69")
+@pytest.mark.safeguard("reshard-68")
 @pytest.mark.parametrize("kind", ["cnpg", "external"])
 @pytest.mark.parametrize("key", ["sslmode", "pooler_sslmode"])
 def test_sslmode_disable_is_refused_for_every_store_kind(clients, kind, key):

@@ -42,7 +42,7 @@ def with_header(name: str, value: str) -> APIClient:
 # --- no write for a request that failed authentication -----------------------------------------
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_unauthenticated_mutations_write_no_audit_row(clients, monkeypatch, caplog):
     monkeypatch.setattr(auth, "_log_window", {})
     body = {"org_id": "intruder", "database_name": "x"}
@@ -96,7 +96,7 @@ def test_unauthenticated_mutations_write_no_audit_row(clients, monkeypatch, capl
     )
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_an_unauthenticated_password_request_writes_no_op_log_line(clients):
     store = new_store(name="pw-unauth")
     warehouse = new_warehouse(
@@ -124,7 +124,7 @@ def test_an_unauthenticated_password_request_writes_no_op_log_line(clients):
 # --- bounded bodies -------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_bodies_over_the_limit_are_413(clients, settings, trino):
     settings.DUCKGRES_API_MAX_BODY_BYTES = 2048
     big = {"org_id": "big", "data_bucket": "b" * 4096}
@@ -155,7 +155,7 @@ def test_bodies_over_the_limit_are_413(clients, settings, trino):
 # --- NUL characters ----------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_a_nul_in_a_query_parameter_is_400(clients):
     clients.internal.raise_request_exception = False
     for path, name in (
@@ -173,7 +173,7 @@ def test_a_nul_in_a_query_parameter_is_400(clients):
     assert response.status_code == 400
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_a_nul_anywhere_in_a_body_value_is_400_and_audited(clients):
     clients.internal.raise_request_exception = False
     cases = [
@@ -213,7 +213,7 @@ def test_a_nul_anywhere_in_a_body_value_is_400_and_audited(clients):
 # --- the schema route -------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_the_schema_route_needs_an_operator_identity(clients):
     before = unauthenticated("operator", "no_credentials")
     response = clients.anon.get("/api/schema/", HTTP_ACCEPT="application/json")
@@ -236,7 +236,7 @@ def test_the_schema_route_needs_an_operator_identity(clients):
 # --- pagination -------------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_lists_are_paged_with_a_cursor(clients):
     for i in range(5):
         new_store(name=f"page-store-{i}")
@@ -284,7 +284,7 @@ def test_lists_are_paged_with_a_cursor(clients):
     assert body["next_after"] is not None
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_the_test_client_follows_every_page(live_server: Any):
     for i in range(7):
         new_warehouse(org_id=f"lc-org-{i}")

@@ -84,7 +84,7 @@ class Tricklers:
                 sock.close()
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_trickling_clients_never_hold_the_threads(api: Gunicorn):
     internal = {"X-Duckgres-Internal-Secret": settings.DUCKGRES_INTERNAL_SECRET}
     slow = Tricklers(api.port)
@@ -112,7 +112,7 @@ def test_trickling_clients_never_hold_the_threads(api: Gunicorn):
     assert timed_get(api, "/livez") < 2
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_clients_that_never_close_do_not_block_the_main_loop(api: Gunicorn):
     idle: list[socket.socket] = []
     try:
@@ -130,7 +130,7 @@ def test_clients_that_never_close_do_not_block_the_main_loop(api: Gunicorn):
             sock.close()
 
 
-@pytest.mark.safeguard("reshard-68")
+@pytest.mark.safeguard("reshard-67")
 def test_the_shipped_limits(api: Gunicorn):
     assert gunicorn_conf.worker_class == "duckgres_admin.gunicorn_conf.BufferedThreadWorker"
     assert (gunicorn_conf.workers, gunicorn_conf.threads) == (1, 16)

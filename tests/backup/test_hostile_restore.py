@@ -31,7 +31,7 @@ from reshard.scrub import Scrubber
 from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
 from tests.fixtures.rows import new_op, new_warehouse
 
-pytestmark = pytest.mark.safeguard("reshard-70")
+pytestmark = pytest.mark.safeguard("reshard-69")
 
 MARK = "pwned"
 

@@ -58,7 +58,7 @@ def test_fresh_ops_with_a_live_runner_are_never_touched() -> None:
     assert refresh(young_pending).respawn_attempts == 0
 
 
-@pytest.mark.safeguard("reshard-71")
+@pytest.mark.safeguard("reshard-70")
 def test_a_fresh_op_whose_runner_exited_is_relaunched_in_the_same_tick() -> None:
     """Before issue 14 a fresh heartbeat hid an exited runner until it went stale (minutes)."""
     op = new_op("running", step="copying", runner_epoch=1)

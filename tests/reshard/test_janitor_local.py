@@ -132,7 +132,7 @@ def test_duplicate_launch_delivery_with_the_local_launcher_keeps_one_runner(
     assert len(local_launcher.list()) == 1
 
 
-@pytest.mark.safeguard("reshard-71")
+@pytest.mark.safeguard("reshard-70")
 def test_an_observed_death_is_relaunched_at_once_not_after_staleness(
     local_launcher: LocalLauncher,
 ) -> None:
@@ -191,7 +191,7 @@ def test_an_observed_death_is_relaunched_at_once_not_after_staleness(
     assert (relaunch_ts - died_at).total_seconds() < 30
 
 
-@pytest.mark.safeguard("reshard-71")
+@pytest.mark.safeguard("reshard-70")
 def test_a_live_runner_with_a_fresh_heartbeat_is_never_released(
     local_launcher: LocalLauncher,
 ) -> None:

@@ -100,7 +100,7 @@ def test_a_wedged_pod_is_deleted_with_grace_and_waited_for_without_counting(
     assert read(kube, name)["metadata"]["uid"] == new_uid
 
 
-@pytest.mark.safeguard("reshard-71")
+@pytest.mark.safeguard("reshard-70")
 def test_a_deleted_runner_pod_with_a_fresh_heartbeat_is_relaunched_at_once(
     kube_world: Any,
 ) -> None:

@@ -43,7 +43,7 @@ from tests.reshard.runner_fixtures import (
 
 __all__ = ["claimed_env", "cnpg_world", "runner_moto_server", "runner_s3"]  # fixtures used here
 
-pytestmark = pytest.mark.safeguard("reshard-67")
+pytestmark = pytest.mark.safeguard("reshard-66")
 
 
 def _timeouts(conn: psycopg.Connection[Any]) -> tuple[int, int]:

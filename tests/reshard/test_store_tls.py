@@ -42,7 +42,7 @@ from tests.reshard.test_store_tls_support import CA_DIR, PgWireStub, issue_cert,
 
 __all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
 
-pytestmark = pytest.mark.safeguard("reshard-69")
+pytestmark = pytest.mark.safeguard("reshard-68")
 
 PASSWORD = "tls-test-password-7d1c9e"  # a test value the stub must never see
 DEBIAN_PG15 = "/usr/lib/postgresql/15/bin"
