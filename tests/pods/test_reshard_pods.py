@@ -30,6 +30,7 @@ from tests.pods.conftest import (
     kubectl_json,
     wait_until,
 )
+from tests.reshard.runner_fixtures import catalog_checksums
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
 
@@ -119,25 +120,6 @@ def _moved_rows(tenant: Tenant) -> dict[str, int]:
         tenant.catalog.password_var,
     )
     return moved.row_counts()
-
-
-def _checksums(cluster: Any, database: str) -> dict[str, str]:
-    """md5 of every ducklake_* table's rows in a stable order (read as the superuser)."""
-    with cluster.superuser_conn(database) as conn:
-        names = [
-            str(r[0])
-            for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
-                "AND tablename LIKE 'ducklake\\_%' ORDER BY 1"
-            )
-        ]
-        sums: dict[str, str] = {}
-        for name in names:
-            row = conn.execute(
-                f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM \"{name}\" t"  # noqa: E501
-            ).fetchone()
-            sums[name] = str(row[0]) if row else ""
-    return sums
 
 
 def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deployed, tenant):
@@ -288,7 +270,7 @@ def test_a_runner_killed_by_the_runtime_is_relaunched_and_the_move_completes(
     from tests.pods.conftest import NODE_DIR
 
     t = tenant(tables=1500)
-    sums_before = _checksums(deployed.clusters.source, t.catalog.database)
+    sums_before = catalog_checksums(deployed.clusters.source, t.catalog.database)
     op_id = t.to_cnpg_target()
     _wait_step(deployed, op_id, {"copying"}, 180)
     pod = _runner_pod(op_id)
@@ -309,7 +291,7 @@ def test_a_runner_killed_by_the_runtime_is_relaunched_and_the_move_completes(
         -4000:
     ]
     assert any(e["source"] == "pod-log" for e in entries)
-    assert _checksums(deployed.clusters.target, t.catalog.database) == sums_before
+    assert catalog_checksums(deployed.clusters.target, t.catalog.database) == sums_before
     print(f"pods: relaunch after kill -9 took {time.monotonic() - killed_at:.1f} s to succeed")
 
 
