@@ -125,6 +125,9 @@ YAML
 
 containerd_up() {
   mkdir -p "$D/containerd"
+  # A containerd that is not running has no live sandbox: address leases left by a session that
+  # was killed (no CNI DEL) would otherwise pile up until the /24 is exhausted.
+  pid_alive containerd || rm -rf "$D/cni/ipam"
   cat >"$D/containerd/config.toml" <<TOML
 version = 2
 root = "$D/containerd/root"
