@@ -136,12 +136,26 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     assert container["image"] == "localhost/duckgres-admin:0.1.0"
     assert restricted_violations(spec, "runner") == []
     assert read_only_root(spec) == []
+    # The env allowlist: the control plane's secretKeyRef entries reach the runner as references
+    # (never values), and the kubelet resolves them: the runner's S3 upload below signs with them.
+    env = {e["name"]: e for e in container["env"]}
+    for name, key in (("AWS_ACCESS_KEY_ID", "aws-access-key-id"),
+                      ("DUCKGRES_CONFIG_STORE", "config-store-dsn"),
+                      ("DUCKGRES_RUNNER_SECRET", "runner-secret")):  # fmt: skip
+        assert "value" not in env[name], name
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-admin", name
+        assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key, name
+    assert "DUCKGRES_INTERNAL_SECRET" not in env
 
     op = deployed.api.wait_terminal(op_id, timeout=300)
     entries = deployed.api.log_entries(op_id)
     assert op["state"] == "succeeded", (op, _messages(entries)[-4000:])
     assert op["runner_id"] == f"duckgres-reshard-op-{op_id}"
     assert _moved_rows(t) == rows_before
+    # The backup went to S3 with the keys the kubelet resolved from the Secret.
+    assert op["backup_s3_uri"].startswith(f"s3://{BUCKET}/"), op
+    key = op["backup_s3_uri"][len(f"s3://{BUCKET}/") :]
+    assert deployed.s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > 0
     # The pod ran to completion, exit 0, under the kubelet.
     pod = wait_until(
         lambda: (p := _runner_pod(op_id)) and p["status"].get("phase") in ("Succeeded", "Failed")
