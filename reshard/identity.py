@@ -376,6 +376,21 @@ def tenant_role_message(
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+def op_role_refusal(
+    conn: PgConnection, op: ReshardOperation, side: str, store: MetadataStore
+) -> str | None:
+    """:func:`tenant_role_message` for the ``source`` or ``target`` tenant role of ``op``, the
+    refusal prefixed with the side ("target role … is …"), or None: the runner's re-check right
+    before each statement on that role."""
+    role, database = (
+        (op.source_user, op.source_database)
+        if side == "source"
+        else (op.target_user, op.target_database)
+    )
+    refusal = tenant_role_message(conn, org_id=op.org_id, role=role, database=database, store=store)
+    return f"{side} {refusal}" if refusal else None
+
+
 def _denied_network(address: str) -> Network | None:
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])

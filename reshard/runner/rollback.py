@@ -173,15 +173,9 @@ def _drop_partial_target(env: StepEnv) -> None:
         try:
             prov = stores.provisioner(ctx, op.to_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
-                refusal = identity.tenant_role_message(
-                    conn,
-                    org_id=op.org_id,
-                    role=op.target_user,
-                    database=op.target_database,
-                    store=prov.store,
-                )
+                refusal = identity.op_role_refusal(conn, op, "target", prov.store)
                 if refusal:
-                    raise StepError(f"target {refusal}; not setting it NOLOGIN")
+                    raise StepError(f"{refusal}; not setting it NOLOGIN")
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
                     sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(op.target_user))
@@ -263,15 +257,9 @@ def _restore_source_access(env: StepEnv) -> bool:
         try:
             prov = stores.provisioner(ctx, op.from_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
-                refusal = identity.tenant_role_message(
-                    conn,
-                    org_id=op.org_id,
-                    role=op.source_user,
-                    database=op.source_database,
-                    store=prov.store,
-                )
+                refusal = identity.op_role_refusal(conn, op, "source", prov.store)
                 if refusal:
-                    raise StepError(f"source {refusal}; not sending ALTER ROLE … LOGIN")
+                    raise StepError(f"{refusal}; not sending ALTER ROLE … LOGIN")
                 env.fence.pre_statement_heartbeat()  # a fenced-away runner never un-fences
                 conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
             log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")

@@ -48,11 +48,9 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
     op, ctx = env.op, env.ctx
     role, database = op.target_user, op.target_database
     with stores.provisioner_conn(ctx, prov) as conn:
-        refusal = identity.tenant_role_message(
-            conn, org_id=op.org_id, role=role, database=database, store=prov.store
-        )
+        refusal = identity.op_role_refusal(conn, op, "target", prov.store)
         if refusal:
-            raise StepError(f"target {refusal}; refusing to create or adopt it")
+            raise StepError(f"{refusal}; refusing to create or adopt it")
         verifier = conn.pgconn.encrypt_password(
             password.encode(), role.encode(), b"scram-sha-256"
         ).decode()

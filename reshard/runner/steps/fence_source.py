@@ -47,15 +47,9 @@ def check_source_identity(env: StepEnv, conn: stores.PgConn, prov: stores.Provis
             f"{shared}: refusing to fence role {op.source_user} (it would end that warehouse's "
             "sessions); give each warehouse its own catalog, then start a new operation"
         )
-    refusal = identity.tenant_role_message(
-        conn,
-        org_id=op.org_id,
-        role=op.source_user,
-        database=op.source_database,
-        store=prov.store,
-    )
+    refusal = identity.op_role_refusal(conn, op, "source", prov.store)
     if refusal:
-        raise StepError(f"source {refusal}; refusing to fence it")
+        raise StepError(f"{refusal}; refusing to fence it")
 
 
 def run(env: StepEnv) -> None:

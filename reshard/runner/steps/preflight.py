@@ -34,15 +34,7 @@ def run(env: StepEnv) -> None:
 
 def _target_role_refusal(env: StepEnv, conn: stores.PgConn, prov: stores.Provisioner) -> str | None:
     """→cnpg: the target role may be created or adopted (tenant role identity)."""
-    op = env.op
-    refusal = identity.tenant_role_message(
-        conn,
-        org_id=op.org_id,
-        role=op.target_user,
-        database=op.target_database,
-        store=prov.store,
-    )
-    return f"target {refusal}" if refusal else None
+    return identity.op_role_refusal(conn, env.op, "target", prov.store)
 
 
 def check_target_identity(env: StepEnv) -> None:
