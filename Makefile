@@ -114,6 +114,7 @@ image:
 	@echo "image: $(IMAGE):$(VERSION) $$(buildah images --format '{{.Size}}' $(IMAGE):$(VERSION)) (uncompressed), archive $(IMAGE_ARCHIVE) $$(du -h $(IMAGE_ARCHIVE) | cut -f1)"
 
 # Smoke tests of the built image (run by .ci/run): user, check --deploy, pg clients, runner exit
-# code, static files through gunicorn.
-image-smoke: image
+# code, static files through gunicorn. The pg-client TLS check dumps a real server, so the local
+# services start first (idempotent: a no-op when they already run).
+image-smoke: image install services
 	.ci/image-smoke.sh $(IMAGE):$(VERSION)
