@@ -144,6 +144,10 @@ if DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS >= 600:
 DUCKGRES_RESHARD_MAX_PARTS = env.integer(
     "DUCKGRES_RESHARD_MAX_PARTS", 10000, minimum=1, maximum=10000
 )
+# The janitor's sweep of open backup uploads left by lost processes (reshard.uploads); 0 = off.
+DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = env.integer(
+    "DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS", 900, minimum=0
+)
 DUCKGRES_RESHARD_COPY_PARALLELISM = env.integer(
     "DUCKGRES_RESHARD_COPY_PARALLELISM", 2, minimum=1, maximum=16
 )

@@ -57,6 +57,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq, sql
 
 from duckgres_admin.lib.pgadmin import pin_session
+from reshard.runner import testhooks
 
 TARGET_LOCK_KEY = 824460
 INDEX_CREATE_ATTEMPTS = 3
@@ -833,6 +834,7 @@ class _Progress:
         with self._lock:
             self.tables_done += 1
             self.rows_copied += rows
+        testhooks.kill_point("copy_table_done")  # tests only: a copy killed part-way
 
     def maybe_emit(self, *, force_first: bool = False) -> None:
         """Main thread only. Writes when the interval elapsed since the last write."""

@@ -26,7 +26,10 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
    ``metrics_observed_at``.
 7. Reap runner objects of terminal ops (after capturing their log unless the runner's own
    marker is in the op log) and exited orphans.
-8. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
+8. At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS``: the bounded sweep of open backup
+   uploads of terminal operations (``reshard.uploads``; leadership checked before each abort).
+   A force-fail (step 5) aborts that op's own uploads at once.
+9. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
    leader tick that was neither stopped (leadership unproven) nor skipped (listing failed)
    gets here; one op's failure or a failing runner listing does not prevent it.
 
@@ -54,7 +57,7 @@ from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.leadership import lease as process_lease
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
-from reshard import metrics, oplog
+from reshard import metrics, oplog, uploads
 from reshard.launchers import get_launcher
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
@@ -71,6 +74,7 @@ CAPTURE_LIMIT_BYTES = 5 * 1024 * 1024
 CAPTURE_HEADER = "==== runner pod log (captured before deletion) ===="
 STILL_TERMINATING = "previous runner pod still terminating"
 TERMINATING_WARN_INTERVAL = 60.0
+_last_sweep: float | None = None  # monotonic time of this process's last upload sweep
 
 # The one definition of "needs a runner" (§4.15 step 2). Used for the listing, the respawn
 # increment and the force-fail, so every CAS re-checks exactly what the decision was based on.
@@ -356,7 +360,37 @@ class Janitor:
 
         self._check_deadline()
         self._reap(report)
+        self._sweep_uploads(report)
         return True
+
+    # --- step 8: the upload sweep (reshard.uploads) ------------------------------------------
+    def _sweep_uploads(self, report: TickReport) -> None:
+        """At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS`` per leader process (0 turns
+        it off); a failure is logged and never fails the tick."""
+        global _last_sweep
+        interval = float(settings.DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS)
+        now = time.monotonic()
+        if interval <= 0 or (_last_sweep is not None and now - _last_sweep < interval):
+            return
+        _last_sweep = now
+        self._check_deadline()
+        try:
+            result = uploads.sweep(self.lease.ensure)
+        except Exception:  # noqa: BLE001 - the sweep never fails the tick
+            _log.exception("janitor: the backup upload sweep failed")
+            return
+        for uri in result.aborted:
+            report.add(f"abort-upload {uri}")
+        _log.info(
+            "janitor: upload sweep: %d bucket(s), %d aborted, %d of active operations and %d "
+            "not ours left alone, %d error(s)%s",
+            result.buckets,
+            len(result.aborted),
+            result.left_active,
+            result.left_foreign,
+            len(result.errors),
+            " (bounded: the rest waits for the next sweep)" if result.truncated else "",
+        )
 
     # --- step 2: observed deaths ------------------------------------------------------------------
     def _observed_dead(self, ops: Sequence[ReshardOperation]) -> dict[int, RunnerStatus]:
@@ -542,6 +576,13 @@ class Janitor:
         _recovery, error, epoch = row
         oplog.append(op.id, error, level="error", source="janitor", epoch=int(epoch))
         report.add(f"force-fail {op.id}")
+        op.refresh_from_db()
+        uploads.abort_for_op(
+            op,
+            lambda level, message: oplog.append(
+                op.id, message, level=level, source="janitor", epoch=int(epoch)
+            ),
+        )
 
     # --- step 7: reap -------------------------------------------------------------------------
     def _reap(self, report: TickReport) -> None:

@@ -44,6 +44,7 @@ from django.db.models.functions import Now
 
 from duckgres_admin.models import ACTIVE_STATES, ReshardOperation, Warehouse
 from reshard import steps as sequences
+from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
 from reshard.launchers.base import runner_name
 from reshard.runner import stores
@@ -53,6 +54,7 @@ from reshard.runner.execute import commit_point_passed, reconstruct
 from reshard.runner.fencing import Fencer
 from reshard.runner.heartbeat import Heartbeat
 from reshard.runner.oplog import OpLogWriter
+from reshard.runner.rollback import target_known, target_where
 from reshard.runner.steps.base import StepEnv
 from reshard.scrub import Scrubber, process_scrubber
 
@@ -248,10 +250,16 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
     actions = []
     if progress.flipped:
         actions.append("flip the binding back to the source (only to a usable source binding)")
-    if op.tables_copied > 0:
+    if sequences.at_or_past(op.step or "", "copying", op.target_kind):
         actions.append(
-            "drop the partial target's ducklake_* tables if the binding names the source"
+            f"drop every ducklake_* table the target {target_where(op)} holds when this runs "
+            f"(re-read as the target tenant; the copy reached step {op.step}, and a copy killed "
+            "part-way leaves tables its counter never recorded), only if the binding names the "
+            "source; "
+            "each dropped table is logged"
         )
+    elif target_known(op):
+        actions.append(f"nothing to drop on the target: the copy never started (step {op.step})")
     if op.target_kind == "cnpg" and op.target_rendered_at is not None:
         actions.append(
             f"set the target tenant role {op.target_user} NOLOGIN on {op.to_shard} (only if "
@@ -515,6 +523,7 @@ def _run(env: StepEnv, log: OpLogWriter, echo: Callable[[str], None]) -> Recover
     if kind == "roll_forward":
         _say(log, echo, "info", "commit point passed: rolling forward (never re-pointing)")
         rb.roll_forward(env, rb.unblock_completed)
+        uploads.abort_for_op(op, log.append)
         return RecoveryResult("rolled_forward")
     _say(log, echo, "info", "commit point not passed: rolling back from durable progress")
     outcome = rb.rollback(env)

@@ -65,6 +65,8 @@ TEST_ENV = {
     "DUCKGRES_RESHARD_HEARTBEAT_SECONDS": "1",
     "DUCKGRES_RESHARD_STALE_SECONDS": "62",
     "DUCKGRES_CONTROL_METRICS_PORT": "0",
+    # The janitor's upload sweep lists every warehouse's bucket: off unless a test turns it on.
+    "DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS": "0",
     # Test services (.ci/services.sh): the provisioner login on the store clusters 5433/5434
     # (same default as the script) and the real kube-apiserver.
     "DUCKGRES_TEST_PROVISIONER_PASSWORD": "ci-provisioner-password-4f1e2d3c",

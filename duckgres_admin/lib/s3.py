@@ -223,14 +223,19 @@ class S3:
         except botocore.exceptions.BotoCoreError as exc:
             raise _wrap(f"abort multipart upload s3://{bucket}/{key}", exc) from exc
 
-    def list_multipart_uploads(self, bucket: str, prefix: str = "") -> list[tuple[str, str]]:
-        """``(key, upload_id)`` of every open upload under ``prefix`` (tests, cleanup checks)."""
+    def list_multipart_uploads(
+        self, bucket: str, prefix: str = "", *, limit: int | None = None
+    ) -> list[tuple[str, str]]:
+        """``(key, upload_id)`` of the open uploads under ``prefix``: all of them, or the first
+        ``limit`` (the listing stops paging there)."""
         out: list[tuple[str, str]] = []
         try:
             paginator = self.client.get_paginator("list_multipart_uploads")
             for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
                 for upload in page.get("Uploads", []) or []:
                     out.append((str(upload["Key"]), str(upload["UploadId"])))
+                if limit is not None and len(out) >= limit:
+                    return out[:limit]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _wrap(f"list multipart uploads in s3://{bucket}/{prefix}", exc) from exc
         return out

@@ -39,7 +39,8 @@ from duckgres_admin import orglock as locks
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import copy as catalog_copy
-from reshard import identity
+from reshard import identity, uploads
+from reshard import steps as sequences
 from reshard.runner import binding, stores, waits
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
@@ -117,6 +118,7 @@ def rollback(env: StepEnv) -> RollbackOutcome:
             reasons.append("source tenant access recovery failed")
     finally:
         _release(env)
+    uploads.abort_for_op(op, log.append)
     blocked = progress.blocked or op.blocked_at is not None
     reason = "; ".join(reasons)
     if not blocked:
@@ -151,25 +153,36 @@ def _release(env: StepEnv) -> None:
         env.ctx.release_handle = None
 
 
-def _target_known(op: ReshardOperation) -> bool:
+def target_known(op: ReshardOperation) -> bool:
     if op.target_kind == "cnpg":
         return bool(op.to_shard and op.target_database and op.target_user)
     return bool(op.target_endpoint and op.target_database and op.target_user)
 
 
 def _drop_partial_target(env: StepEnv) -> None:
+    """§4.6 step 3, decided from what exists on the target (re-read as the op's target tenant),
+    never from ``tables_copied``: a copy killed part-way never set that counter, yet left tables.
+    Every outcome is logged exactly: what was dropped, that nothing was there, or what is kept
+    and why."""
     op, ctx, log = env.op, env.ctx, env.log
-    if op.target_kind == "cnpg" and op.target_rendered_at is None and op.tables_copied == 0:
+    if not target_known(op):
+        log.info("rollback: no target database was recorded; nothing to drop on a target")
         return
-    if not _target_known(op):
+    where = target_where(op)
+    if op.target_kind == "cnpg" and op.target_rendered_at is None:
+        log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
         return
-    safe = not ctx.progress.flipped or stores.binding_names_source(op)
-    if op.tables_copied > 0:
-        if not safe:
-            log.error("rollback: binding may still point at the target — its tables are kept")
-        else:
-            _drop_target_tables(env)
-    if op.target_kind == "cnpg" and op.target_rendered_at is not None and safe:
+    if ctx.progress.flipped and not stores.binding_names_source(op):
+        log.error(
+            f"rollback: binding may still point at the target — its tables are kept ({where})"
+        )
+        return
+    if sequences.at_or_past(op.step or "", "copying", op.target_kind):
+        left = _drop_target_tables(env, where)
+    else:  # the copy step is stamped before its first write: nothing was written
+        log.info(f"rollback: the copy never started (step {op.step}); nothing to drop on {where}")
+        left = "empty (the copy never started), as cruft"
+    if op.target_kind == "cnpg":
         try:
             prov = stores.provisioner(ctx, op.to_shard)
             with stores.provisioner_conn(ctx, prov) as conn:
@@ -182,7 +195,8 @@ def _drop_partial_target(env: StepEnv) -> None:
                 )
             log.info(
                 f"rollback: target tenant role {op.target_user} set NOLOGIN on store "
-                f"{op.to_shard}; the empty target database {op.target_database} is left as cruft"
+                f"{op.to_shard}; the target database {op.target_database} is left in place "
+                f"{left}"
             )
         except Fenced:
             raise
@@ -190,23 +204,39 @@ def _drop_partial_target(env: StepEnv) -> None:
             log.error(f"rollback: could not set the target tenant role NOLOGIN: {exc}")
 
 
-def _drop_target_tables(env: StepEnv) -> None:
+def target_where(op: ReshardOperation) -> str:
+    if op.target_kind == "cnpg":
+        return f"database {op.target_database} on store {op.to_shard}"
+    return f"database {op.target_database} on {op.target_endpoint}:{op.target_port or 5432}"
+
+
+def _drop_target_tables(env: StepEnv, where: str) -> str:
+    """Drop every ``ducklake_*`` table the target holds now; returns how the database is left
+    (for the cnpg NOLOGIN line)."""
     op, ctx, log = env.op, env.ctx, env.log
     if op.target_kind == "external" and not ctx.target_password:
         log.warn(
-            "copied tables on the external target were left in place (password unavailable); "
-            "the next attempt drops each table first"
+            f"rollback: the tables on the external target {where} were left in place (password "
+            "unavailable to this runner); the next attempt drops each table first"
         )
-        return
+        return "with whatever tables it holds (not read: password unavailable)"
     try:
         side = stores.target_side(ctx, op)
         with side.connect(ctx) as conn, stores.registered(ctx, conn):
             dropped = catalog_copy.drop_ducklake_tables(conn, RunnerHooks(env))
-        log.info(f"rollback: dropped {len(dropped)} partial target tables")
     except Fenced:
         raise
     except (psycopg.Error, StepError, catalog_copy.CopyError) as exc:
-        log.error(f"rollback: dropping the partial target tables failed: {exc}")
+        log.error(
+            f"rollback: dropping the partial target's tables on {where} failed: {exc}; they "
+            "are kept — drop them by hand or run reshard_recover"
+        )
+        return "with the tables the failed drop kept"
+    if dropped:
+        log.info(f"rollback: dropped {len(dropped)} partial target table(s) on {where}")
+        return f"empty ({len(dropped)} table(s) dropped), as cruft"
+    log.info(f"rollback: the target {where} holds no ducklake_* table; nothing to drop")
+    return "empty (it held no table), as cruft"
 
 
 def _tenant_probe(

@@ -474,6 +474,7 @@ def test_janitor_force_fail_then_recover(janitor_env, store_clusters, tenant_cat
 
 
 @pytest.mark.safeguard("reshard-34")
+@pytest.mark.safeguard("reshard-76")
 def test_execute_rolls_back_cnpg_to_external_dropping_the_partial_copy(
     store_clusters, tenant_catalog
 ):
@@ -521,5 +522,5 @@ def test_execute_rolls_back_cnpg_to_external_dropping_the_partial_copy(
     text = "\n".join(
         ReshardLogEntry.objects.filter(operation_id=op.id).values_list("message", flat=True)
     )
-    assert "partial target tables" in text
+    assert "partial target table(s)" in text
     assert ext.password not in text

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome, Warehouse
+from reshard import uploads
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.steps.base import StepEnv
 
@@ -42,6 +43,8 @@ def restore_fields(op_id: int) -> dict[str, Any]:
 def run(env: StepEnv) -> None:
     from reshard.runner.report import write_report
 
+    # No upload of this op can start after the backup step: close what a killed attempt left.
+    uploads.abort_for_op(env.op, env.log.append)
     restart = None
     if env.heartbeat is not None:
         env.heartbeat.stop()
