@@ -1227,6 +1227,7 @@ UNIQUE_BINDING_CONSTRAINTS = ("warehouse_cnpg_binding_unique", "warehouse_extern
 class WarehouseWrite:
     warehouse: Warehouse
     changes: list[str]  # audited binding changes, ``field 'old' → 'new'``
+    catalog_override: str = ""  # audited: a repoint applied without the catalog check
 
 
 def _integrity_refusal(exc: IntegrityError, values: dict[str, Any], org_id: str) -> ServiceError:
@@ -1273,10 +1274,20 @@ def _constraint_name(exc: IntegrityError) -> str:
     return str(getattr(diag, "constraint_name", "") or "constraint violated")
 
 
-def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> WarehouseWrite:
-    """PATCH under the per-org lock; guarded columns change only while not ``resharding``."""
+def warehouse_update(
+    *, org_id: str, changes: dict[str, Any], force_empty_binding: bool = False
+) -> WarehouseWrite:
+    """PATCH under the per-org lock; guarded columns change only while not ``resharding``.
+
+    A repoint of the binding is applied only when the new binding holds a DuckLake catalog,
+    checked before the lock (``reshard.binding_catalog``, safeguard reshard-72), unless
+    ``force_empty_binding`` (then the write carries the override for the audit record)."""
+    from reshard import binding_catalog
+
     if changes.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")
+    checked = binding_catalog.precheck(org_id=org_id, changes=changes, force=force_empty_binding)
+    override = ""
     with transaction.atomic():
         lock_org(org_id)
         warehouse = Warehouse.objects.filter(org_id=org_id).first()
@@ -1291,6 +1302,11 @@ def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> WarehouseWrite:
         validate_warehouse(merged, check_state=False, org_id=org_id, written=frozenset(changed))
         if not changed:
             return WarehouseWrite(warehouse, [])
+        if binding_catalog.moves(changed, merged):
+            if force_empty_binding:
+                override = binding_catalog.override_note(current, merged)
+            elif checked is None or checked.key != binding_catalog.binding_key(merged):
+                raise binding_catalog.changed_while_checked()
         audited = audit_changes(current, changed, BINDING_FIELDS)
         update = dict(changed)
         if "metadata_store" in update:
@@ -1306,7 +1322,7 @@ def warehouse_update(*, org_id: str, changes: dict[str, Any]) -> WarehouseWrite:
         if rows != 1:
             raise WAREHOUSE_RESHARDING
     warehouse.refresh_from_db()
-    return WarehouseWrite(warehouse, audited)
+    return WarehouseWrite(warehouse, audited, override)
 
 
 STORE_FIELDS = (

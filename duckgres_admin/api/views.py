@@ -28,6 +28,7 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from reshard import dryrun, leases, services
+from reshard.binding_catalog import FORCE_FLAG
 from reshard.services import ServiceError, StartRequest, TargetRequest
 from trino_pools import config
 
@@ -367,9 +368,31 @@ def _apply_trino(org_id: str, trino: tuple[bool, str | None] | None) -> str:
     return "; " + trino_views.describe_trino_change(enabled, result)
 
 
+def _parse_force(data: Any) -> bool:
+    """The PATCH's ``force_empty_binding`` (a JSON boolean; never stored): repoint the binding
+    without the catalog check (safeguard reshard-72)."""
+    body = v.as_object(data)
+    if FORCE_FLAG not in body:
+        return False
+    value = body[FORCE_FLAG]
+    if not isinstance(value, bool):
+        raise v.body_error(
+            FORCE_FLAG,
+            "must be a JSON boolean (true: repoint the binding without checking that it holds a "
+            "DuckLake catalog; false or absent: check it)",
+        )
+    return value
+
+
 def _parse_warehouse(data: Any, *, partial: bool) -> dict[str, Any]:
     body = v.as_object(data)
-    v.reject_unknown(body, (*_WAREHOUSE_KEYS, "trino"))
+    if not partial and FORCE_FLAG in body:
+        raise v.body_error(
+            FORCE_FLAG,
+            "accepted only on PATCH /api/v1/warehouses/<org> (a create's binding is not checked "
+            "for a catalog); remove it",
+        )
+    v.reject_unknown(body, (*_WAREHOUSE_KEYS, "trino", *((FORCE_FLAG,) if partial else ())))
     out: dict[str, Any] = {}
     if partial and "org_id" in body:
         raise v.body_error("org_id", "immutable")
@@ -473,23 +496,33 @@ class WarehouseDetailView(ApiView):
     @extend_schema(
         operation_id="warehouse_update",
         request=OBJ,
-        responses={200: OBJ, 500: OBJ, **BODY_ERRORS},
+        responses={200: OBJ, 500: OBJ, 503: OBJ, **BODY_ERRORS},
         description=(
             'Partial update. With `"trino": {"enabled", "tier"}` Trino is enabled or disabled in '
             "the same transaction, after the other changes (the warehouse must be `ready` as "
-            "the request leaves it); any refusal changes nothing."
+            "the request leaves it); any refusal changes nothing. A change of where the binding "
+            "points (`metadata_store_kind`, `metadata_store_name`, `metadata_store_host`, "
+            "`metadata_store_port`, `metadata_store_database`) is applied only when the new "
+            "binding holds a DuckLake catalog: 409 `binding_without_catalog` when it does not, "
+            "503 `catalog_check_unavailable` when the store cannot be reached; "
+            '`"force_empty_binding": true` (a JSON boolean, never stored) skips the check and is '
+            "audited with the old and the new binding."
         ),
     )
     def patch(self, request: Request, org: str) -> Response:
         changes = _parse_warehouse(request.data, partial=True)
+        force = _parse_force(request.data)
         trino = _parse_trino(request.data)
         with transaction.atomic():
-            written = services.warehouse_update(org_id=org, changes=changes)
+            written = services.warehouse_update(
+                org_id=org, changes=changes, force_empty_binding=force
+            )
             detail = _apply_trino(org, trino)
             body = warehouse_json(written.warehouse)
         summary = "updated " + ", ".join(sorted(changes)) if changes else "no change"
         binding = f" ({', '.join(written.changes)})" if written.changes else ""
-        self.audit_detail = summary + binding + detail
+        override = f"; {written.catalog_override}" if written.catalog_override else ""
+        self.audit_detail = summary + binding + override + detail
         return Response(body)
 
 

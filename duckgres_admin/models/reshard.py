@@ -192,6 +192,8 @@ class ReshardLogEntry(models.Model):
 
     class Meta:
         db_table = "duckgres_reshard_operation_log"
+        verbose_name = "reshard log entry"
+        verbose_name_plural = "reshard log entries"
         indexes = [models.Index(fields=["operation_id", "id"], name="reshard_log_op_seq")]
         constraints = [
             models.CheckConstraint(

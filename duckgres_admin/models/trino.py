@@ -125,6 +125,7 @@ class TrinoClusterBootstrap(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_cluster_bootstrap"
+        verbose_name = "Trino cluster bootstrap"
 
     def __str__(self) -> str:
         return self.namespace
@@ -159,6 +160,7 @@ class TrinoPool(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_pools"
+        verbose_name = "Trino pool"
         ordering = ["pool_id"]
         constraints = [
             models.CheckConstraint(
@@ -268,6 +270,7 @@ class TrinoPoolInstance(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_pool_instances"
+        verbose_name = "Trino pool instance"
         ordering = ["instance_id"]
         indexes = [models.Index(fields=["pool", "phase"], name="trino_instance_pool_phase")]
         constraints = [
@@ -319,6 +322,7 @@ class TrinoPoolOperation(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_pool_operations"
+        verbose_name = "Trino pool operation"
         ordering = ["created_at", "operation_id"]
         indexes = [
             models.Index(
@@ -367,6 +371,7 @@ class TrinoPoolOperationStep(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_pool_operation_steps"
+        verbose_name = "Trino pool operation step"
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(outcome__in=[o.value for o in StepOutcome]),
@@ -424,6 +429,7 @@ class TrinoPoolPublication(models.Model):
 
     class Meta:
         db_table = "duckgres_trino_pool_publications"
+        verbose_name = "Trino pool publication"
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(state__in=[s.value for s in PublicationState]),

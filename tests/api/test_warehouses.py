@@ -139,12 +139,17 @@ def test_patch_refuses_binding_compaction_and_state_while_resharding(clients, sh
 def test_patch_when_ready(clients, shard):
     create(clients, org_id="acme", state="ready", **CNPG_BINDING)
     new_store(name="shard-002")
+    # shard-002 holds no catalog acme (tests/api/test_binding_catalog.py): forced here.
     response = clients.admin.patch(
         "/api/v1/warehouses/acme",
-        {"metadata_store_name": "shard-002", "compaction_enabled": True},
+        {
+            "metadata_store_name": "shard-002",
+            "compaction_enabled": True,
+            "force_empty_binding": True,
+        },
         format="json",
     )
-    assert response.status_code == 200
+    assert response.status_code == 200, response.content
     assert response.json()["metadata_store_name"] == "shard-002"
     assert response.json()["compaction_enabled"] is True
     assert clients.viewer.patch("/api/v1/warehouses/acme", {}, format="json").status_code == 403
@@ -178,11 +183,15 @@ def test_patch_racing_the_block_never_lands_after_it(transactional_db, clients):
     blocker = threading.Thread(target=block)
     blocker.start()
     assert holding.wait(10)
+    # Forced: the catalog check (which runs before the lock) is not what refuses it here.
     response = clients.internal.patch(
-        "/api/v1/warehouses/acme", {"metadata_store_name": "shard-002"}, format="json"
+        "/api/v1/warehouses/acme",
+        {"metadata_store_name": "shard-002", "force_empty_binding": True},
+        format="json",
     )
     blocker.join(10)
     assert response.status_code == 409
+    assert response.json()["code"] == "warehouse_resharding"
     assert Warehouse.objects.get(org_id="acme").metadata_store_id == "shard-001"
 
 

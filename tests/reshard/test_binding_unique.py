@@ -183,7 +183,9 @@ def test_the_api_refuses_a_second_binding_naming_the_other_warehouse(clients):
     Warehouse.objects.filter(org_id="owner").update(state="deleted")
     assert (
         clients.internal.patch(
-            "/api/v1/warehouses/mover", {"metadata_store_database": "cat"}, format="json"
+            "/api/v1/warehouses/mover",
+            {"metadata_store_database": "cat", "force_empty_binding": True},  # no catalog cat
+            format="json",
         ).status_code
         == 200
     )

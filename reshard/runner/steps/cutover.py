@@ -89,8 +89,8 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
             f"{'present' if present else 'missing'}"
         )
     env.log.info(
-        f"{verb.lower()}d tenant role {role} (LOGIN, SCRAM verifier) and ensured database "
-        f"{database} owned by it on store {prov.store.name}"
+        f"{'altered' if exists else 'created'} tenant role {role} (LOGIN, SCRAM verifier) and "
+        f"ensured database {database} owned by it on store {prov.store.name}"
     )
 
 
