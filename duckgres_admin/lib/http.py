@@ -1,5 +1,6 @@
-"""The one seam for outbound HTTP (design §2): a small ``GET`` over ``urllib.request`` and a
-strict ``request`` over ``http.client`` for probes (spec trino-pools §4.12).
+"""The one seam for outbound HTTP (design §2): a strict ``request`` over ``http.client`` (probes,
+spec trino-pools §4.12) and ``get``, the same request with the method fixed (the runner's
+password pull: a redirect or a proxy variable must never send the runner secret elsewhere).
 
 Non-2xx answers are returned, not raised, so callers decide what is final. Transport problems
 (refused, timeout, TLS) raise :class:`HttpTransportError` with the cause only. Bodies are read up
@@ -25,8 +26,6 @@ import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -49,21 +48,10 @@ class HttpResponse:
 def get(
     url: str, *, headers: Mapping[str, str], timeout: float, max_bytes: int = 1024 * 1024
 ) -> HttpResponse:
-    """``GET url``; returns the status and at most ``max_bytes`` of the body."""
-    if not url.startswith(("http://", "https://")):
-        raise HttpTransportError("only http:// and https:// URLs are allowed")
-    request = urllib.request.Request(url, headers=dict(headers), method="GET")  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            body = response.read(max_bytes + 1)
-            status = int(response.status)
-    except urllib.error.HTTPError as exc:
-        body = exc.read(max_bytes + 1) if exc.fp is not None else b""
-        status = int(exc.code)
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise HttpTransportError(f"{type(exc).__name__}: {reason}") from None
-    return HttpResponse(status=status, body=body[:max_bytes], truncated=len(body) > max_bytes)
+    """``GET url`` through :func:`request`: the same rules (no redirect is ever followed, no
+    proxy variable is honoured, ``timeout`` bounds the whole request); returns the status and at
+    most ``max_bytes`` of the body."""
+    return request("GET", url, headers=headers, body=None, timeout=timeout, max_bytes=max_bytes)
 
 
 _slots_lock = threading.Lock()

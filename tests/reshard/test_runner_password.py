@@ -174,3 +174,87 @@ def test_a_failed_pull_is_a_warning_not_an_infrastructure_error(
     )
     # cnpg→cnpg never needs the pulled password: the op still completes
     assert reload(cnpg_world.op).state == "succeeded"
+
+
+class _Recorder:
+    """A second HTTP server that records every request it gets (it must get none)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                recorder.seen.append(f"{self.command} {self.path} {dict(self.headers.items())}")
+                body = json.dumps({"password": "stolen"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_CONNECT = _any
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[_Recorder]:
+    server = _Recorder()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.safeguard("reshard-77")
+def test_a_redirect_is_never_followed(password_server, recorder):
+    """A 302 to another host would hand it the runner secret: it is a failure, not a hop."""
+    _, script = password_server
+    # the fixture server cannot set Location; the redirect comes from a tiny handler instead
+    location = f"{recorder.url}/steal"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            script.seen.append((time.monotonic(), dict(self.headers.items())))
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        redirecting = f"http://127.0.0.1:{server.server_address[1]}/api/v1/reshards/7/password"
+        with pytest.raises(PasswordPullError, match="HTTP 302"):
+            pull_password(request(redirecting), threading.Event(), pause=0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(script.seen) == 3  # every attempt went to the password route itself
+    assert recorder.seen == []
+
+
+@pytest.mark.safeguard("reshard-77")
+def test_proxy_variables_are_never_honoured(password_server, recorder, monkeypatch):
+    """HTTP(S)_PROXY in the runner's environment must not route the pull (and its secret)."""
+    url, script = password_server
+    script.responses = [(200, json.dumps({"password": SECRET}).encode())]
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, recorder.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert pull_password(request(url), threading.Event()) == SECRET
+    assert len(script.seen) == 1
+    assert recorder.seen == []
