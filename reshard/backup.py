@@ -10,18 +10,21 @@ Guarantees:
 - the password reaches ``pg_dump`` only as ``PGPASSWORD`` in its environment, never in argv;
 - ``pg_dump`` gets a minimal environment (``PATH``, locale, ``PGPASSWORD``), never the runner's
   own (no config-store DSN, no AWS keys, no ``PG*`` variable of the runner) (safeguard
-  reshard-70);
+  reshard-69);
 - every connection parameter is passed in one conninfo string built with ``make_conninfo``
   (``--dbname=<conninfo>``): a database, role or host name is only ever a quoted value, so a
   name containing ``host=… sslmode=disable`` can never redirect the connection (safeguard
   reshard-65). The same TLS policy as every store connection (``lib.pgadmin.tls_params``:
   TLS mandatory, ``verify-full`` by default, the configured CA, ``require_auth=scram-sha-256``
   when the client's libpq knows it — a libpq 15 client cannot, and a warning says so unless the
-  source is ``verify-full``; safeguard reshard-69);
+  source is ``verify-full``; safeguard reshard-68);
 - ``pg_dump`` waits for its table locks at most ``lock_wait_seconds`` (``--lock-wait-timeout``;
-  safeguard reshard-67);
+  safeguard reshard-66);
 - the restore command written to the op log quotes every part for a POSIX shell
-  (``shlex.quote``), its connection again one conninfo value (safeguard reshard-70);
+  (``shlex.quote``), its connections again one conninfo value each (safeguards reshard-65,
+  reshard-69); it works as printed after the operation (safeguard reshard-71): it restores into
+  a NEW database on the server the backup came from, as a login the operator supplies through
+  ``PGUSER``/``PGPASSWORD``, and the line states its prerequisites (no password in it);
 - memory is bounded: three part buffers at most (two uploading, one filling), recycled;
 - every failure path kills and reaps ``pg_dump``, terminates its server session (a killed
   client leaves its backend waiting for a lock, holding the ones it has: it is found by the
@@ -65,6 +68,7 @@ from reshard.pgclients import (
     knows_require_auth,
     server_major,
 )
+from reshard.runner import testhooks
 
 __all__ = [
     "BackupDestination",
@@ -82,6 +86,9 @@ __all__ = [
     "pg_dump_env",
     "read_source_facts",
     "restore_command",
+    "restore_line",
+    "restore_prerequisites",
+    "restored_database_name",
     "run_backup",
     "source_conninfo",
 ]
@@ -106,7 +113,11 @@ DEFAULT_LOCK_WAIT_SECONDS = 900.0
 CONNECT_TIMEOUT_SECONDS = 10
 # The only variables of the runner's environment pg_dump inherits (besides PGPASSWORD).
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
-PASSWORD_PLACEHOLDER = "<PASSWORD>"
+# The restore command (safeguard reshard-71): the file it downloads to, the database it creates.
+DUMP_FILE = "./catalog.dump"
+RESTORED_SUFFIX = "_restored_op{op_id}"
+MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: a longer name would be truncated by the server
+RESTORE_LINE_PREFIX = "restore command"
 
 EMPTY_ARCHIVE = "pg_dump produced an empty archive — refusing to record a useless backup"
 ANNOUNCE_SUFFIX_MANDATORY = " — HARD prerequisite for the destructive cnpg→external direction"
@@ -162,12 +173,14 @@ class BackupDestination:
 
 @dataclass(frozen=True)
 class RestoreTarget:
-    """What the logged restore command connects to (default: the source database)."""
+    """Where the logged restore command creates and fills a NEW database (default: on the
+    server the backup came from, named :func:`restored_database_name`). No user: the operator's
+    login comes from ``PGUSER``/``PGPASSWORD`` (after a move the source database is gone and its
+    tenant role is ``NOLOGIN``)."""
 
     host: str
     port: int
-    user: str
-    database: str
+    database: str  # the database the command creates: it must not exist yet
     sslmode: str = ""
 
 
@@ -189,12 +202,14 @@ class BackupResult:
     restore_command: str
     peak_buffered_bytes: int = 0
     pg_dump_version: str = ""
+    restore_prerequisites: str = ""
 
     def log_lines(self) -> list[str]:
-        """The op-log lines of a successful backup (spec §4.4 G, §4.10 step 7)."""
+        """The op-log lines of a successful backup (spec §4.4 G, §4.10 step 7): the restore
+        line is ``restore command (needs <prerequisites>): <command>``."""
         return [
             f"catalog backup complete: {self.uri} ({self.bytes} bytes)",
-            f"restore command (replace <PASSWORD>): {self.restore_command}",
+            restore_line(self.restore_command, self.restore_prerequisites),
         ]
 
 
@@ -287,36 +302,98 @@ def pg_dump_env(source: BackupSource) -> dict[str, str]:
     return env
 
 
+def restored_database_name(source_database: str, op_id: int) -> str:
+    """``<source database>_restored_op<id>``, the source part shortened (whole characters) so
+    that the name fits PostgreSQL's 63 bytes: the server would truncate a longer one."""
+    suffix = RESTORED_SUFFIX.format(op_id=op_id)
+    base = source_database
+    while base and len((base + suffix).encode()) > MAX_IDENTIFIER_BYTES:
+        base = base[:-1]
+    return base + suffix
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _skips_transaction_timeout(client_major: int, server_major: int) -> bool:
+    """A ``pg_restore`` 17+ sends ``SET transaction_timeout``, unknown to servers before 17."""
+    return client_major >= 17 and 0 < server_major < 17
+
+
+def restore_prerequisites(
+    target: RestoreTarget, client_major: int, *, server_major: int = 0
+) -> str:
+    """What the operator's shell needs for :func:`restore_command` to work as printed."""
+    needs = [f"PGUSER and PGPASSWORD of a login with CREATEDB on {target.host}:{target.port}"]
+    if (target.sslmode or "verify-full") in ("verify-ca", "verify-full"):
+        needs.append("PGSSLROOTCERT = the CA file of that server")
+    needs.append("AWS credentials with s3:GetObject on the backup")
+    # An older pg_restore cannot read the archive; a 17+ one fails on an older server
+    # (--exit-on-error and its SET transaction_timeout).
+    if server_major and server_major < 17 and client_major < 17:
+        majors = f"{client_major}" if client_major >= 16 else f"{client_major} to 16"
+    else:
+        majors = f"{client_major} or newer"
+    needs.append(f"psql and pg_restore of PostgreSQL {majors} on PATH")
+    if _skips_transaction_timeout(client_major, server_major):
+        needs.append(
+            'one error, unrecognized configuration parameter "transaction_timeout", is expected '
+            f"from that pg_restore on this PostgreSQL {server_major} server"
+        )
+    return "; ".join(needs)
+
+
+def restore_line(command: str, prerequisites: str) -> str:
+    """The op-log line: ``restore command (needs …): <command>``; everything after the first
+    ``): `` runs as printed."""
+    if not prerequisites:
+        return f"{RESTORE_LINE_PREFIX}: {command}"
+    return f"{RESTORE_LINE_PREFIX} (needs {prerequisites}): {command}"
+
+
 def restore_command(
     uri: str,
     target: RestoreTarget,
-    pg_restore: str,
+    client_major: int,
     endpoint_url: str = "",
     *,
-    require_auth: bool = False,
+    region: str = "",
+    server_major: int = 0,
 ) -> str:
-    """Spec §4.10 step 7, with the literal ``<PASSWORD>`` placeholder; every part quoted for a
-    POSIX shell, the connection one conninfo value (``--dbname``)."""
-    conninfo = make_conninfo(
-        "",
-        host=target.host,
-        port=str(target.port),
-        user=target.user,
-        dbname=target.database,
-        sslmode=target.sslmode or "verify-full",
-        **({"require_auth": "scram-sha-256"} if require_auth else {}),
-    )
-    download = ["aws", "s3", "cp", uri, "./catalog.dump"]
+    """Spec §4.10 step 7, runnable as printed once the operation is over (safeguard
+    reshard-71): download the dump, create ``target.database`` (it must not exist: a second run
+    stops there and overwrites nothing) and restore into it, as the login of ``PGUSER`` /
+    ``PGPASSWORD`` (no user, no password in the command). Plain ``psql``/``pg_restore`` from
+    ``PATH`` (:func:`restore_prerequisites` names the majors); every part quoted for a POSIX
+    shell, each connection one conninfo value (``--dbname``) with ``target.sslmode`` (default
+    ``verify-full``) and ``require_auth=scram-sha-256`` for a client major of 16 or newer."""
+
+    def conninfo(dbname: str) -> str:
+        return make_conninfo(
+            "",
+            host=target.host,
+            port=str(target.port),
+            dbname=dbname,
+            sslmode=target.sslmode or "verify-full",
+            **({"require_auth": "scram-sha-256"} if client_major >= 16 else {}),
+        )
+
+    download = ["aws", "s3", "cp", uri, DUMP_FILE]
     if endpoint_url:
         download += ["--endpoint-url", endpoint_url]
-    restore = [
-        pg_restore, "--no-owner", "--clean", "--if-exists", "--format=custom",
-        f"--dbname={conninfo}", "./catalog.dump",
+    if region:
+        download += ["--region", region]
+    create = [
+        "psql", "--no-psqlrc", "-v", "ON_ERROR_STOP=1", f"--dbname={conninfo('postgres')}",
+        f"--command=CREATE DATABASE {_quote_identifier(target.database)} TEMPLATE template0",
     ]  # fmt: skip
-    return (
-        f"{shlex.join(download)} && PGPASSWORD={shlex.quote(PASSWORD_PLACEHOLDER)} "
-        f"{shlex.join(restore)}"
-    )
+    # --clean --if-exists: the archive creates schema public, which the new database has.
+    restore = ["pg_restore", "--no-owner", "--no-acl", "--clean", "--if-exists"]
+    if not _skips_transaction_timeout(client_major, server_major):
+        restore.append("--exit-on-error")
+    restore += ["--format=custom", f"--dbname={conninfo(target.database)}", DUMP_FILE]
+    return " && ".join(shlex.join(part) for part in (download, create, restore))
 
 
 def read_source_facts(source: BackupSource) -> SourceFacts:
@@ -503,6 +580,7 @@ class _Backup:
                 )
             with self.lock:
                 self.parts_done += 1
+            testhooks.kill_point("backup_part_uploaded")  # tests only: an upload left open
             return result
         finally:
             with self.lock:
@@ -766,10 +844,11 @@ def run_backup(
     is left of its step's deadline).
 
     ``mandatory`` only changes the announcement (the caller applies the direction gate);
-    ``restore_to`` is what the logged restore command targets (default: the source database
-    as the tenant role); ``facts`` skips the version/size read (the dry run has them);
-    ``max_parts`` defaults to ``DUCKGRES_RESHARD_MAX_PARTS``; ``part_size`` overrides the
-    computed size (tests and benchmarks only); ``s3`` an already-built client.
+    ``restore_to`` is where the logged restore command creates and fills a new database
+    (default: ``<source database>_restored_op<id>`` on the source server); ``facts`` skips the
+    version/size read (the dry run has them); ``max_parts`` defaults to
+    ``DUCKGRES_RESHARD_MAX_PARTS``; ``part_size`` overrides the computed size (tests and
+    benchmarks only); ``s3`` an already-built client.
     """
     if not destination.bucket:
         raise BackupError("no data bucket is configured for this warehouse (data_bucket is empty)")
@@ -932,12 +1011,13 @@ def _run(
             f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
         )
     target = restore_to or RestoreTarget(
-        source.host, source.port, source.role or source.user, source.database, source.sslmode
+        source.host, source.port, restored_database_name(source.database, op_id), source.sslmode
     )
     command = restore_command(
-        uri, target, client.pg_restore, s3.endpoint_url or "",
-        require_auth=knows_require_auth(client),
+        uri, target, client.major, s3.endpoint_url or "",
+        region=s3.region or "", server_major=facts.server_major,
     )  # fmt: skip
+    prerequisites = restore_prerequisites(target, client.major, server_major=facts.server_major)
     return BackupResult(
         uri=uri,
         bytes=produced,
@@ -947,4 +1027,5 @@ def _run(
         restore_command=command,
         peak_buffered_bytes=backup.peak_buffered,
         pg_dump_version=client.version,
+        restore_prerequisites=prerequisites,
     )

@@ -179,18 +179,29 @@ def test_success_restorable_untagged_no_password_in_argv(
     head = moto_s3.s3.client.head_object(Bucket=moto_s3.bucket, Key=result.key)
     assert head["ContentType"] == "application/octet-stream"
 
-    # The announcement, the restore command (literal placeholder, same-major pg_restore).
+    # The announcement, the restore command: a new database on the source server as the
+    # operator's login (safeguard reshard-71), the majors that work, no user or password.
     text = hooks.messages()
     assert "may take several minutes — size unknown until complete" in text
     assert "HARD prerequisite for the destructive cnpg→external direction" in text
-    restore_conninfo = (
-        f"host={catalog.cluster.host} port={catalog.cluster.port} user={catalog.role} "
-        f"dbname={catalog.database} sslmode=require"
-    )
+    server = f"host={catalog.cluster.host} port={catalog.cluster.port}"
+    restored = f"{catalog.database}_restored_op41"
     assert result.restore_command == (
-        f"aws s3 cp {result.uri} ./catalog.dump --endpoint-url {moto_s3.endpoint_url} && "
-        f"PGPASSWORD='<PASSWORD>' {os.path.dirname(argv[0])}/pg_restore --no-owner --clean "
-        f"--if-exists --format=custom '--dbname={restore_conninfo}' ./catalog.dump"
+        f"aws s3 cp {result.uri} ./catalog.dump --endpoint-url {moto_s3.endpoint_url} "
+        "--region us-east-1 && "
+        f"psql --no-psqlrc -v ON_ERROR_STOP=1 '--dbname={server} dbname=postgres sslmode=require'"
+        f" '--command=CREATE DATABASE \"{restored}\" TEMPLATE template0' && "
+        "pg_restore --no-owner --no-acl --clean --if-exists --exit-on-error --format=custom "
+        f"'--dbname={server} dbname={restored} sslmode=require' ./catalog.dump"
+    )
+    assert result.restore_prerequisites == (
+        "PGUSER and PGPASSWORD of a login with CREATEDB on "
+        f"{catalog.cluster.host}:{catalog.cluster.port}; "
+        "AWS credentials with s3:GetObject on the backup; "
+        "psql and pg_restore of PostgreSQL 15 to 16 on PATH"
+    )
+    assert result.log_lines()[1] == (
+        f"restore command (needs {result.restore_prerequisites}): {result.restore_command}"
     )
     assert all(proc.returncode == 0 for proc in hooks.processes)
     assert hooks.unregistered == hooks.processes
@@ -198,16 +209,18 @@ def test_success_restorable_untagged_no_password_in_argv(
 
 @pytest.mark.safeguard("reshard-37")
 def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
-    target = RestoreTarget("db.example.com", 6543, "tenant_a", "catalog_a")
-    cmd = backup_mod.restore_command(
-        "s3://b/k.dump", target, "/usr/lib/postgresql/15/bin/pg_restore"
-    )
-    assert (
-        "'--dbname=host=db.example.com port=6543 user=tenant_a dbname=catalog_a "
-        "sslmode=verify-full'" in cmd
-    )
+    target = RestoreTarget("db.example.com", 6543, "catalog_a_restored_op3")
+    cmd = backup_mod.restore_command("s3://b/k.dump", target, 15, server_major=15)
+    for dbname in ("postgres", "catalog_a_restored_op3"):
+        assert (
+            f"'--dbname=host=db.example.com port=6543 dbname={dbname} sslmode=verify-full'" in cmd
+        )
     assert "--endpoint-url" not in cmd
-    assert "PGPASSWORD='<PASSWORD>' " in cmd
+    assert "--region" not in cmd
+    assert "PGPASSWORD" not in cmd
+    needs = backup_mod.restore_prerequisites(target, 15, server_major=15)
+    assert "CREATEDB on db.example.com:6543;" in needs
+    assert "PGSSLROOTCERT" in needs  # verify-full (the default) needs the CA
 
 
 def test_cnpg_source_adds_role(tenant_catalog: Any) -> None:

@@ -17,7 +17,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from reshard.backup import BackupDestination, BackupSource, run_backup
+from reshard.backup import (
+    BackupDestination,
+    BackupSource,
+    restored_database_name,
+    run_backup,
+)
 from tests.backup.conftest import MotoS3, RecordingHooks
 from tests.backup.test_backup import restore_into_scratch
 from tests.fixtures.stores import DUCKLAKE_DDL, _populate
@@ -80,12 +85,18 @@ def test_a_database_named_like_connection_settings_is_dumped_from_itself(
     restored = restore_into_scratch(catalog.cluster, moto_s3.get(result.key))
     assert restored == _counts(catalog.cluster, name)
     assert restored["ducklake_data_file"] == 7
-    # The restore command names it as one quoted conninfo value too.
+    # The restore command names the database it creates (after the hostile name) as one
+    # quoted conninfo value too, and its psql connects to postgres on the same server.
     words = shlex.split(result.restore_command)
     dbname = [w for w in words if w.startswith("--dbname=")]
-    assert len(dbname) == 1
-    params = conninfo_to_dict(dbname[0].removeprefix("--dbname="))
-    assert params["dbname"] == name
-    assert (params["host"], params["port"]) == (catalog.cluster.host, str(catalog.cluster.port))
-    assert params["sslmode"] == catalog.cluster.sslmode
+    assert len(dbname) == 2
+    new_db = restored_database_name(name, 61)  # shortened to PostgreSQL's 63 bytes
+    assert len(new_db.encode()) <= 63
+    for word, expected in zip(dbname, ("postgres", new_db), strict=True):
+        params = conninfo_to_dict(word.removeprefix("--dbname="))
+        assert params["dbname"] == expected
+        assert (params["host"], params["port"]) == (
+            catalog.cluster.host, str(catalog.cluster.port),
+        )  # fmt: skip
+        assert params["sslmode"] == catalog.cluster.sslmode
     assert catalog.password not in result.restore_command

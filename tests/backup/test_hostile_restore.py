@@ -1,9 +1,10 @@
 """Hostile names in what the runner writes and spawns (safeguard reshard-70).
 
 - The restore command in the op log is quoted for a POSIX shell, every part: a bucket, key,
-  host, user or database name carrying ``$(…)``, backticks, ``;`` or quotes is one argument when
-  the operator pastes the command (run here by ``bash`` with recording stand-ins for ``aws`` and
-  ``pg_restore``).
+  endpoint, region, host or database name carrying ``$(…)``, backticks, ``;`` or quotes is one
+  argument when the operator pastes the command (run here by ``bash`` with recording stand-ins
+  for ``aws``, ``psql`` and ``pg_restore``), and the database it creates is one SQL identifier
+  (run by a real ``psql`` against a real server).
 - ``pg_dump`` gets a minimal environment (``PATH``, the locale, ``PGPASSWORD``): none of the
   runner's secrets, and no ``PG*`` variable that could redirect or reconfigure it.
 - Exception tracebacks written to the op log pass the per-op scrubber as rendered text, and
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.models import ReshardLogEntry
@@ -51,13 +53,13 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     bins = tmp_path / "bin"
     bins.mkdir()
     calls = tmp_path / "calls"
-    _recorder(bins / "aws", calls)
-    pg_restore = bins / "pg_restore $(touch pwned); x"  # even the client's path
-    _recorder(pg_restore, calls)
-    target = RestoreTarget(f"h{hostile}", 6543, f"u{hostile}", f"d{hostile}", "verify-full")
+    for tool in ("aws", "psql", "pg_restore"):
+        _recorder(bins / tool, calls)
+    target = RestoreTarget(f"h{hostile}", 6543, f"d{hostile}", "verify-full")
     uri = f"s3://bucket{hostile}/key{hostile}.dump"
     endpoint = f"http://s3.example{hostile}"
-    cmd = restore_command(uri, target, str(pg_restore), endpoint, require_auth=True)
+    region = f"r{hostile}"
+    cmd = restore_command(uri, target, 18, endpoint, region=region, server_major=18)
     env = {"PATH": f"{bins}:/usr/bin:/bin"}
     done = subprocess.run(
         ["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
@@ -65,21 +67,70 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert not marker.exists()
     runs = [line.split("\0")[:-1] for line in calls.read_text().splitlines() if line]
-    assert runs[0][1:] == ["s3", "cp", uri, "./catalog.dump", "--endpoint-url", endpoint]
-    assert runs[1][1:-1] == ["--no-owner", "--clean", "--if-exists", "--format=custom",
-                             runs[1][-2]]  # fmt: skip
-    assert runs[1][-1] == "./catalog.dump"
-    params = conninfo_to_dict(runs[1][-2].removeprefix("--dbname="))
-    assert params == {
+    assert [os.path.basename(run[0]) for run in runs] == ["aws", "psql", "pg_restore"]
+    assert runs[0][1:] == [
+        "s3", "cp", uri, "./catalog.dump", "--endpoint-url", endpoint, "--region", region,
+    ]  # fmt: skip
+    expected = {
         "host": target.host,
         "port": "6543",
-        "user": target.user,
-        "dbname": target.database,
         "sslmode": "verify-full",
         "require_auth": "scram-sha-256",
     }
-    # The placeholder is an assignment with a quoted value: replacing <PASSWORD> keeps it one.
-    assert " && PGPASSWORD='<PASSWORD>' " in cmd
+    # psql creates the database: its name is one SQL identifier inside one argument.
+    assert runs[1][1:4] == ["--no-psqlrc", "-v", "ON_ERROR_STOP=1"]
+    assert conninfo_to_dict(runs[1][4].removeprefix("--dbname=")) == {
+        **expected, "dbname": "postgres",
+    }  # fmt: skip
+    quoted = target.database.replace('"', '""')
+    assert runs[1][5:] == [f'--command=CREATE DATABASE "{quoted}" TEMPLATE template0']
+    assert runs[2][1:-2] == ["--no-owner", "--no-acl", "--clean", "--if-exists",
+                             "--exit-on-error", "--format=custom"]  # fmt: skip
+    assert runs[2][-1] == "./catalog.dump"
+    assert conninfo_to_dict(runs[2][-2].removeprefix("--dbname=")) == {
+        **expected, "dbname": target.database,
+    }  # fmt: skip
+    # No user and no password: the operator's login comes from PGUSER/PGPASSWORD.
+    assert "PGPASSWORD" not in cmd
+    assert "user=" not in cmd
+
+
+def test_a_hostile_database_name_is_one_identifier_on_a_real_server(
+    store_clusters: Any, tmp_path: Path
+) -> None:
+    """The CREATE DATABASE of the printed command, run by a real psql against a real server,
+    creates exactly the database named (quotes, ``;`` and ``$(…)`` included)."""
+    cluster = store_clusters.source
+    marker = tmp_path / MARK
+    name = f"r\"; DROP DATABASE postgres; --$(touch {MARK})`touch {MARK}`'"  # run in tmp_path
+    assert len(name.encode()) <= 63
+    target = RestoreTarget(cluster.host, cluster.port, name, cluster.sslmode)
+    cmd = restore_command("s3://b/k.dump", target, 15, server_major=15)
+    create = cmd.split(" && ")[1]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PGUSER": cluster.provisioner_user,
+        "PGPASSWORD": cluster.provisioner_password,
+    }
+    try:
+        done = subprocess.run(
+            ["bash", "-c", create], cwd=tmp_path, env=env, capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not marker.exists()
+        with cluster.superuser_conn() as conn:
+            found = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname IN (%s, 'postgres') ORDER BY 1",
+                [name],
+            ).fetchall()
+        assert sorted(str(r[0]) for r in found) == sorted([name, "postgres"])
+    finally:
+        with cluster.superuser_conn() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def test_pg_dump_gets_a_minimal_environment(

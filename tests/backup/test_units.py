@@ -208,9 +208,15 @@ def test_direction_gate_texts() -> None:
 
 
 def test_result_log_lines() -> None:
-    result = BackupResult("s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3 cp s3://b/k ./catalog.dump")
-    assert result.log_lines()[0] == "catalog backup complete: s3://b/k (1234 bytes)"
-    assert "<PASSWORD>" in result.log_lines()[1] or "aws s3 cp" in result.log_lines()[1]
+    result = BackupResult(
+        "s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3 cp s3://b/k ./catalog.dump",
+        restore_prerequisites="PGUSER and PGPASSWORD of a login with CREATEDB on h:5432",
+    )  # fmt: skip
+    assert result.log_lines() == [
+        "catalog backup complete: s3://b/k (1234 bytes)",
+        "restore command (needs PGUSER and PGPASSWORD of a login with CREATEDB on h:5432): "
+        "aws s3 cp s3://b/k ./catalog.dump",
+    ]
 
 
 def test_missing_ambient_credentials_fail_cleanly(

@@ -8,6 +8,11 @@ is mandatory …"); other directions log a warning and continue with ``backup_s3
 (``--lock-wait-timeout``, safeguard reshard-67). SIGTERM and fencing kill it (the step ends
 :class:`Interrupted`); so does an operator cancel, which every direction honours here (the step
 ends :class:`Cancelled`). The bucket is the warehouse's own ``data_bucket``, read fresh.
+
+The op log gets the restore line of :func:`reshard.backup.restore_line`: it creates
+``<source database>_restored_op<id>`` on the source server as the operator's ``PGUSER`` and
+restores into it, so it works after the move too (the source database is gone, its tenant role
+``NOLOGIN``; safeguard reshard-71).
 """
 
 from __future__ import annotations
@@ -55,9 +60,8 @@ def run_backup_step(env: StepEnv) -> None:
                 backup.BackupDestination(wh.data_bucket, wh.data_region, wh.data_role_arn),
                 hooks,
                 mandatory=mandatory,
-                restore_to=backup.RestoreTarget(
-                    source.host, source.port, op.source_user, source.database, source.sslmode
-                ),
+                # The logged restore command (safeguard reshard-71): a new database on the
+                # source server, as the operator's login (the default restore target).
                 lock_wait_seconds=ctx.statement_seconds(),
             )
         except (backup.BackupError, StepError) as exc:
