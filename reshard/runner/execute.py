@@ -3,6 +3,32 @@
 Exit codes of :func:`run_process`: 0 whenever the op is terminal at exit (succeeded, failed
 after rollback, cancelled, already terminal); 1 for infrastructure problems (op unreadable,
 not claimable, fenced away, terminal write failed, roll-forward not possible).
+
+Takeover rules (:func:`_takeover`, §4.8; a runner claiming an op whose ``step`` is stamped), in
+this order:
+
+1. A pending cancel before the cutoff is honoured first (``_boundary``): rollback, ``cancelled``.
+2. A commit point passed (``source_drop_committed_at`` / ``external_verified_at``): roll forward;
+   the source is never re-pointed.
+3. Before the point of no return (safeguard reshard-73): a step of :func:`redoable_steps` (→cnpg:
+   every step before ``cutover``; cnpg→external: every step before ``orphaning_source``) is
+   redone: the whole sequence runs again **from its start** (``blocking``), never from the
+   stamped step. Only when a fresh read shows the redo cannot act on anything but the op's own
+   earlier effects: the binding still names the source, the op never unblocked the warehouse,
+   the warehouse is ``resharding`` whenever ``blocked_at`` is set, nothing was rendered on a
+   cnpg target, and for cnpg→external the runner holds the pulled target password (the copy
+   needs it). Otherwise it rolls back and fails ("cannot be resumed safely"). Each redone step
+   tolerates its own earlier partial effect under the op's fence: the block accepts
+   ``resharding`` only when this op's ``blocked_at`` is set, access accepts a NOLOGIN tenant
+   only when this op's ``source_fence_requested_at`` is set, the compaction pause keeps the
+   first recorded prior (``COALESCE``), the fence re-sends ``NOLOGIN``, the drain waits again,
+   the backup starts from scratch (aborting the earlier attempt's open uploads) and the
+   cnpg→external copy drops each target table before re-creating it. The respawn budget is the
+   janitor's (``respawn_attempts``); the runner adds none.
+4. cnpg→cnpg at ``copying``/``verifying`` (flip still standing): resume at ``copying`` from the
+   durable source fields; at ``cleaning_up``/``finalizing`` without the commit point: finalize
+   without dropping.
+5. Anything else: rollback, ``failed`` ("cannot be resumed safely").
 """
 
 from __future__ import annotations
@@ -17,7 +43,7 @@ import structlog
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import steps as sequences
 from reshard.runner import stores, testhooks, waits
 from reshard.runner.context import Progress, RunContext
@@ -38,6 +64,9 @@ from reshard.runner.steps import StepEnv, finalize, lookup
 
 EXIT_OK = 0
 EXIT_INFRA = 1
+# For the log line only: ``reshard.janitor.MAX_RESPAWNS`` (not imported, the runner never loads
+# the janitor); the janitor alone enforces the budget.
+RESPAWN_BUDGET = 3
 
 _plog: Any = structlog.get_logger("duckgres.reshard.runner")
 
@@ -339,8 +368,61 @@ def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
         raise StepError("the step sequence ended without finalizing")
 
 
+def redoable_steps(op: ReshardOperation) -> tuple[str, ...]:
+    """The steps a takeover redoes from the start (safeguard reshard-73): those before the
+    binding can switch and before anything irreversible (→cnpg: before ``cutover``;
+    cnpg→external: before ``orphaning_source``, its cancel cutoff)."""
+    full = sequences.sequence(op.source_kind, op.target_kind)
+    end = "orphaning_source" if op.target_kind == "external" else "cutover"
+    return full[: full.index(end)]
+
+
+def _redo_refusal(env: StepEnv) -> str:
+    """'' when a takeover may redo the pre-cutover steps from the start; else why not.
+
+    Fresh reads only: the op row, the binding and the warehouse state."""
+    op, ctx = env.op, env.ctx
+    op.refresh_from_db()
+    if commit_point_passed(op):
+        return "a commit point was passed"
+    if op.unblocked_at is not None:
+        return "this operation already unblocked the warehouse (a rollback was under way)"
+    if op.target_rendered_at is not None or op.target_login_ready_at is not None:
+        return "the target tenant was already rendered"
+    if not stores.binding_names_source(op):
+        return f"the binding no longer names the source ({describe_binding(op.org_id)})"
+    state = Warehouse.objects.filter(org_id=op.org_id).values_list("state", flat=True).first()
+    if op.blocked_at is not None and state != "resharding":
+        return f"the warehouse is {state or 'gone'}, no longer blocked by this operation"
+    if op.target_kind == "external" and not ctx.target_password:
+        return (
+            "the external target password is not available to this runner (the pull failed); "
+            "the copy could not run"
+        )
+    return ""
+
+
+def _redo(env: StepEnv, step: str) -> bool:
+    """Redo the sequence from its start when :func:`_redo_refusal` allows it (False: refused,
+    logged; the caller rolls back)."""
+    op, log = env.op, env.log
+    refusal = _redo_refusal(env)
+    full = sequences.sequence(op.source_kind, op.target_kind)
+    if refusal:
+        log.warn(f"takeover at step {step} (before the cutover): not redoing the steps: {refusal}")
+        return False
+    log.info(
+        f"takeover at step {step} (before the cutover): redoing the steps from {full[0]} "
+        f"(attempt {op.respawn_attempts} of the respawn budget of {RESPAWN_BUDGET}; the "
+        "binding still names the source)"
+    )
+    _run_steps(env, full)
+    return True
+
+
 def _takeover(env: StepEnv) -> None:
-    """§4.8 per direction (progress was reconstructed from the row by ``execute``)."""
+    """§4.8 per direction (progress was reconstructed from the row by ``execute``); the rules
+    are in the module docstring."""
     op, log = env.op, env.log
     step = op.step
     if commit_point_passed(op):
@@ -353,6 +435,10 @@ def _takeover(env: StepEnv) -> None:
     unsafe = StepError(
         f"takeover at step {step} cannot be resumed safely; rolling back from durable progress"
     )
+    if step in redoable_steps(op):
+        if _redo(env, step):
+            return
+        raise unsafe
     if op.source_kind == "external" or op.target_kind == "external":
         raise unsafe
     full = sequences.sequence(op.source_kind, op.target_kind)

@@ -173,9 +173,7 @@ def _drop_partial_target(env: StepEnv) -> None:
         log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
         return
     if ctx.progress.flipped and not stores.binding_names_source(op):
-        log.error(
-            f"rollback: binding may still point at the target — its tables are kept ({where})"
-        )
+        log.error("rollback: binding may still point at the target — its tables are kept")
         return
     if sequences.at_or_past(op.step or "", "copying", op.target_kind):
         left = _drop_target_tables(env, where)

@@ -67,7 +67,8 @@ def test_sigkilled_runner_log_is_kept_and_the_janitor_relaunches(
         second = launcher.get_phase(op.id)
         assert second.uid != first.uid
 
-        # The takeover claims with a new epoch, rolls back from durable progress and ends.
+        # The takeover claims with a new epoch, redoes the steps from blocking (reshard-73) and
+        # ends.
         wait_until(lambda: refresh(op).state in ("failed", "cancelled", "succeeded"), 90, "end")
         row = refresh(op)
         assert row.runner_epoch == 2

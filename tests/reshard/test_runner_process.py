@@ -242,11 +242,13 @@ def test_a_secret_in_an_error_reaches_the_op_log_and_error_scrubbed(
 
 
 @pytest.mark.safeguard("reshard-20")
-def test_takeover_at_blocking_rolls_back_from_durable_progress(
+@pytest.mark.safeguard("reshard-73")
+def test_takeover_at_blocking_redoes_the_steps_and_succeeds(
     cnpg_world: CnpgWorld, runner_state_dir
 ):
     """A runner died right after the block committed: a takeover claims the stale op (epoch
-    +1), supersedes the old step row, refuses to resume, unblocks and fails the op."""
+    +1), supersedes the old step row, accepts its own block and redoes the steps from
+    ``blocking`` (reshard-73) to success."""
     op = cnpg_world.op
     Warehouse.objects.filter(org_id=op.org_id).update(
         state="resharding", status_message="metadata-store reshard in progress"
@@ -265,13 +267,13 @@ def test_takeover_at_blocking_rolls_back_from_durable_progress(
     assert runner.proc.returncode == 0, runner.output()
     op = reload(op)
     assert op.runner_epoch == 4
-    assert op.state == "failed"
-    assert op.error == (
-        "takeover at step blocking cannot be resumed safely; rolling back from durable progress"
-    )
-    assert warehouse_of(op).state == "ready"
-    assert op.unblocked_at is not None
-    assert step_rows(op.id) == [("blocking", "superseded", 3)]
+    assert (op.state, op.error) == ("succeeded", ""), op_log(op.id)
+    assert "already in resharding state (takeover or restart) — continuing" in op_log(op.id)
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", cnpg_world.target_store.name)
+    rows = step_rows(op.id)
+    assert rows[:2] == [("blocking", "superseded", 3), ("blocking", "ok", 4)]
+    assert (rows[-1][0], rows[-1][2]) == ("finalizing", 4)
 
 
 def _stale_takeover_state(op: ReshardOperation, step: str, **fields: object) -> None:

@@ -199,10 +199,14 @@ def test_kill_at_copying_takeover_copies_from_the_source_store(
 
 # --- 19: a crash after NOLOGIN, before source_fenced_at ---------------------------------------
 @pytest.mark.safeguard("reshard-19")
-def test_kill_after_nologin_takeover_re_enables_login(
+@pytest.mark.safeguard("reshard-73")
+def test_kill_after_nologin_takeover_redoes_the_fence_and_succeeds(
     cnpg_world: CnpgWorld, runner_state_dir: Any
 ) -> None:
+    """Before the cutover a takeover redoes the steps (reshard-73): this op's own NOLOGIN is
+    accepted by ``preparing_access`` and re-applied by ``fencing_source``."""
     world = cnpg_world
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
     killed_at(world.op.id, runner_state_dir, "after_nologin")
     op = reload(world.op)
     assert op.source_fence_requested_at is not None
@@ -211,13 +215,15 @@ def test_kill_after_nologin_takeover_re_enables_login(
     backdate(op.id)
     assert run_runner(op.id, runner_state_dir).proc.returncode == 0
     op = reload(op)
-    assert op.state == "failed"
-    assert op.error == (
-        "takeover at step fencing_source cannot be resumed safely; rolling back from durable "
-        "progress"
+    assert (op.state, op.error) == ("succeeded", ""), op_log(op.id)
+    assert op.source_fenced_at is not None
+    assert any(
+        line.startswith("takeover at step fencing_source (before the cutover): redoing")
+        for line in lines_of_epoch(op.id, 2)
     )
-    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
-    assert warehouse_of(op).state == "ready"
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.target_store.name)
+    assert catalog_checksums(target_cluster(world), world.catalog.database) == before
 
 
 # --- 2: takeover at backup_catalog with cancel (real kill) ------------------------------------

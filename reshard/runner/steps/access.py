@@ -3,6 +3,11 @@
 On the source store's direct endpoint, tenant database, as the provisioner: membership in the
 tenant role (``pg_has_role … MEMBER``), ``SET ROLE`` to it, tenant ``rolcanlogin`` observed
 true. A missing privilege fails at once naming the grant; then ``source_access_verified_at``.
+
+A takeover redoing the steps (safeguard reshard-73) finds the tenant NOLOGIN when the earlier
+attempt already fenced: that is accepted only when the op row (read fresh) has
+``source_fence_requested_at`` set — this op's own fence, which the redo's ``fencing_source``
+re-applies and a rollback lifts. A NOLOGIN role without it is still refused.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
+from duckgres_admin.models import ReshardOperation
 from reshard.runner import stores
 from reshard.runner.errors import StepError
 from reshard.runner.steps.base import StepEnv
@@ -35,7 +41,8 @@ def run(env: StepEnv) -> None:
             login = stores.role_state(conn, tenant)
     except psycopg.Error as exc:
         raise StepError(f"cannot prepare source access at {where}: {exc}") from None
-    if login is not True:
+    own_fence = login is False and _fence_requested(op.id)
+    if login is not True and not own_fence:
         raise StepError(
             f"tenant role {tenant} on store {prov.store.name} is "
             + ("missing" if login is None else "NOLOGIN")
@@ -45,5 +52,18 @@ def run(env: StepEnv) -> None:
     ctx.progress.source_access_verified = True
     env.log.info(
         f"source access verified: provisioner {user} can SET ROLE {tenant} on store "
-        f"{prov.store.name} (tenant role has LOGIN)"
+        f"{prov.store.name} ("
+        + (
+            "tenant role is NOLOGIN from this operation's earlier fence"
+            if own_fence
+            else "tenant role has LOGIN"
+        )
+        + ")"
     )
+
+
+def _fence_requested(op_id: int) -> bool:
+    """Fresh read: did this op record its source fence (``source_fence_requested_at``)?"""
+    return ReshardOperation.objects.filter(
+        id=op_id, source_fence_requested_at__isnull=False
+    ).exists()

@@ -3,9 +3,12 @@
 The runner has stamped ``blocking`` before this runs. One config-store transaction: the per-org
 advisory lock (the lease grant path and warehouse PATCH take the same lock), the Trino re-check,
 the warehouse CAS ``ready → resharding`` (or the no-op ``resharding → resharding`` probe of a
-takeover/restart), and the fenced op update ``blocked_at = COALESCE(blocked_at, now())``. A
-fenced update matching zero rows rolls the whole transaction back, so a fenced-away runner's
-block never lands. Then the cancel-aware propagation wait, then ``recordSource`` (B).
+takeover redoing the steps, accepted only when the op row shows this very op blocked it:
+``blocked_at`` set and ``unblocked_at`` empty, read inside the transaction under the per-org
+lock; safeguard reshard-73), and the fenced op update
+``blocked_at = COALESCE(blocked_at, now())``. A fenced update matching zero rows rolls the whole
+transaction back, so a fenced-away runner's block never lands. Then the cancel-aware
+propagation wait, then ``recordSource`` (B).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Coalesce, Now
 
 from duckgres_admin import orglock as locks
-from duckgres_admin.models import Warehouse
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner import waits
 from reshard.runner.errors import StepError
 from reshard.runner.steps import record_source
@@ -60,8 +63,16 @@ def block_warehouse(env: StepEnv) -> None:
             state="resharding", status_message=BLOCK_MESSAGE, updated_at=Now()
         )
         if moved == 0:
+            # Ours only: the block and ``blocked_at`` commit together, so a resharding
+            # warehouse with this op's ``blocked_at`` set (and never unblocked) is our block.
+            mine = ReshardOperation.objects.filter(
+                id=env.op.id, blocked_at__isnull=False, unblocked_at__isnull=True
+            ).exists()
             already = (
-                Warehouse.objects.filter(org_id=org, state="resharding").update(state="resharding")
+                mine
+                and Warehouse.objects.filter(org_id=org, state="resharding").update(
+                    state="resharding"
+                )
                 == 1
             )
             if not already:

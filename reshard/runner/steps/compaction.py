@@ -2,7 +2,9 @@
 
 One transaction: read ``compaction_enabled`` ``FOR UPDATE`` as the prior (tri-state), fenced
 ``compaction_prior = COALESCE(compaction_prior, :prior)`` (a replay keeps the first prior), then
-``compaction_enabled = false``.
+``compaction_enabled = false``. A takeover redoing the steps (safeguard reshard-73) reads the
+already-paused ``false`` here: the ``COALESCE`` keeps the prior the first attempt recorded, so
+finalize and rollback restore the warehouse's original setting, never the paused value.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def run(env: StepEnv) -> None:
         )
     env.op.compaction_prior = recorded
     env.ctx.progress.compaction_paused = True
+    kept = recorded != prior
     env.log.info(
-        f"compaction paused (recorded prior: {describe_prior(recorded)}); a compaction already "
+        f"compaction paused (recorded prior: {describe_prior(recorded)}"
+        + ("; kept from an earlier attempt" if kept else "")
+        + "); a compaction already "
         "running can outlive the pause (it holds a lease, so the drain waited for it; on "
         "external sources the SHARE locks block its writes during the copy)"
     )

@@ -11,6 +11,12 @@ live warehouse's (fencing would end that warehouse's sessions) and the tenant ro
 :func:`reshard.identity.tenant_role_message` (never the provisioner, ``postgres``, a ``pg_*``
 or privileged role, or a role another warehouse uses); a refusal fails the op pre-flip with
 nothing sent.
+
+Idempotent for a takeover redoing the steps (safeguard reshard-73): ``COALESCE`` keeps the first
+``source_fence_requested_at``; a tenant role already NOLOGIN (this op's earlier fence: the
+request was recorded before ``ALTER ROLE`` was sent) gets ``ALTER ROLE … NOLOGIN`` again (a
+no-op in PostgreSQL), the NOLOGIN observation passes at once and the backends are terminated
+and counted again.
 """
 
 from __future__ import annotations
@@ -62,7 +68,13 @@ def run(env: StepEnv) -> None:
     try:
         with stores.provisioner_conn(ctx, prov) as conn:
             check_source_identity(env, conn, prov)
+            earlier = op.source_fence_requested_at is not None
             env.fence.update(source_fence_requested_at=Coalesce("source_fence_requested_at", Now()))
+            if earlier and stores.role_state(conn, tenant) is False:
+                env.log.info(
+                    f"tenant role {tenant} is already NOLOGIN on store {prov.store.name} (this "
+                    "operation's earlier fence); fencing again"
+                )
             ctx.progress.fence_requested = True
             env.fence.pre_statement_heartbeat()
             alter_nologin(conn, tenant)
