@@ -105,6 +105,10 @@ DUCKGRES_DATAPLANE_SECRET = _secrets.get("DUCKGRES_DATAPLANE_SECRET", "")
 DUCKGRES_RESHARD_LAUNCHER = env.choice("DUCKGRES_RESHARD_LAUNCHER", "local", ("local", "pod"))
 DUCKGRES_RESHARD_POD_CPU = env.string("DUCKGRES_RESHARD_POD_CPU", "2")
 DUCKGRES_RESHARD_POD_MEMORY = env.string("DUCKGRES_RESHARD_POD_MEMORY", "8Gi")
+# The runner pods' own ServiceAccount: no RBAC, no token (docs/kubernetes.md "Identities").
+DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT = env.string(
+    "DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT", "duckgres-admin-runner"
+)
 DUCKGRES_RESHARD_LOCAL_STATE_DIR = env.string(
     "DUCKGRES_RESHARD_LOCAL_STATE_DIR", str(BASE_DIR / "var" / "reshard-runners")
 )

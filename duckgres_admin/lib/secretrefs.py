@@ -17,10 +17,14 @@ behind it and present it to a server. Two rules bound it:
   ``DUCKGRES_SECRET_REF_ALLOW_TENANT`` (entries parsed by :func:`parse_allowlist`; unset means
   nothing is allowed). The API enforces it wherever a reference is written or about to be
   resolved on a caller's behalf; runners do not (they only resolve references the API vetted).
+- **Runner pods never call the Kubernetes API** (``MOUNTED_MODE_VAR``): their ``k8s:``
+  references arrive as ``secretKeyRef`` variables the pod launcher mounted, so a runner's
+  identity needs no RBAC at all and a compromised runner can read no other Secret.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -58,6 +62,12 @@ DENIED_VARIABLES = frozenset(
     }
 )
 DENIED_SECRET_NAMES = frozenset({"duckgres-admin", "duckgres-admin-trino"})
+
+# Runner pods have no Kubernetes API access: the pod launcher mounts each Secret key their
+# operation references as a `secretKeyRef` variable (`mounted_variable`) and sets this flag, and
+# `resolve` then reads `k8s:` references from those variables only.
+MOUNTED_MODE_VAR = "DUCKGRES_SECRET_REFS_MOUNTED"
+MOUNTED_PREFIX = "DUCKGRES_REF_"
 
 
 class SecretRefError(ValueError):
@@ -243,6 +253,16 @@ def resolve(ref: str, *, launcher: str | None = None) -> str:
         value = os.environ.get(parsed.variable)
         if value is None:
             raise SecretRefError(f"secret {parsed}: variable {parsed.variable} is not set")
+    elif os.environ.get(MOUNTED_MODE_VAR) == "1":
+        mounted = os.environ.get(mounted_variable(parsed))
+        if mounted is None:
+            namespace = os.environ.get("POD_NAMESPACE", "") or "<its namespace>"
+            raise SecretRefError(
+                f"secret {parsed} is not mounted into this runner pod (or the Secret or its key "
+                f"does not exist): a runner reads only the Secrets its launcher mounted, which "
+                f"are those in its own namespace {namespace}; keep the Secret there"
+            )
+        value = mounted
     else:
         from duckgres_admin.lib import k8s
 
@@ -258,6 +278,13 @@ def resolve(ref: str, *, launcher: str | None = None) -> str:
             f"secret {parsed}: the secret value must be the raw password, not JSON"
         )
     return value
+
+
+def mounted_variable(parsed: SecretRef) -> str:
+    """The environment variable a runner pod receives ``parsed``'s value in (a ``secretKeyRef``
+    the pod launcher adds; the name is a digest, so it says nothing about the Secret)."""
+    digest = hashlib.sha256(str(parsed).encode()).hexdigest()[:20].upper()
+    return f"{MOUNTED_PREFIX}{digest}"
 
 
 def env_variable(ref: str) -> str | None:

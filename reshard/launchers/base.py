@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 
 PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
 
@@ -74,3 +74,20 @@ class Launcher(Protocol):
     def delete(self, op_id: int, grace_seconds: int | None = None) -> None: ...
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str: ...
+
+
+def runner_secret_refs(op: ReshardOperation) -> list[str]:
+    """Every reference the runner of ``op`` may resolve: the op's source and target password
+    references, the warehouse binding's, and the provisioner references of both stores."""
+    refs = [op.source_password_secret_ref, op.target_password_secret_ref]
+    binding = Warehouse.objects.filter(org_id=op.org_id).first() if op.org_id else None
+    if binding is not None:
+        refs.append(binding.metadata_store_password_ref)
+    names = [name for name in (op.from_shard, op.to_shard) if name]
+    if names:
+        refs.extend(
+            MetadataStore.objects.filter(name__in=names).values_list(
+                "provisioner_password_ref", flat=True
+            )
+        )
+    return [ref for ref in refs if ref]

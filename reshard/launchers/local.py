@@ -30,7 +30,7 @@ from typing import Any
 from django.conf import settings
 
 from duckgres_admin.lib.secretrefs import env_variable
-from duckgres_admin.models import MetadataStore, ReshardOperation
+from duckgres_admin.models import ReshardOperation
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     LauncherError,
@@ -38,6 +38,7 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
     runner_name,
+    runner_secret_refs,
 )
 from reshard.launchers.envcontract import (
     ALLOWLIST,
@@ -95,7 +96,7 @@ def runner_env(
     *,
     directory: Path,
     uid: str,
-    store_refs: Sequence[str] = (),
+    secret_refs: Sequence[str] = (),
 ) -> dict[str, str]:
     """The runner's environment: the §4.13 contract built from ``environ`` (no other names)."""
     env: dict[str, str] = {}
@@ -106,8 +107,7 @@ def runner_env(
             env[name] = environ[name]
         if name in SECRET_BEARING and f"{name}_FILE" in environ:
             env[f"{name}_FILE"] = environ[f"{name}_FILE"]
-    refs = (op.source_password_secret_ref, op.target_password_secret_ref, *store_refs)
-    for ref in refs:
+    for ref in (op.source_password_secret_ref, op.target_password_secret_ref, *secret_refs):
         variable = env_variable(ref)
         if variable and variable in environ and variable not in NEVER_PASSED:
             env[variable] = environ[variable]
@@ -119,19 +119,6 @@ def runner_env(
     if op.password_url:
         env[PASSWORD_URL_VAR] = op.password_url
     return env
-
-
-def _store_refs(op: ReshardOperation) -> list[str]:
-    names = [n for n in (op.from_shard, op.to_shard) if n]
-    if not names:
-        return []
-    return [
-        ref
-        for ref in MetadataStore.objects.filter(name__in=names).values_list(
-            "provisioner_password_ref", flat=True
-        )
-        if ref
-    ]
 
 
 class LocalLauncher:
@@ -232,7 +219,7 @@ class LocalLauncher:
         spawned_at = _now_iso()
         uid = f"local-{os.getpid()}-{time.time_ns() // 1_000_000}"
         env = runner_env(
-            op, os.environ, directory=self.directory, uid=uid, store_refs=_store_refs(op)
+            op, os.environ, directory=self.directory, uid=uid, secret_refs=runner_secret_refs(op)
         )
         log_path = self._log_file(op.id)
         try:

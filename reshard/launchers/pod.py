@@ -26,6 +26,7 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
     runner_name,
+    runner_secret_refs,
 )
 from reshard.launchers.podspec import CONTAINER_NAME, build_runner_pod, parse_spawned_at
 
@@ -100,6 +101,8 @@ class PodLauncher:
             memory=settings.DUCKGRES_RESHARD_POD_MEMORY,
             machine=platform.machine(),
             now=datetime.now(UTC),
+            service_account=settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT,
+            secret_refs=runner_secret_refs(op),
         )
         existing = self._read(namespace, name)
         if existing is not None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
+from duckgres_admin.lib import secretrefs
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     OP_ID_LABEL,
@@ -148,6 +150,36 @@ def copy_allowlisted_env(container: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def mounted_secret_env(refs: Sequence[str], namespace: str) -> list[dict[str, Any]]:
+    """``MOUNTED_MODE_VAR=1`` and one optional ``secretKeyRef`` variable per distinct ``k8s:``
+    reference in ``namespace`` (a pod can reference no other namespace's Secret). Denied and
+    malformed references are skipped: the runner reports them when it resolves them."""
+    out: list[dict[str, Any]] = [{"name": secretrefs.MOUNTED_MODE_VAR, "value": "1"}]
+    seen: set[str] = set()
+    for ref in refs:
+        if not ref or not ref.startswith("k8s:"):
+            continue
+        try:
+            parsed = secretrefs.parse(ref, launcher="pod")
+        except secretrefs.SecretRefError:
+            continue
+        if parsed.namespace != namespace or secretrefs.denied_reason(parsed):
+            continue
+        variable = secretrefs.mounted_variable(parsed)
+        if variable in seen:
+            continue
+        seen.add(variable)
+        out.append(
+            {
+                "name": variable,
+                "valueFrom": {
+                    "secretKeyRef": {"name": parsed.name, "key": parsed.key, "optional": True}
+                },
+            }
+        )
+    return out
+
+
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -162,8 +194,16 @@ def build_runner_pod(
     memory: str,
     machine: str,
     now: datetime,
+    service_account: str = "",
+    secret_refs: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``."""
+    """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``.
+
+    The runner has no Kubernetes API access: it runs as ``service_account`` (the runner's own,
+    no RBAC) with no token mounted, and each ``k8s:`` reference of ``secret_refs`` in the pod's
+    namespace reaches it as an optional ``secretKeyRef`` variable (``secretrefs``' mounted
+    mode); a reference in another namespace cannot be mounted and fails in the runner with a
+    message naming it."""
     cpu = validate_quantity("DUCKGRES_RESHARD_POD_CPU", cpu)
     memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
     own_meta = own_pod.get("metadata") or {}
@@ -187,6 +227,7 @@ def build_runner_pod(
     )
     if password_url:
         env.append({"name": PASSWORD_URL_VAR, "value": password_url})
+    env.extend(mounted_secret_env(secret_refs, own_meta.get("namespace") or ""))
 
     security_context = restricted_container_context(own.get("securityContext") or {})
     container: dict[str, Any] = {
@@ -222,9 +263,9 @@ def build_runner_pod(
         "nodeSelector": node_selector,
         "volumes": [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}],
     }
-    account = own_spec.get("serviceAccountName") or own_spec.get("serviceAccount")
-    if account:
-        spec["serviceAccountName"] = account
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    spec["automountServiceAccountToken"] = False
     if tolerations:
         spec["tolerations"] = tolerations
     if own_spec.get("imagePullSecrets"):

@@ -141,34 +141,61 @@ def test_the_api_admits_the_advertise_port_from_runner_pods():
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
 
 
-def test_rbac_is_least_privilege_for_the_pod_launcher():
-    role = one("Role", "duckgres-admin")
-    assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "verbs": ["create", "delete", "get", "list", "watch"],
-        },
-        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
-    ]
-    binding = one("RoleBinding", "duckgres-admin")
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": "duckgres-admin",
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "duckgres-admin", "namespace": "duckgres"}
-    ]
-    one("ServiceAccount", "duckgres-admin")
+POD_RULES = {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get",
+             "list", "watch"]}  # fmt: skip
+SECRETS_GET = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+IDENTITIES = {  # ServiceAccount: (its Role's rules or None for no Role, token mounted)
+    "duckgres-admin-api": (
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, SECRETS_GET],
+        True,
+    ),
+    "duckgres-admin-launcher": (
+        [POD_RULES, {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}, SECRETS_GET],
+        True,
+    ),
+    "duckgres-admin-beat": (None, False),
+    "duckgres-admin-runner": (None, False),
+}
+DEPLOYMENT_IDENTITY = {
+    "duckgres-admin-api": "duckgres-admin-api",
+    "duckgres-admin-worker": "duckgres-admin-launcher",
+    "duckgres-admin-control-worker": "duckgres-admin-launcher",
+    "duckgres-admin-beat": "duckgres-admin-beat",
+    "duckgres-admin-trino-worker": "duckgres-admin-trino",  # test_trino_worker_rbac.py
+}
+
+
+@pytest.mark.safeguard("reshard-78")
+def test_every_component_has_its_own_least_privilege_identity():
+    roles = {d["metadata"]["name"]: d for d in load_docs() if d["kind"] == "Role"}
+    bindings = {d["metadata"]["name"]: d for d in load_docs() if d["kind"] == "RoleBinding"}
+    for account, (rules, token) in IDENTITIES.items():
+        sa = one("ServiceAccount", account)
+        assert sa.get("automountServiceAccountToken", True) is token, account
+        if rules is None:
+            assert account not in roles, account
+            assert not [
+                b for b in bindings.values()
+                if any(s.get("name") == account for s in b.get("subjects", []))
+            ], account  # fmt: skip
+            continue
+        assert roles[account]["rules"] == rules, account
+        assert bindings[account]["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": account,
+        }
+        assert bindings[account]["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "duckgres"}
+        ]
+    assert "duckgres-admin" not in roles  # the shared identity is gone
     for deployment in deployments():
-        account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-        if deployment["metadata"]["name"] == "duckgres-admin-trino-worker":
-            # Its own identity without the launcher's rights (test_trino_worker_rbac.py).
-            assert account == "duckgres-admin-trino"
-        else:
-            assert account == "duckgres-admin"
+        spec = deployment["spec"]["template"]["spec"]
+        name = deployment["metadata"]["name"]
+        assert spec["serviceAccountName"] == DEPLOYMENT_IDENTITY[name], name
+        if name == "duckgres-admin-beat":
+            assert spec["automountServiceAccountToken"] is False
+    assert set(DEPLOYMENT_IDENTITY) == {d["metadata"]["name"] for d in deployments()}
 
 
 def test_processes_and_their_identity():
@@ -252,7 +279,8 @@ def test_the_launching_workers_yield_a_valid_runner_pod(name):
         "DUCKGRES_RESHARD_POD_CPU",
     ):
         assert never not in env
-    assert pod["spec"]["serviceAccountName"] == "duckgres-admin"
+    assert "serviceAccountName" not in pod["spec"]  # the builder is told the runner's own
+    assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["spec"]["containers"][0]["workingDir"] == "/app"
     assert pod["metadata"]["labels"] == runner_labels(9)

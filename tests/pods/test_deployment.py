@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.pods.conftest import DEPLOYMENTS, NAMESPACE, Deployed, kubectl_json
+from tests.pods.conftest import DEPLOYMENTS, NAMESPACE, Deployed, kubectl, kubectl_json
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
 
@@ -52,3 +52,57 @@ def test_the_admin_static_files_and_readyz_answer_through_the_service(deployed: 
     assert status == 200
     assert content_type.startswith("text/css")
     assert b"body" in body
+
+
+# (identity, verb, resource, allowed) on the real API server's RBAC authorizer, impersonated.
+CAN_I = [
+    ("duckgres-admin-api", "get", "secrets", True),
+    ("duckgres-admin-api", "get", "pods", True),
+    ("duckgres-admin-api", "create", "pods", False),
+    ("duckgres-admin-api", "delete", "pods", False),
+    ("duckgres-admin-launcher", "create", "pods", True),
+    ("duckgres-admin-launcher", "delete", "pods", True),
+    ("duckgres-admin-launcher", "get", "pods/log", True),
+    ("duckgres-admin-launcher", "get", "secrets", True),
+    ("duckgres-admin-launcher", "create", "deployments.apps", False),
+    ("duckgres-admin-launcher", "list", "secrets", False),
+    ("duckgres-admin-beat", "get", "secrets", False),
+    ("duckgres-admin-beat", "get", "pods", False),
+    ("duckgres-admin-runner", "get", "secrets", False),
+    ("duckgres-admin-runner", "create", "pods", False),
+    ("duckgres-admin-runner", "list", "pods", False),
+    ("duckgres-admin-trino", "get", "secrets", False),
+    ("duckgres-admin-trino", "create", "pods", False),
+]
+
+
+@pytest.mark.safeguard("reshard-78")
+def test_each_component_runs_as_its_own_identity_with_only_its_rights(deployed: Deployed) -> None:
+    expected = {
+        "api": "duckgres-admin-api",
+        "worker": "duckgres-admin-launcher",
+        "control-worker": "duckgres-admin-launcher",
+        "beat": "duckgres-admin-beat",
+        "trino-worker": "duckgres-admin-trino",
+    }
+    seen = set()
+    for pod in deployed.pods("app=duckgres-admin"):
+        component = pod["metadata"]["labels"].get("component", "")
+        if component not in expected:
+            continue
+        seen.add(component)
+        spec = pod["spec"]
+        assert spec["serviceAccountName"] == expected[component], pod["metadata"]["name"]
+        tokens = [v for v in spec.get("volumes", []) if "projected" in v]
+        if component == "beat":  # beat holds no API token at all
+            assert tokens == [], spec.get("volumes")
+    assert seen == set(expected)
+    wrong = []
+    for account, verb, resource, allowed in CAN_I:
+        answer = kubectl(
+            "auth", "can-i", verb, resource, "-n", NAMESPACE,
+            f"--as=system:serviceaccount:{NAMESPACE}:{account}", check=False,
+        ).strip()  # fmt: skip
+        if (answer == "yes") != allowed:
+            wrong.append((account, verb, resource, answer))
+    assert wrong == []

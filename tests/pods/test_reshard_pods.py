@@ -122,6 +122,7 @@ def _moved_rows(tenant: Tenant) -> dict[str, int]:
     return moved.row_counts()
 
 
+@pytest.mark.safeguard("reshard-78")
 def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deployed, tenant):
     t = tenant(rows=5)
     rows_before = t.catalog.row_counts()
@@ -146,6 +147,15 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-admin", name
         assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key, name
     assert "DUCKGRES_INTERNAL_SECRET" not in env
+    # Its own identity with no API token (safeguard reshard-78): the store's provisioner
+    # reference reaches it only as a mounted secretKeyRef, which the move below resolves.
+    assert spec["serviceAccountName"] == "duckgres-admin-runner"
+    assert spec["automountServiceAccountToken"] is False
+    assert not [v for v in spec.get("volumes", []) if "projected" in v], spec.get("volumes")
+    assert env["DUCKGRES_SECRET_REFS_MOUNTED"]["value"] == "1"
+    mounted = [e for e in container["env"] if e["name"].startswith("DUCKGRES_REF_")]
+    assert mounted, container["env"]
+    assert all("value" not in e and e["valueFrom"]["secretKeyRef"] for e in mounted)
 
     op = deployed.api.wait_terminal(op_id, timeout=300)
     entries = deployed.api.log_entries(op_id)

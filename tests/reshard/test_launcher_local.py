@@ -128,7 +128,7 @@ def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
         environ,
         directory=Path("/state"),
         uid="local-1-2",
-        store_refs=["env:PROV_PW", "k8s:ns/s#k", "env:DUCKGRES_INTERNAL_SECRET"],
+        secret_refs=["env:PROV_PW", "k8s:ns/s#k", "env:DUCKGRES_INTERNAL_SECRET"],
     )
     assert env == {
         "PATH": "/usr/bin",

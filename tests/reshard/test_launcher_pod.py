@@ -109,7 +109,8 @@ def kube(kube_api, settings) -> Iterator[Any]:
 
 
 def new_op(**fields: Any) -> ReshardOperation:
-    """An unsaved op: the pod launcher reads only id, runner_image and password_url."""
+    """An unsaved op: the pod launcher reads its id, runner_image, password_url and the
+    references it mounts (none here: no warehouse or store rows exist for it)."""
     return ReshardOperation(id=secrets.randbelow(10**9) + 1, launcher="pod", **fields)
 
 
@@ -178,7 +179,8 @@ def test_the_runner_pod_is_created_field_by_field(kube):
     assert "ownerReferences" not in meta
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 600
-    assert spec["serviceAccountName"] == "duckgres-admin"
+    assert spec["serviceAccountName"] == "duckgres-admin-runner"
+    assert spec["automountServiceAccountToken"] is False
     assert spec["nodeSelector"]["duckgres.posthog.com/pool"] == "control"
     assert spec["nodeSelector"]["kubernetes.io/arch"] in ("amd64", "arm64")
     # The control plane's node.kubernetes.io/* tolerations are not copied; the apiserver's
@@ -225,6 +227,7 @@ def test_the_runner_pod_is_created_field_by_field(kube):
         "POD_UID",
         "NODE_NAME",
         "POD_NAMESPACE",
+        "DUCKGRES_SECRET_REFS_MOUNTED",
     ]
     # Secret-bearing names stay references; nothing carries a value of theirs.
     assert env["DUCKGRES_RUNNER_SECRET"] == {
@@ -259,7 +262,7 @@ def test_the_per_op_image_and_password_url_are_used(kube):
     PodLauncher().create(op, replace=False)
     container = read(kube, f"duckgres-reshard-op-{op.id}")["spec"]["containers"][0]
     assert container["image"] == "registry.example/duckgres-admin:pinned"
-    assert container["env"][-1] == {
+    assert container["env"][-2] == {
         "name": "DUCKGRES_RESHARD_PASSWORD_URL",
         "value": "http://10.1.2.3:8080/api/v1/reshards/1/password",
     }

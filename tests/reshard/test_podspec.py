@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from duckgres_admin.lib import secretrefs
 from reshard.launchers.base import LauncherError
 from reshard.launchers.envcontract import ALLOWLIST
 from reshard.launchers.podspec import (
@@ -90,7 +91,10 @@ def build(pod: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
 
 @pytest.mark.safeguard("reshard-26")
 def test_the_runner_pod_is_built_field_by_field():
-    pod = build(password_url="http://10.0.0.7:8080/api/v1/reshards/42/password")
+    pod = build(
+        password_url="http://10.0.0.7:8080/api/v1/reshards/42/password",
+        service_account="duckgres-admin-runner",
+    )
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "duckgres-reshard-op-42"
     assert meta["namespace"] == "duckgres"
@@ -102,7 +106,9 @@ def test_the_runner_pod_is_built_field_by_field():
     assert "ownerReferences" not in meta
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 600
-    assert spec["serviceAccountName"] == "duckgres-admin"
+    # The runner's own identity, never the control plane's; no API token in the pod.
+    assert spec["serviceAccountName"] == "duckgres-admin-runner"
+    assert spec["automountServiceAccountToken"] is False
     assert spec["nodeSelector"] == {"pool": "control", "kubernetes.io/arch": "amd64"}
     assert spec["tolerations"] == [
         {"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"},
@@ -148,6 +154,7 @@ def test_the_runner_pod_is_built_field_by_field():
             "name": "DUCKGRES_RESHARD_PASSWORD_URL",
             "value": "http://10.0.0.7:8080/api/v1/reshards/42/password",
         },
+        {"name": "DUCKGRES_SECRET_REFS_MOUNTED", "value": "1"},
     ]
 
 
@@ -163,7 +170,7 @@ def test_runner_pods_never_get_the_internal_or_dataplane_secret():
 def test_no_password_url_means_no_variable():
     names = [e["name"] for e in build(password_url="")["spec"]["containers"][0]["env"]]
     assert "DUCKGRES_RESHARD_PASSWORD_URL" not in names
-    assert names[-1] == "POD_NAMESPACE"
+    assert names[-2:] == ["POD_NAMESPACE", "DUCKGRES_SECRET_REFS_MOUNTED"]
 
 
 @pytest.mark.safeguard("reshard-26")
@@ -351,3 +358,58 @@ def test_pod_mode_refuses_a_runner_secret_supplied_as_a_file(tmp_path):
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
+
+
+# --- runner pods have no Kubernetes API access (safeguard reshard-78) --------------------------
+@pytest.mark.safeguard("reshard-78")
+def test_the_ops_secret_references_reach_the_runner_as_secret_key_refs_only():
+    refs = [
+        "k8s:duckgres/duckgres-tenant-acme#password",
+        "k8s:duckgres/duckgres-store-a#provisioner",
+        "k8s:duckgres/duckgres-tenant-acme#password",  # the same reference twice: once
+        "k8s:other/duckgres-tenant-x#password",  # another namespace: a pod cannot mount it
+        "k8s:duckgres/duckgres-admin#internal-secret",  # the control plane's own: never
+        "env:DUCKGRES_TEST_PW",
+        "",
+    ]
+    pod = build(service_account="duckgres-admin-runner", secret_refs=refs)
+    env = pod["spec"]["containers"][0]["env"]
+    mounted = [e for e in env if e["name"].startswith(secretrefs.MOUNTED_PREFIX)]
+    assert mounted == [
+        {
+            "name": secretrefs.mounted_variable(secretrefs.parse(ref, launcher="pod")),
+            "valueFrom": {"secretKeyRef": {"name": name, "key": key, "optional": True}},
+        }
+        for ref, name, key in (
+            (refs[0], "duckgres-tenant-acme", "password"),
+            (refs[1], "duckgres-store-a", "provisioner"),
+        )
+    ]
+    assert {"name": secretrefs.MOUNTED_MODE_VAR, "value": "1"} in env
+    text = repr(env)
+    assert "internal-secret" not in text
+    assert "duckgres-tenant-x" not in text
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert all("projected" not in v for v in pod["spec"]["volumes"])
+
+
+@pytest.mark.safeguard("reshard-78")
+def test_a_runner_in_mounted_mode_reads_mounted_references_and_never_calls_the_api(monkeypatch):
+    from duckgres_admin.lib import k8s
+
+    def no_api(*args: Any, **kwargs: Any) -> str:
+        raise AssertionError("a runner pod must never read a Secret through the API")
+
+    monkeypatch.setattr(k8s, "read_secret_key", no_api)  # the one seam, observed
+    ref = "k8s:duckgres/duckgres-tenant-acme#password"
+    variable = secretrefs.mounted_variable(secretrefs.parse(ref, launcher="pod"))
+    monkeypatch.setenv(secretrefs.MOUNTED_MODE_VAR, "1")
+    monkeypatch.setenv("POD_NAMESPACE", "duckgres")
+    monkeypatch.setenv(variable, "s3cr3t-value")
+    assert secretrefs.resolve(ref, launcher="pod") == "s3cr3t-value"
+    with pytest.raises(secretrefs.SecretRefError) as info:
+        secretrefs.resolve("k8s:other/duckgres-tenant-x#password", launcher="pod")
+    assert "is not mounted into this runner pod" in str(info.value)
+    assert "its own namespace duckgres" in str(info.value)
+    with pytest.raises(secretrefs.SecretRefError, match="control plane's own"):
+        secretrefs.resolve("k8s:duckgres/duckgres-admin#internal-secret", launcher="pod")
