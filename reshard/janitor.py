@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import Error as DbError
 from django.db import connection, transaction
-from django.db.models import BooleanField, DateTimeField
+from django.db.models import BooleanField, DateTimeField, QuerySet
 from django.db.models.expressions import RawSQL
 
 from duckgres_admin.leadership import LeaderLease
@@ -84,6 +84,19 @@ NEEDS_RUNNER_SQL = (
     " OR (state = 'running' AND (heartbeat_at IS NULL"
     " OR heartbeat_at < now() - make_interval(secs => %s))))"
 )
+
+
+# What the tick's listing reads of each active op: enough to decide that most need nothing.
+_LISTED_FIELDS = ("id", "state", "launcher", "runner_epoch", "heartbeat_at")
+
+
+def _annotated(ops: QuerySet[ReshardOperation]) -> QuerySet[ReshardOperation]:
+    return ops.annotate(
+        needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
+            NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
+        ),
+        db_now=RawSQL("now()", [], output_field=DateTimeField()),
+    )
 
 
 def needs_runner_params() -> list[int]:
@@ -316,33 +329,27 @@ class Janitor:
     def _tick(self, report: TickReport) -> bool:
         """Steps 1-7; True when the tick ran to its end (False: skipped, nothing listed)."""
         try:
-            ops = list(
-                ReshardOperation.objects.filter(state__in=ACTIVE_STATES)
-                .annotate(
-                    needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
-                        NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
-                    ),
-                    db_now=RawSQL("now()", [], output_field=DateTimeField()),
-                )
-                .order_by("id")
-            )
+            ops = list(_annotated(ReshardOperation.objects.filter(state__in=ACTIVE_STATES))
+                       .only(*_LISTED_FIELDS).order_by("id"))  # fmt: skip
         except DbError as exc:
             _log.warning("janitor: listing active operations failed, skipping this tick: %s", exc)
             return False
 
         dead = self._observed_dead(ops)
         stale = 0
-        for op in ops:
-            if not op.needs_runner and not (op.id in dead and self._release(op, dead[op.id])):
+        for listed in ops:
+            if not getattr(listed, "needs_runner", False) and not (
+                listed.id in dead and self._release(listed, dead[listed.id])
+            ):
                 continue  # fresh heartbeat and a runner not seen dead: never touched
             stale += 1
             self._check_deadline()
             try:
-                self._reconcile_op(op, op.db_now, report)
+                self._reconcile_op(listed, getattr(listed, "db_now"), report)  # noqa: B009
             except _StopTick:
                 raise
             except Exception:  # noqa: BLE001 - one op's failure never stops the tick
-                _log.exception("janitor: reconciling op %s failed; next op", op.id)
+                _log.exception("janitor: reconciling op %s failed; next op", listed.id)
 
         self._check_deadline()
         try:
@@ -535,7 +542,8 @@ class Janitor:
         if status.exited:
             capture_log(op.id, launcher, status)
         try:
-            launcher.create(op, replace=True)
+            # The listing read only what the decision needs; the launcher gets the whole row.
+            launcher.create(ReshardOperation.objects.get(id=op.id), replace=True)
         except StillTerminating:
             with connection.cursor() as cursor:
                 cursor.execute(_GIVE_BACK_SQL, [op.id, attempt])
@@ -576,9 +584,8 @@ class Janitor:
         _recovery, error, epoch = row
         oplog.append(op.id, error, level="error", source="janitor", epoch=int(epoch))
         report.add(f"force-fail {op.id}")
-        op.refresh_from_db()
         uploads.abort_for_op(
-            op,
+            ReshardOperation.objects.get(id=op.id),
             lambda level, message: oplog.append(
                 op.id, message, level=level, source="janitor", epoch=int(epoch)
             ),
