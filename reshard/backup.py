@@ -59,7 +59,13 @@ from typing import Any, Protocol
 from django.conf import settings
 from psycopg.conninfo import make_conninfo
 
-from duckgres_admin.lib.pgadmin import Endpoint, connect, effective_sslmode, tls_params
+from duckgres_admin.lib.pgadmin import (
+    Endpoint,
+    connect,
+    effective_sslmode,
+    pinned_host,
+    tls_params,
+)
 from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
 from reshard.pgclients import (
     NoPgClient,
@@ -257,7 +263,7 @@ def source_conninfo(
     endpoint = Endpoint(source.host, source.port, source.sslmode)
     return make_conninfo(
         "",
-        host=source.host,
+        **pinned_host(source.host, source.port),  # the checked address is the one dumped
         port=str(source.port),
         user=source.user,
         dbname=source.database,

@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import psycopg
-from django.conf import settings
 
+from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import (
     ACTIVE_STATES,
@@ -373,8 +373,6 @@ def tenant_role_message(
 
 # --- store hosts --------------------------------------------------------------------------------
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
 
 def op_role_refusal(
     conn: PgConnection, op: ReshardOperation, side: str, store: MetadataStore
@@ -391,22 +389,6 @@ def op_role_refusal(
     return f"{side} {refusal}" if refusal else None
 
 
-def _denied_network(address: str) -> Network | None:
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return None
-    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        candidates.append(ip.ipv4_mapped)
-    networks: tuple[Network, ...] = tuple(settings.DUCKGRES_STORE_HOST_DENYLIST)
-    for candidate in candidates:
-        for network in networks:
-            if candidate.version == network.version and candidate in network:
-                return network
-    return None
-
-
 def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | None:
     """Why ``host`` may not be a metadata store's address (None: it may).
 
@@ -420,7 +402,7 @@ def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | N
         "link-local, cloud metadata and wildcard addresses (DUCKGRES_STORE_HOST_DENYLIST) are "
         "never metadata stores; use the server's own address"
     )
-    network = _denied_network(text)
+    network = pgadmin.denied_network(text)
     if network is not None:
         return f"{field_name}: {text} is in the denied network {network}: {fix}"
     try:
@@ -436,7 +418,7 @@ def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | N
         return None
     for info in infos:
         address = str(info[4][0])
-        network = _denied_network(address)
+        network = pgadmin.denied_network(address)
         if network is not None:
             return (
                 f"{field_name}: {text} resolves to {address}, in the denied network {network}: "

@@ -25,12 +25,23 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   pass ``pin=False``: a session setting would leak onto other clients' server connections;
   they run nothing but ``SELECT 1``.
 
+- **The checked address is the address used** (:func:`pinned_host`). A store's host name is
+  resolved once per connection; every address it resolves to is checked against
+  ``DUCKGRES_STORE_HOST_DENYLIST`` (link-local, cloud metadata, wildcard: :func:`denied_network`)
+  and the connection goes to exactly those addresses (libpq ``hostaddr``, one per address, in
+  order) while ``host`` stays the name, so TLS still verifies the name. A name whose DNS answer
+  changes between a check and the connection (rebinding) can therefore never steer a session,
+  a password or ``pg_dump`` to a denied address: a denied answer fails the connection
+  (:class:`DeniedStoreAddress`) before any packet is sent to it.
+
 Auth failures are classified so waits can report a stranded password with its remedy.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +69,65 @@ class InsecureSSLMode(psycopg.OperationalError):
 
 class LibpqTooOld(psycopg.OperationalError):
     """The libpq psycopg uses cannot enforce ``require_auth``; nothing was sent."""
+
+
+class DeniedStoreAddress(psycopg.OperationalError):
+    """The store's host is, or resolves to, a denied address; nothing was sent to it."""
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def denied_network(address: str) -> Network | None:
+    """The ``DUCKGRES_STORE_HOST_DENYLIST`` network holding the literal ``address`` (an
+    IPv4-mapped IPv6 address is judged as its IPv4 form), or ``None``."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        candidates.append(ip.ipv4_mapped)
+    networks: tuple[Network, ...] = tuple(settings.DUCKGRES_STORE_HOST_DENYLIST)
+    for candidate in candidates:
+        for network in networks:
+            if candidate.version == network.version and candidate in network:
+                return network
+    return None
+
+
+def pinned_host(host: str, port: int) -> dict[str, str]:
+    """libpq ``host``/``hostaddr`` for ``host``: a literal address (or a socket directory) as
+    is, a name resolved once with each address checked and pinned (see the module rules).
+    A name that does not resolve is passed on unpinned: libpq then fails to resolve it too."""
+    text = host.strip()
+    if not text or text.startswith("/"):
+        return {"host": host}
+    literal = text.strip("[]")
+    try:
+        ipaddress.ip_address(literal.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        network = denied_network(literal)
+        if network is not None:
+            raise DeniedStoreAddress(f"{text} is in the denied network {network}")
+        return {"host": host}
+    try:
+        infos = socket.getaddrinfo(text, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return {"host": host}
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for address in addresses:
+        network = denied_network(address)
+        if network is not None:
+            raise DeniedStoreAddress(
+                f"{text} resolves to {address}, in the denied network {network} "
+                "(DUCKGRES_STORE_HOST_DENYLIST): nothing was sent to it"
+            )
+    if not addresses:
+        return {"host": host}
+    return {"host": ",".join([text] * len(addresses)), "hostaddr": ",".join(addresses)}
 
 
 def sslmode_refusal(sslmode: str) -> str | None:
@@ -179,7 +249,7 @@ def connect(
             f"connections need libpq {REQUIRE_AUTH_MIN_LIBPQ} or newer (psycopg[binary])"
         )
     params: dict[str, Any] = {
-        "host": endpoint.host,
+        **pinned_host(endpoint.host, endpoint.port),
         "port": endpoint.port,
         "dbname": dbname,
         "user": user,
