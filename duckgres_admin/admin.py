@@ -339,11 +339,19 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
             return HttpResponseRedirect(
                 reverse("admin:duckgres_admin_reshardoperation_change", args=[outcome.op.id])
             )
+        # A dry run resolves references and connects to the stores it names: audited like the
+        # API's (``reshard.dry_run``), refused or not.
         try:
             plan = dryrun.dry_run(org, form.start_request(dry_run=True))
         except ServiceError as exc:
+            _audit(request, "reshard.dry_run", org, exc.status, exc.message)
             form.add_error(None, f"dry run refused ({exc.status}): {exc.message}")
             return self._start_page(request, form)
+        passed = sum(1 for entry in plan.get("preflight", []) if entry.get("ok"))
+        _audit(
+            request, "reshard.dry_run", org, 200,
+            f"dry run: {passed}/{len(plan.get('preflight', []))} preflight checks passed",
+        )  # fmt: skip
         return self._start_page(request, form, plan=plan)
 
     def _start_page(

@@ -170,6 +170,7 @@ def test_the_recovery_dry_run_prints_the_plan(admin_client, op):
     assert op.recovery_owner == ""
 
 
+@pytest.mark.safeguard("reshard-81")
 def test_the_start_form_plans_first_and_shows_refusals(admin_client, op):
     page = admin_client.get(f"{OPS}start/", {"org": "x"})
     assert page.status_code == 200
@@ -187,6 +188,12 @@ def test_the_start_form_plans_first_and_shows_refusals(admin_client, op):
     assert response.status_code == 200
     assert b"org has no managed warehouse" in response.content
     assert not ReshardOperation.objects.filter(org_id="no-such-org").exists()
+    # The admin's dry run is audited like the API's, refused ones too (safeguard reshard-81).
+    assert list(
+        AuditRecord.objects.filter(action="reshard.dry_run").values_list(
+            "org_id", "status", "detail", "source"
+        )
+    ) == [("no-such-org", 404, "org has no managed warehouse", "django")]
 
 
 def test_the_status_json_carries_steps_window_and_progress(viewer_client, op):
