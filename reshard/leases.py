@@ -23,6 +23,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Func
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
+from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import (
     ConnectionLease,
     LeaseState,
@@ -80,7 +81,7 @@ def _binding(warehouse: Warehouse) -> dict[str, Any]:
     else:
         host = warehouse.metadata_store_host
         port = warehouse.metadata_store_port or 5432
-        sslmode = warehouse.metadata_store_sslmode or "require"
+        sslmode = warehouse.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE
     return {
         "kind": warehouse.metadata_store_kind,
         "host": host,

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
+from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner.errors import StepError
 from reshard.runner.steps.base import StepEnv
@@ -33,7 +34,7 @@ def target_binding(op: ReshardOperation) -> dict[str, Any]:
         "metadata_store_id": None,
         "metadata_store_host": op.target_endpoint,
         "metadata_store_port": op.target_port or 5432,
-        "metadata_store_sslmode": op.target_sslmode or "require",
+        "metadata_store_sslmode": op.target_sslmode or pgadmin.DEFAULT_SSLMODE,
         "metadata_store_database": op.target_database,
         "metadata_store_user": op.target_user,
         "metadata_store_password_ref": op.target_password_secret_ref,
@@ -57,7 +58,7 @@ def source_binding(op: ReshardOperation) -> dict[str, Any]:
         "metadata_store_id": None,
         "metadata_store_host": op.source_endpoint,
         "metadata_store_port": op.source_port or 5432,
-        "metadata_store_sslmode": op.source_sslmode or "require",
+        "metadata_store_sslmode": op.source_sslmode or pgadmin.DEFAULT_SSLMODE,
         "metadata_store_database": op.source_database,
         "metadata_store_user": op.source_user,
         "metadata_store_password_ref": op.source_password_secret_ref,

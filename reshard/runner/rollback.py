@@ -329,7 +329,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         where = f"on source store {op.from_shard}"
     else:
         endpoint = pgadmin.Endpoint(
-            op.source_endpoint, op.source_port or 5432, op.source_sslmode or "require"
+            op.source_endpoint, op.source_port or 5432, op.source_sslmode or pgadmin.DEFAULT_SSLMODE
         )
 
         def observe() -> tuple[bool, str]:

@@ -101,6 +101,23 @@ def test_external_binding_keeps_its_port(clients):
     )
 
 
+@pytest.mark.safeguard("reshard-68")
+def test_an_external_binding_without_an_sslmode_is_handed_out_as_verify_full(clients):
+    """Empty means the default, verify-full: never silently "require" (no server check)."""
+    new_warehouse(
+        org_id="ext-default-tls",
+        metadata_store_kind="external",
+        metadata_store_host="rds.example",
+        metadata_store_port=5432,
+        metadata_store_sslmode="",
+        metadata_store_database="cat",
+        metadata_store_user="u",
+        metadata_store_password_ref="env:P",
+    )
+    binding = post(clients, "ext-default-tls").json()["binding"]
+    assert binding["sslmode"] == "verify-full"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -200,7 +200,7 @@ def run_external(env: StepEnv) -> None:
         endpoint = pgadmin.Endpoint(
             wh.metadata_store_host,
             int(wh.metadata_store_port or 5432),
-            wh.metadata_store_sslmode or "require",
+            wh.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         try:
             password = stores.resolve_secret(

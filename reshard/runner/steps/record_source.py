@@ -66,7 +66,7 @@ def run(env: StepEnv) -> None:
         endpoint = pgadmin.Endpoint(
             binding.metadata_store_host,
             int(binding.metadata_store_port or 5432),
-            binding.metadata_store_sslmode or "require",
+            binding.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         try:
             env.ctx.set_source_password(secretrefs.resolve(binding.metadata_store_password_ref))
