@@ -22,40 +22,15 @@ full size, and the same number of queries at both sizes.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
+from benchdb import recreate, setup_django
 
 ROOT = Path(__file__).resolve().parent.parent
-ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres?sslmode=prefer"
 CONFIG_DB = "duckgres_bench_janitor"
-
-
-def recreate(name: str) -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-
-
-def setup_django() -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DUCKGRES_CONFIG_STORE"] = (
-        f"postgresql://postgres@127.0.0.1:5432/{CONFIG_DB}?sslmode=prefer"
-    )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    logging.disable(logging.WARNING)
 
 
 def seed(finished: int, active: int, prefix: str, launcher: Any) -> None:
@@ -131,7 +106,7 @@ def main() -> int:
     parser.add_argument("--active", type=int, default=1_000)
     args = parser.parse_args()
     recreate(CONFIG_DB)
-    setup_django()
+    setup_django(CONFIG_DB)
     from django.conf import settings
     from django.db import connection
 

@@ -23,43 +23,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
-import os
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from benchdb import recreate, setup_django
 
 ROOT = Path(__file__).resolve().parent.parent
-ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres?sslmode=prefer"
 CONFIG_DB = "duckgres_bench_trino"
 CATALOG_DB = "duckgres_bench_trino_catalogs"
-
-
-def recreate(name: str) -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-
-
-def setup_django() -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DUCKGRES_CONFIG_STORE"] = (
-        f"postgresql://postgres@127.0.0.1:5432/{CONFIG_DB}?sslmode=prefer"
-    )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    logging.disable(logging.WARNING)
 
 
 def add_tenants(pool_ids: list[str], start: int, stop: int) -> None:
@@ -128,7 +104,7 @@ def main() -> int:
         f"postgresql://postgres@127.0.0.1:5432/{CATALOG_DB}", autocommit=True
     ) as conn:
         conn.execute("CREATE SCHEMA trino_catalogs")
-    setup_django()
+    setup_django(CONFIG_DB)
 
     from django.conf import settings as django_settings
     from django.db import connection
