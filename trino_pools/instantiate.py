@@ -448,8 +448,9 @@ def delete_objects(namespace: str, inventory: Inventory, *, instance_id: str = "
 
     ``delete_plan`` + ``issue_deletes`` + ``objects_absent`` in one call (the operator journals
     the deletes between the first two and checks absence on a later tick: see
-    ``trino_pools.instances``). Returns True only when all five objects and every pod labelled
-    with the instance are absent; a terminating object or pod counts as present.
+    ``trino_pools.operator.instances.teardown``). Returns True only when all five objects and
+    every pod labelled with the instance are absent; a terminating object or pod counts as
+    present.
     """
     instance_id = instance_id or _instance_id_of(inventory)
     plan = delete_plan(inventory, instance_id=instance_id)

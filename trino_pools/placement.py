@@ -29,6 +29,7 @@ from django.db import DatabaseError, connection, transaction
 from duckgres_admin.models import TrinoTier, WarehouseTrino
 from duckgres_admin.orglock import lock_org, org_lock_key
 from trino_pools.config import TrinoSettings
+from trino_pools.enqueue import queue_reconcile
 from trino_pools.registry import STORED_PREFIX
 
 SELECTION_CLOSED = (
@@ -158,8 +159,6 @@ RETURNING t.trino_cell_id
 
 def _queue_reconcile(org_id: str) -> None:
     """The pool reconciles the org after this transaction commits (dropped on rollback)."""
-    from trino_pools.tasks import queue_reconcile
-
     queue_reconcile(org_id)
 
 

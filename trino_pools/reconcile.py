@@ -48,7 +48,7 @@ from duckgres_admin.models.trino import (
 )
 from duckgres_admin.models.warehouses import Warehouse, WarehouseState
 from duckgres_admin.orglock import lock_org
-from trino_pools import authority, catalog_writer, config
+from trino_pools import authority, catalog_writer, config, operator
 from trino_pools.authority import NotThisReplica, PoolConflict
 from trino_pools.catalog_writer import WriterFenced
 from trino_pools.catalogs import catalog_name, payload_hash, render_definition
@@ -255,8 +255,6 @@ def _teardown(row: WarehouseTrino, cell: Cell) -> str:
 def _fence_lost(cell: Cell, exc: BaseException) -> None:
     """A fence refusal ends the pool's term (``operator.end_term``: holder, writer, metrics, and
     no new term for one lease duration), exactly as it would inside the pool tick."""
-    from trino_pools import operator
-
     auth = authority.HOLDER.get(cell.stored_id)
     writer = catalog_writer.installed(cell.stored_id)
     catalog_writer.uninstall(cell.stored_id, writer)

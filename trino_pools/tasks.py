@@ -10,7 +10,8 @@ name the queue too.
   a no-op where Trino is not wired or the operator is disabled (read-only operator).
 - ``trino.reconcile_orgs`` (beat every 30 s, expires 30 s): the leader's sweep of every
   Trino-enabled or catalog-holding org; ``trino.reconcile_org(org_id)`` is queued after commit by
-  enable, disable, tier and move changes. Both need the catalog writer this worker holds: in a
+  enable, disable, tier and move changes (``trino_pools.enqueue``: by name, so the API never
+  imports this module or the operator). Both need the catalog writer this worker holds: in a
   process without it they leave every row untouched (``NotThisReplica``).
 - ``worker_shutdown``: every live term ends (term gauges removed, catalog writer released).
 - ``worker_ready`` in the trino worker (consuming ``duckgres.trino``): start the exporter on
@@ -29,18 +30,20 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from duckgres_admin import beat
-from trino_pools import audit, catalog_store, config, lease, metrics
+from trino_pools import audit, catalog_store, config, lease, metrics, operator, reconcile
+
+# The queue and the per-org task name are shared with the API side's sender (re-exported).
+from trino_pools.enqueue import RECONCILE_ORG_TASK as RECONCILE_ORG_TASK
+from trino_pools.enqueue import TRINO_QUEUE as TRINO_QUEUE
 
 _log = logging.getLogger("duckgres.trino.worker")
 
-TRINO_QUEUE = "duckgres.trino"
 CONTROL_QUEUE = "duckgres.control"
 AUDIT_TASK = "trino.ownership_audit"
 POOL_TICK_TASK = "trino.pool_tick"
-RECONCILE_ORG_TASK = "trino.reconcile_org"
 RECONCILE_ORGS_TASK = "trino.reconcile_orgs"
 
 
@@ -57,8 +60,6 @@ def ownership_audit_task() -> dict[str, object]:
 
 @shared_task(name=POOL_TICK_TASK, acks_late=False, ignore_result=True)
 def pool_tick_task() -> dict[str, object]:
-    from trino_pools import operator
-
     settings = config.current()
     if not settings.wired or not settings.operator_enabled:
         return {"wired": settings.wired, "operator": False}
@@ -68,8 +69,6 @@ def pool_tick_task() -> dict[str, object]:
 
 @shared_task(name=RECONCILE_ORG_TASK, acks_late=False, ignore_result=True)
 def reconcile_org_task(org_id: str) -> str:
-    from trino_pools import reconcile
-
     if not config.current().wired:
         return "not wired"
     return reconcile.reconcile_org(org_id)
@@ -77,28 +76,12 @@ def reconcile_org_task(org_id: str) -> str:
 
 @shared_task(name=RECONCILE_ORGS_TASK, acks_late=False, ignore_result=True)
 def reconcile_orgs_task() -> dict[str, object]:
-    from trino_pools import reconcile
-
     settings = config.current()
     if not settings.wired or not settings.operator_enabled:
         return {"wired": settings.wired, "operator": False}
     if not lease.lease().acquire():
         return {"wired": True, "leader": False}
     return {"wired": True, "leader": True, "orgs": reconcile.reconcile_orgs()}
-
-
-def queue_reconcile(org_id: str) -> None:
-    """Queue ``trino.reconcile_org`` once the caller's transaction commits (org id only)."""
-    if not config.current().wired:
-        return
-
-    def send() -> None:
-        try:
-            reconcile_org_task.delay(org_id)
-        except Exception as exc:  # noqa: BLE001 - the 30 s sweep reconciles the org anyway
-            _log.warning("cannot queue %s for org %s: %s", RECONCILE_ORG_TASK, org_id, exc)
-
-    transaction.on_commit(send)
 
 
 def consumed_queues(consumer: Any) -> set[str]:
@@ -204,8 +187,6 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 def on_worker_shutdown(**_: Any) -> None:
-    from trino_pools import operator
-
     operator.shutdown()
 
 

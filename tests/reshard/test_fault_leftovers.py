@@ -70,7 +70,7 @@ def open_uploads(s3: RunnerS3, prefix: str = KEY_PREFIX) -> list[str]:
 
 
 def killed(op_id: int, state_dir: Path, point: str, env: dict[str, str], **extra: str) -> None:
-    runner = run_runner(op_id, state_dir, env_extra={**hooks(point), **env}, **extra)
+    runner = run_runner(op_id, state_dir, env_extra={**hooks(point), **env, **extra})
     assert runner.proc.returncode == -signal.SIGKILL, runner.output()
 
 

@@ -149,7 +149,7 @@ class PoolWorld:
             term = self.operator._begin_term(self.settings, cell)
             assert term is not None
         return PoolContext(
-            self.operator,
+            self.operator.ensure_leading,
             self.settings,
             desired.cell,
             desired,

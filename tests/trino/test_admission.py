@@ -3,8 +3,8 @@ catalog store, the protocol-faithful Gateway double and stand-in coordinators.
 
 Instances are inserted as SERVING rows and registered in the Gateway double as ACTIVE members
 through the real client; receipts probe the coordinator doubles through the test DNS seam
-(``probes.CONNECT_OVERRIDES``) with a fixed observer credential (term scratch
-``admission.CREDENTIALS_KEY``).
+(``probes.CONNECT_OVERRIDES``) with a fixed observer credential (the term's
+``observer_credentials`` hook).
 """
 
 from __future__ import annotations
@@ -31,14 +31,21 @@ from duckgres_admin.models.trino import (
 from tests.trino.coordinator_double import CoordinatorDouble
 from tests.trino.gateway_double import GatewayDouble, gateway  # noqa: F401
 from tests.trino.helpers import cell, full_env, registry, with_pool, write
-from trino_pools import admission, authority, catalog_writer, effects, reconcile, term_metrics
+from trino_pools import authority, catalog_writer, effects, reconcile, term_metrics
 from trino_pools.authority import PoolConflict
 from trino_pools.catalog_store import BOOTSTRAP_DDL
 from trino_pools.catalogs import binding_revision, catalog_name, payload_hash
 from trino_pools.config import load
 from trino_pools.desired import Desired
 from trino_pools.lease import TrinoLease
-from trino_pools.operator import Operator, PoolContext, PoolTerm, seed_pool
+from trino_pools.operator import (
+    AdmissionMemory,
+    Operator,
+    PoolContext,
+    PoolTerm,
+    admission,
+    seed_pool,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -207,7 +214,7 @@ def env(
         metrics_token=term_metrics.begin_term(pool_cell.id),
         started_mono=0.0,
     )
-    term.scratch[admission.CREDENTIALS_KEY] = lambda _ns: CRED
+    term.observer_credentials = lambda _ns: CRED
     # The tick renews the trino lease before every effect: this test's operator holds it.
     with connection.cursor() as cursor:
         cursor.execute(
@@ -218,7 +225,7 @@ def env(
     leader = TrinoLease(holder=OWNER)
     assert leader.acquire()
     ctx = PoolContext(
-        Operator(leader_lease=leader),
+        Operator(leader_lease=leader).ensure_leading,
         settings,
         pool_cell,
         Desired(cell=pool_cell, blueprint=None),
@@ -532,8 +539,9 @@ def test_a_barrier_of_an_earlier_term_is_released_not_committed(env: Env) -> Non
     env.tick()
     env.tick()
     pub = env.row("org-1").publication_id
-    env.ctx.term.scratch.clear()  # a new term: the barrier basis is unknown to this process
-    env.ctx.term.scratch[admission.CREDENTIALS_KEY] = lambda _ns: CRED
+    # A new term: the barrier basis is unknown to this process.
+    env.ctx.term.admission = AdmissionMemory()
+    env.ctx.term.observer_credentials = lambda _ns: CRED
     env.tick()
     assert env.publication(pub)["state"] == "ABANDONED"
     assert env.gw.requests_to("POST", r"/commit$") == []

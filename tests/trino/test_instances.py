@@ -19,8 +19,9 @@ from duckgres_admin.models.trino import TrinoPoolInstance, TrinoPoolOperationSte
 from tests.trino import gateway_double, operator_harness
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import config as trino_config
-from trino_pools import instances
-from trino_pools import operator as operator_module
+from trino_pools.operator import instances
+from trino_pools.operator import tick as operator_tick
+from trino_pools.operator.instances import base as instance_base
 
 pytestmark = [pytest.mark.django_db, pytest.mark.kube]
 
@@ -700,7 +701,7 @@ def test_the_lease_is_rechecked_between_deletes(
     # The operator reuses a renewal younger than 1 s: a real takeover cannot happen that soon
     # (the row expires a full lease duration after the renewal). This test forces an immediate
     # takeover, so it turns the reuse off to check that a renewal runs before every DELETE.
-    monkeypatch.setattr(operator_module, "RENEW_MIN_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(operator_tick, "RENEW_MIN_INTERVAL_SECONDS", 0.0)
     ctx = world.context()
     with pytest.raises(LeadershipLost):
         instances.progress(ctx, [world.row(old)], [])
@@ -1028,9 +1029,9 @@ def test_an_applied_suspect_claim_whose_cas_was_lost_is_completed_without_eviden
             raise RuntimeError("test: the process died after the claim, before its CAS")
         real_advance(ctx, row, to, **fields)
 
-    monkeypatch.setattr(instances, "advance", crash_before_cas)
+    monkeypatch.setattr(instance_base, "advance", crash_before_cas)
     world.instance_tick()
-    monkeypatch.setattr(instances, "advance", real_advance)
+    monkeypatch.setattr(instance_base, "advance", real_advance)
     assert world.row(old).phase == "DRAINING"
     member = world.gateway.member(rg, old)
     assert member is not None

@@ -32,6 +32,7 @@ from trino_pools import catalog_store as catalog_store_module
 from trino_pools.lease import TrinoLease
 from trino_pools.metrics import TRINO_REGISTRY
 from trino_pools.operator import Operator
+from trino_pools.operator import pool as operator_pool
 
 pytestmark = [pytest.mark.kube, pytest.mark.django_db(transaction=True)]
 
@@ -230,7 +231,7 @@ def test_a_failed_instance_listing_changes_no_sample_and_a_later_success_refresh
     assert 'pool_instance="cell-0000bbbb"' in before
 
     # Hold the instance table: the bounded listing fails, so the tick stops before any sample.
-    monkeypatch.setattr(operator, "LISTING_TIMEOUT", "300ms")
+    monkeypatch.setattr(operator_pool, "LISTING_TIMEOUT", "300ms")
     db = connection.settings_dict
     with psycopg.connect(
         host=db["HOST"], port=db["PORT"], dbname=db["NAME"], user=db["USER"]

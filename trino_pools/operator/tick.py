@@ -1,7 +1,8 @@
 """The shared-pool operator: terms and one tick (spec trino-pools §4.3, §4.4).
 
 One ``Operator`` lives in the trino worker process (Celery queue ``duckgres.trino``, solo pool).
-Beat calls ``trino.pool_tick`` every 5 s; the task calls ``OPERATOR.tick()``.
+Beat calls ``trino.pool_tick`` every 5 s; the task calls ``operator().tick()``. Each pool's tick
+hands its steps a ``PoolContext`` carrying this operator's ``ensure_leading``, never the operator.
 
 Invariants:
 
@@ -35,30 +36,30 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-from django.db import connection, transaction
-
-from duckgres_admin.lib.gateway import GatewayClient, GatewayRefused
-from duckgres_admin.models.trino import TrinoPool, TrinoPoolInstance
-from trino_pools import authority, catalog_writer, config, effects, lease, term_metrics
-from trino_pools.authority import Authority, PoolConflict
-from trino_pools.desired import Desired, read_desired
+from duckgres_admin.lib.gateway import GatewayClient
+from duckgres_admin.models.trino import TrinoPool
+from trino_pools import authority, catalog_writer, config, lease, term_metrics
+from trino_pools.authority import PoolConflict
+from trino_pools.desired import read_desired
+from trino_pools.operator import admission, instances
+from trino_pools.operator.context import PoolContext, PoolTerm
+from trino_pools.operator.errors import LeadershipLost, StaleGeneration
+from trino_pools.operator.pool import (
+    configure_gateway_pool,
+    freeze,
+    list_instances,
+    record_snapshot,
+    seed_pool,
+    thaw,
+    upsert_spec,
+)
 from trino_pools.registry import Cell
-from trino_pools.waitlog import WaitLog
 
 _log = logging.getLogger("duckgres.trino.operator")
 
 
 RENEW_MIN_INTERVAL_SECONDS = 1.0
-
-
-class LeadershipLost(Exception):
-    """The ``trino`` lease was lost or its renew deadline passed: stop at once."""
-
-
-class StaleGeneration(Exception):
-    """The desired configuration's generation is older than the stored one."""
 
 
 GatewayFactory = Callable[[config.TrinoSettings], GatewayClient]
@@ -76,44 +77,6 @@ def default_gateway(settings: config.TrinoSettings) -> GatewayClient:
         read_token(settings.rollout_token_file),
         server_name=settings.gateway_server_name,
     )
-
-
-@dataclass
-class PoolTerm:
-    """One continuous leadership run over one pool in this process."""
-
-    pool_id: str
-    auth: Authority
-    metrics_token: term_metrics.TermToken
-    started_mono: float
-    validator: Any = None  # probes.Validator, created lazily by the instance steps
-    waitlog: WaitLog = field(default_factory=WaitLog)
-    configure_seq: int = 0
-    configured_hash: str = ""
-    scratch: dict[str, Any] = field(default_factory=dict)  # per-module term memory
-
-
-@dataclass
-class PoolContext:
-    """Everything one pool's tick needs; handed to the instance and admission steps."""
-
-    operator: Operator
-    settings: config.TrinoSettings
-    cell: Cell
-    desired: Desired
-    term: PoolTerm
-    gateway: GatewayClient
-    pool: TrinoPool
-
-    @property
-    def auth(self) -> Authority:
-        return self.term.auth
-
-    def ensure_leading(self) -> None:
-        self.operator.ensure_leading()
-
-    def log_extra(self, **fields: Any) -> dict[str, Any]:
-        return {"pool_id": self.auth.pool_id, "epoch": self.auth.epoch, **fields}
 
 
 @dataclass
@@ -274,8 +237,6 @@ class Operator:
     def pool_tick(
         self, settings: config.TrinoSettings, cell: Cell, errors: list[BaseException]
     ) -> str:
-        from trino_pools import admission, instances
-
         desired = read_desired(settings, cell)  # 1. one read of the pool's own ConfigMap
         seed_pool(cell)  # 2. the only unfenced write
         term = self.terms.get(cell.stored_id) or self._begin_term(settings, cell)  # 3.
@@ -292,7 +253,9 @@ class Operator:
             return f"frozen: {exc}"
         thaw(auth)  # 6.
         pool = TrinoPool.objects.get(pool_id=cell.stored_id)
-        ctx = PoolContext(self, settings, desired.cell, desired, term, self.gateway(settings), pool)
+        ctx = PoolContext(
+            self.ensure_leading, settings, desired.cell, desired, term, self.gateway(settings), pool
+        )
         self.ensure_leading()
         configure_gateway_pool(ctx)  # 7.
         try:
@@ -308,211 +271,6 @@ class Operator:
         if instances.progress(ctx, rows, errors):  # 10.
             return "progressed"
         return instances.apply_plan(ctx, rows)  # 11.
-
-
-# --- fenced pool-row writes ---------------------------------------------------------------------
-
-
-def seed_pool(cell: Cell) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO duckgres_trino_pools (pool_id, public_id, api_mode, "
-            "desired_instances, min_serving, max_surge, max_repair) "
-            "VALUES (%s, %s, 'shared-pool', %s, %s, %s, %s) ON CONFLICT (pool_id) DO NOTHING",
-            [
-                cell.stored_id,
-                cell.id,
-                cell.pool.desired_instances,
-                cell.pool.min_serving,
-                cell.pool.max_surge,
-                cell.pool.max_repair,
-            ],
-        )
-
-
-def freeze(auth: Authority, reason: str) -> None:
-    with authority.fenced(auth), connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE duckgres_trino_pools SET frozen = true, frozen_reason = %s, "
-            "updated_at = now() WHERE pool_id = %s AND (NOT frozen OR frozen_reason <> %s)",
-            [reason[:1024], auth.pool_id, reason[:1024]],
-        )
-        changed = cursor.rowcount
-    if changed:
-        _log.warning("Trino pool frozen: %s", reason, extra={"pool_id": auth.pool_id})
-
-
-def thaw(auth: Authority) -> None:
-    with authority.fenced(auth), connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE duckgres_trino_pools SET frozen = false, frozen_reason = '', "
-            "updated_at = now() WHERE pool_id = %s AND frozen",
-            [auth.pool_id],
-        )
-        changed = cursor.rowcount
-    if changed:
-        _log.info("Trino pool thawed", extra={"pool_id": auth.pool_id})
-
-
-def upsert_spec(auth: Authority, desired: Desired) -> None:
-    blueprint = desired.blueprint
-    assert blueprint is not None  # a Desired without a blueprint is frozen
-    spec = desired.cell.pool
-    if spec.desired_instances < 1 or not 1 <= spec.min_serving <= spec.desired_instances:
-        raise StaleGeneration(  # never written: the registry parser refuses these already
-            f"desired configuration is invalid: desired {spec.desired_instances}, "
-            f"min_serving {spec.min_serving}"
-        )
-    with authority.fenced(auth), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT desired_generation FROM duckgres_trino_pools WHERE pool_id = %s",
-            [auth.pool_id],
-        )
-        row = cursor.fetchone()
-        stored = int(row[0]) if row else 0
-        if blueprint.generation < stored:
-            raise StaleGeneration(
-                "desired configuration is older than the published one: generation "
-                f"{blueprint.generation} < {stored}"
-            )
-        values: dict[str, str | int] = {
-            "pool": auth.pool_id,
-            "release": blueprint.release_id,
-            "digest": blueprint.digest,
-            "generation": blueprint.generation,
-            "desired": spec.desired_instances,
-            "min_serving": spec.min_serving,
-            "surge": spec.max_surge,
-            "repair": spec.max_repair,
-        }
-        cursor.execute(
-            "UPDATE duckgres_trino_pools SET desired_release_id = %(release)s, "
-            "desired_blueprint_digest = %(digest)s, desired_generation = %(generation)s, "
-            "desired_instances = %(desired)s, min_serving = %(min_serving)s, "
-            "max_surge = %(surge)s, max_repair = %(repair)s, api_mode = 'shared-pool', "
-            "updated_at = now() WHERE pool_id = %(pool)s AND (desired_release_id, "
-            "desired_blueprint_digest, desired_generation, desired_instances, min_serving, "
-            "max_surge, max_repair) IS DISTINCT FROM (%(release)s, %(digest)s, %(generation)s, "
-            "%(desired)s, %(min_serving)s, %(surge)s, %(repair)s)",
-            values,
-        )
-
-
-# --- the Gateway pool configuration (§4.4 step 7) -----------------------------------------------
-
-SETTLED_CONFIGURE_REFUSALS = ("POOL_VALIDATION", "TENANT_IDENTITY_UNVERIFIED", "POOL_APIMODE")
-
-
-class ConfigureMismatch(Exception):
-    pass
-
-
-def configure_gateway_pool(ctx: PoolContext) -> None:
-    blueprint = ctx.desired.blueprint
-    assert blueprint is not None
-    spec = ctx.cell.pool
-    body = {
-        "apiMode": "POOLED",
-        "minServing": spec.min_serving,
-        "desiredMembers": spec.desired_instances,
-        "maxSurge": spec.max_surge,
-        "maxRepair": spec.max_repair,
-        "desiredRevision": blueprint.release_id,
-        "tenantAdmissionEnabled": spec.tenant_admission,
-    }
-    term = ctx.term
-    wanted = effects.business_hash(body)
-    if term.configured_hash == wanted:
-        return
-    operation_id = f"pool-config:{ctx.cell.id}"
-    pending = term.scratch.get("configure_pending")
-    if pending is None:
-        term.configure_seq += 1
-        step_id = f"configure.e{ctx.auth.epoch}.s{term.configure_seq}"
-        send_body: dict[str, Any] = body
-    else:
-        # An unsettled request of this term is re-sent identically before any newer payload.
-        step_id, send_body = pending
-    path = GatewayClient.pool_path(ctx.cell.routing_group)
-    term.scratch["configure_pending"] = (step_id, send_body)
-    state = effects.run_step(
-        ctx.auth,
-        operation_id=operation_id,
-        kind="publish",
-        step_id=step_id,
-        body=send_body,
-        call=lambda payload: ctx.gateway.send("PUT", path, payload),
-    )
-    term.scratch.pop("configure_pending", None)
-    if state.outcome == "failed" and state.refusal_code not in SETTLED_CONFIGURE_REFUSALS:
-        raise _refused(state)
-    if state.outcome == "ok":
-        echoed = state.result if isinstance(state.result, dict) else {}
-        mismatched = sorted(k for k, v in send_body.items() if echoed.get(k) != v)
-        if mismatched:
-            raise ConfigureMismatch(
-                "the Gateway pool configuration does not match the request: "
-                + ", ".join(mismatched)
-            )
-    else:
-        _log.warning(
-            "Gateway refused the pool configuration: %s",
-            state.refusal_code,
-            extra=ctx.log_extra(),
-        )
-    if effects.business_hash(send_body) == wanted:
-        term.configured_hash = wanted
-
-
-def _refused(state: effects.StepState) -> Exception:
-    result = state.result if isinstance(state.result, dict) else {}
-    return GatewayRefused(
-        str(result.get("code") or ""),
-        int(result.get("status") or 409),
-        str(result.get("message") or ""),
-    )
-
-
-# --- instance listing and metrics snapshot (§7) ------------------------------------------------
-
-
-LISTING_TIMEOUT = "5s"
-
-
-def list_instances(pool_id: str) -> list[TrinoPoolInstance]:
-    """The pool's instance rows, bounded (a blocked read fails the tick instead of hanging it)."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), "
-            "set_config('statement_timeout', %s, true)",
-            [LISTING_TIMEOUT, LISTING_TIMEOUT],
-        )
-        return list(TrinoPoolInstance.objects.filter(pool_id=pool_id).order_by("instance_id"))
-
-
-def record_snapshot(ctx: PoolContext, rows: list[TrinoPoolInstance]) -> None:
-    snapshot_rows = [
-        term_metrics.SnapshotRow(
-            instance_id=row.instance_id,
-            phase=row.phase,
-            phase_changed_at=row.phase_changed_at.timestamp(),
-            namespace=str((row.blueprint_snapshot or {}).get("namespace") or "")
-            if isinstance(row.blueprint_snapshot, dict)
-            else "",
-            coordinator_deployment=row.coordinator_deployment_name,
-            worker_deployment=row.worker_deployment_name,
-        )
-        for row in rows
-    ]
-    ctx.term.waitlog.retain({row.instance_id for row in rows})
-    term_metrics.record_snapshot(
-        ctx.term.metrics_token,
-        ctx.cell.id,
-        snapshot_rows,
-        ctx.pool.min_serving,
-        ctx.cell.namespace,
-        time.time(),
-    )
 
 
 # --- process-wide operator -----------------------------------------------------------------------
