@@ -2,8 +2,11 @@
 
 ONE worker process per replica, threads for concurrency: the reshard password stash lives in
 that process's memory (spec reshard §4.17), so a second worker process would answer a runner's
-pull with 404 half of the time. The container image and ``k8s/api.yaml`` both start gunicorn
-with this module; change a value here, not on a command line.
+pull with 404 half of the time. With ``DUCKGRES_PASSWORD_PULL_PORT`` set the process listens on
+that port too, on the main bind's host: the password route is served there and only there
+(``duckgres_admin/api/pullport.py``), and the NetworkPolicy admits only runner pods to it.
+The container image and ``k8s/api.yaml`` both start gunicorn with this module; change a value
+here, not on a command line.
 
 Logging (docs/logging.md): ``logconfig_dict`` sends gunicorn's error and access logs through
 the project's JSON formatter, like every other record of the process: one scrubbed JSON line
@@ -47,7 +50,24 @@ from duckgres_admin.logs import gunicorn_logconfig_dict
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 
-bind = os.environ.get("DUCKGRES_HTTP_BIND", "0.0.0.0:8080")
+
+def binds(main: str, pull_port: int) -> list[str]:
+    """The main bind, plus the password-pull port on the main bind's host when it is set
+    (``DUCKGRES_PASSWORD_PULL_PORT``; docs/configuration.md, safeguard reshard-79)."""
+    out = [main]
+    if pull_port:
+        host = main.rsplit(":", 1)[0] if ":" in main else main
+        out.append(f"{host}:{pull_port}")
+    return out
+
+
+def _pull_port() -> int:
+    from django.conf import settings
+
+    return int(settings.DUCKGRES_PASSWORD_PULL_PORT)
+
+
+bind = binds(os.environ.get("DUCKGRES_HTTP_BIND", "0.0.0.0:8080"), _pull_port())
 workers = 1
 worker_class = "duckgres_admin.gunicorn_conf.BufferedThreadWorker"
 threads = 16
@@ -329,9 +349,14 @@ class BufferedThreadWorker(gthread.ThreadWorker):  # type: ignore[misc]
 
 def post_worker_init(worker: Any) -> None:
     """The API process's Prometheus exporter (``DUCKGRES_API_METRICS_PORT``, 0 = off): the
-    unauthenticated-request counter. A port in use is a warning, never a failed worker."""
+    unauthenticated-request counter. A port in use is a warning, never a failed worker. Also the
+    password stash's pruner thread (terminal ops' entries go within a minute)."""
     from django.conf import settings
     from prometheus_client import start_http_server
+
+    from reshard import stash
+
+    stash.start_pruner()
 
     port = int(settings.DUCKGRES_API_METRICS_PORT)
     if not port:

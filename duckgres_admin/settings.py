@@ -216,6 +216,17 @@ DUCKGRES_API_METRICS_PORT = env.integer("DUCKGRES_API_METRICS_PORT", 9110, minim
 DUCKGRES_ADVERTISE_ADDRESS = env.string("DUCKGRES_ADVERTISE_ADDRESS", "")
 DUCKGRES_ADVERTISE_PORT = env.integer("DUCKGRES_ADVERTISE_PORT", 8080, minimum=1, maximum=65535)
 DUCKGRES_ADVERTISE_SCHEME = env.choice("DUCKGRES_ADVERTISE_SCHEME", "http", ("http", "https"))
+# The password route's own listener (safeguard reshard-79): gunicorn binds this port next to the
+# main one, the password URL names it, the route answers only there and nothing else does. 0:
+# no separate listener (the route is served on the main port; single-machine installs only).
+DUCKGRES_PASSWORD_PULL_PORT = env.integer(
+    "DUCKGRES_PASSWORD_PULL_PORT", 0, minimum=0, maximum=65535
+)
+# The audience of the runner pod's projected ServiceAccount token: the launcher puts it in the
+# pod spec, the API's TokenReview demands it. Used for nothing else.
+DUCKGRES_PASSWORD_PULL_AUDIENCE = env.string(
+    "DUCKGRES_PASSWORD_PULL_AUDIENCE", "duckgres-admin-password-pull"
+)
 POD_NAME = env.string("POD_NAME", "")
 POD_NAMESPACE = env.string("POD_NAMESPACE", "")
 POD_IP = env.string("POD_IP", "")
@@ -315,6 +326,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before sessions, auth and every view: on the password-pull port only the password route
+    # exists, and it exists only there (WhiteNoise above serves only the public /static/ files).
+    "duckgres_admin.api.pullport.PullPortMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

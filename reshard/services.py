@@ -9,6 +9,7 @@ id as its only argument; the password never leaves this process except through t
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from collections.abc import Iterator
@@ -948,41 +949,140 @@ def reshard_op_cancel(*, op_id: int, actor: str) -> CancelOutcome:
 PASSWORD_NOT_AVAILABLE = "password not available"
 
 
-def reshard_password_fetch(*, op_id: int, epoch_header: str, runner_id_header: str) -> str:
-    """The stashed password for the op's current runner, else ``ServiceError(404)``.
+RUNNER_NOT_PROVEN = "runner identity not proven for this operation"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
-    Every access to an existing op is logged on the op (outcome and caller, never the value).
+
+def pull_credential_digest(credential: str) -> str:
+    """The verifier of a local runner's one-time pull credential (SHA-256, hex)."""
+    return hashlib.sha256(credential.encode("utf-8")).hexdigest()
+
+
+def _pod_binding_refusal(op: ReshardOperation, token: str) -> str:
+    """'' when ``token`` is a projected ServiceAccount token of the runner ServiceAccount with
+    the pull audience, bound to this op's runner pod and the pod uid its claim recorded."""
+    from duckgres_admin.lib import k8s
+    from reshard.launchers.base import runner_name
+
+    namespace = str(settings.POD_NAMESPACE)
+    if not namespace:
+        return "POD_NAMESPACE is not set on the API: cannot check the runner's ServiceAccount"
+    audience = str(settings.DUCKGRES_PASSWORD_PULL_AUDIENCE)
+    account = str(settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT) or "default"
+    try:
+        review = k8s.review_token(token, audience)
+    except k8s.KubeError as exc:
+        raise _PullUnverifiable(f"TokenReview failed: {exc}") from None
+    if not review.authenticated:
+        return f"the API server refused the token ({review.error[:300] or 'not authenticated'})"
+    if audience not in review.audiences:
+        return f"the token is not for audience {audience}"
+    expected_user = f"system:serviceaccount:{namespace}:{account}"
+    if review.username != expected_user:
+        return f"the token belongs to {review.username[:200]!r}, not {expected_user!r}"
+    pod_name = review.extra_value(POD_NAME_EXTRA)
+    if pod_name != runner_name(op.id):
+        return f"the token is bound to pod {pod_name[:200] or '(none)'!r}, not {runner_name(op.id)}"
+    pod_uid = review.extra_value(POD_UID_EXTRA)
+    if not op.runner_pod_uid or pod_uid != op.runner_pod_uid:
+        return (
+            f"the token is bound to pod uid {pod_uid[:80] or '(none)'!r}, not the uid the "
+            f"current runner claimed with ({op.runner_pod_uid or 'none recorded'!r})"
+        )
+    return ""
+
+
+def _local_binding_refusal(op: ReshardOperation, credential: str) -> str:
+    """'' when ``credential`` matches the one-time credential the local launcher handed the
+    current runner (its digest is on the row until the first successful pull consumes it)."""
+    if not op.password_pull_digest:
+        return "no one-time pull credential is outstanding (consumed, or never issued)"
+    if not hmac.compare_digest(
+        pull_credential_digest(credential).encode(), op.password_pull_digest.encode()
+    ):
+        return "the one-time pull credential does not match"
+    return ""
+
+
+class _PullUnverifiable(Exception):
+    """The runner's credential could not be checked (the TokenReview call failed)."""
+
+
+def reshard_password_fetch(
+    *, op_id: int, epoch_header: str, runner_id_header: str, credential: str
+) -> str:
+    """The stashed password for the op's current runner, once; else ``ServiceError``.
+
+    404: no such op, not running, not the current epoch and runner id, or no entry (already
+    pulled, API restarted). 403: the credential does not prove the op's current runner (pod:
+    TokenReview; local: the one-time credential). 503: the TokenReview call failed. Only a 200
+    removes the entry (and a local runner's credential digest). Every access to an existing op
+    is logged on the op (outcome and caller, never the value or the credential).
     """
     stash.prune()
     op = (
         ReshardOperation.objects.filter(pk=op_id)
-        .only("id", "state", "runner_epoch", "runner_id")
+        .only(
+            "id",
+            "state",
+            "launcher",
+            "runner_epoch",
+            "runner_id",
+            "runner_pod_uid",
+            "password_pull_digest",
+        )
         .first()
     )
     if op is None:
         raise ServiceError(404, PASSWORD_NOT_AVAILABLE)
     caller = f"runner {runner_id_header[:200]!r} epoch {epoch_header[:40]!r}"
-    reason = ""
+
+    def refuse(status: int, message: str, reason: str) -> ServiceError:
+        oplog.append(
+            op_id,
+            f"password request by {caller} refused ({status} {message}): {reason}",
+            level="warn",
+            scrubber=api_scrubber(*([credential] if credential else [])),
+        )
+        return ServiceError(status, message)
+
     if op.state != OpState.RUNNING:
         if op.state in TERMINAL_STATES:
             stash.delete(op_id)
-        reason = f"operation is {op.state}"
-    elif epoch_header.strip() != str(op.runner_epoch) or runner_id_header != op.runner_id:
-        reason = "not the current runner epoch and id"
-    password = None if reason else stash.get(op_id)
+        raise refuse(404, PASSWORD_NOT_AVAILABLE, f"operation is {op.state}")
+    if epoch_header.strip() != str(op.runner_epoch) or runner_id_header != op.runner_id:
+        raise refuse(404, PASSWORD_NOT_AVAILABLE, "not the current runner epoch and id")
+    if not credential:
+        reason = "no pull credential presented (Authorization: Bearer)"
+    elif op.launcher == "pod":
+        try:
+            reason = _pod_binding_refusal(op, credential)
+        except _PullUnverifiable as exc:
+            raise refuse(503, "runner identity could not be verified", str(exc)) from None
+    elif op.launcher == "local":
+        reason = _local_binding_refusal(op, credential)
+    else:
+        reason = f"launcher {op.launcher!r} has no pull binding"
+    if reason:
+        raise refuse(403, RUNNER_NOT_PROVEN, reason)
+    password = stash.take(op_id)
     if password is None:
-        reason = reason or "this control-plane process holds no password for the operation"
-        oplog.append(
-            op_id,
-            f"password request by {caller} refused (404 {PASSWORD_NOT_AVAILABLE}): {reason}",
-            level="warn",
-            scrubber=api_scrubber(),
+        raise refuse(
+            404,
+            PASSWORD_NOT_AVAILABLE,
+            "this control-plane process holds no password for the operation (already pulled "
+            "once, or this API process restarted)",
         )
-        raise ServiceError(404, PASSWORD_NOT_AVAILABLE)
+    if op.launcher == "local":
+        ReshardOperation.objects.filter(
+            pk=op_id, password_pull_digest=op.password_pull_digest
+        ).update(password_pull_digest="")
     oplog.append(
         op_id,
-        f"runner fetched the ephemeral external target password ({caller})",
-        scrubber=api_scrubber(),
+        f"runner fetched the ephemeral external target password ({caller}); the entry is "
+        "removed: it cannot be pulled again",
+        scrubber=api_scrubber(password, *([credential] if credential else [])),
     )
     return password
 

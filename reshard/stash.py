@@ -1,16 +1,32 @@
-"""The in-process password stash and the pull URL (spec reshard §4.17).
+"""The in-process password stash and the pull URL (spec reshard §4.17, safeguard reshard-79).
 
 The stash maps ``op id -> external target password`` in this API process only; it is never
 written anywhere. The API therefore runs one server process per replica (threads inside it),
-and the runner pulls the password from the replica whose own address is in ``password_url``.
-Entries survive a successful pull (a relaunched runner may pull again while the op is active);
-terminal ops are pruned on every start and every password request, and the start path deletes
-the entry when enqueueing the runner launch fails.
+and the runner pulls the password from the replica whose own address is in ``password_url``
+(on ``DUCKGRES_PASSWORD_PULL_PORT`` when set: the listener only runner pods may reach).
+
+Invariants of the handoff:
+
+- An entry is handed out at most once: :func:`take` removes it under the lock, so of two
+  concurrent pulls at most one gets the value and every later pull (a replay, a relaunched
+  runner after a takeover) gets 404. There is no second pull.
+- It is handed out only to the op's current runner, proven by what that runner alone holds
+  (``reshard.services.reshard_password_fetch``): a runner pod's projected ServiceAccount token
+  (audience ``DUCKGRES_PASSWORD_PULL_AUDIENCE``), checked by TokenReview against the op's
+  runner pod name and the pod uid the claim recorded; a local runner's one-time credential,
+  checked against the digest its launcher stored. The runner id and epoch are checked too, but
+  they are not secrets. A refused pull leaves the entry in place.
+- Entries of terminal (or vanished) ops are pruned on every start and every password request,
+  and every minute by the API process's pruner thread (:func:`start_pruner`, started by
+  gunicorn's ``post_worker_init``) while it holds any; the start path deletes the entry when
+  enqueueing the runner launch fails, a cancel before the claim deletes it, and a terminal op's
+  password request deletes it.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import threading
 
@@ -20,6 +36,8 @@ from duckgres_admin.models import TERMINAL_STATES, ReshardOperation
 
 _lock = threading.Lock()
 _entries: dict[int, str] = {}
+_log = logging.getLogger("duckgres.reshard.stash")
+PRUNE_INTERVAL_SECONDS = 60.0
 
 
 class NoAddressError(RuntimeError):
@@ -34,6 +52,12 @@ def put(op_id: int, password: str) -> None:
 def get(op_id: int) -> str | None:
     with _lock:
         return _entries.get(op_id)
+
+
+def take(op_id: int) -> str | None:
+    """Remove and return the entry: the one successful pull (None when there is none)."""
+    with _lock:
+        return _entries.pop(op_id, None)
 
 
 def delete(op_id: int) -> None:
@@ -69,6 +93,31 @@ def prune() -> int:
                 del _entries[op_id]
                 dropped += 1
     return dropped
+
+
+def start_pruner(
+    interval: float = PRUNE_INTERVAL_SECONDS, stop: threading.Event | None = None
+) -> threading.Thread:
+    """A daemon thread that prunes terminal ops' entries every ``interval`` seconds while the
+    stash holds any (no query otherwise), so an entry never outlives its op by much even when
+    no request arrives. ``stop`` ends it (tests)."""
+    from django.db import close_old_connections
+
+    halt = stop or threading.Event()
+
+    def loop() -> None:
+        while not halt.wait(interval):
+            try:
+                if held_ids():
+                    prune()
+            except Exception as exc:  # noqa: BLE001 - the next round retries
+                _log.warning("password stash prune failed: %s", type(exc).__name__)
+            finally:
+                close_old_connections()
+
+    thread = threading.Thread(target=loop, name="password-stash-pruner", daemon=True)
+    thread.start()
+    return thread
 
 
 def clear() -> None:
@@ -115,8 +164,15 @@ def advertise_address(launcher: str) -> str:
     return _first_global_unicast()
 
 
+def advertise_port() -> int:
+    """``DUCKGRES_PASSWORD_PULL_PORT`` when set (the route is served only there), else
+    ``DUCKGRES_ADVERTISE_PORT``."""
+    return int(settings.DUCKGRES_PASSWORD_PULL_PORT) or int(settings.DUCKGRES_ADVERTISE_PORT)
+
+
 def password_url(op_id: int, launcher: str) -> str:
-    """``<scheme>://<address>:<port>/api/v1/reshards/<id>/password`` (IPv6 bracketed)."""
+    """``<scheme>://<address>:<port>/api/v1/reshards/<id>/password`` (IPv6 bracketed); the port
+    is :func:`advertise_port`."""
     address = advertise_address(launcher)
     if not address:
         raise NoAddressError(
@@ -130,6 +186,6 @@ def password_url(op_id: int, launcher: str) -> str:
     except ValueError:
         pass
     return (
-        f"{settings.DUCKGRES_ADVERTISE_SCHEME}://{host}:{settings.DUCKGRES_ADVERTISE_PORT}"
+        f"{settings.DUCKGRES_ADVERTISE_SCHEME}://{host}:{advertise_port()}"
         f"/api/v1/reshards/{op_id}/password"
     )

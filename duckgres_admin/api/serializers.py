@@ -23,8 +23,11 @@ def _columns(instance: models.Model) -> dict[str, Any]:
 
 
 def op_json(op: ReshardOperation) -> dict[str, Any]:
-    """Every §2.5 column; there is no password column, so none can appear."""
-    return _columns(op)
+    """Every §2.5 column; there is no password column, so none can appear. The local pull
+    credential's digest is left out too (it is a verifier, of no use to a reader)."""
+    data = _columns(op)
+    data.pop("password_pull_digest", None)
+    return data
 
 
 def log_entry_json(entry: ReshardLogEntry) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from duckgres_admin.api import trino_views
 from duckgres_admin.api import validation as v
-from duckgres_admin.api.auth import Scope, describe_caller
+from duckgres_admin.api.auth import AuthRefusal, Scope, describe_caller
 from duckgres_admin.api.base import ApiView, BoundedJSONParser
 from duckgres_admin.api.serializers import log_entry_json, op_json, store_json, warehouse_json
 from duckgres_admin.models import (
@@ -229,6 +229,10 @@ class ReshardCancelView(ApiView):
 
 
 class ReshardPasswordView(ApiView):
+    """The one-shot password pull (safeguard reshard-79; docs/api.md). The runner secret is
+    the route's identity (defence in depth, not sufficient): the bearer credential must prove
+    the op's current runner, and the first 200 removes the entry."""
+
     scope = Scope.RUNNER
 
     @extend_schema(
@@ -236,22 +240,30 @@ class ReshardPasswordView(ApiView):
         parameters=[
             OpenApiParameter("X-Duckgres-Op-Epoch", str, OpenApiParameter.HEADER, required=True),
             OpenApiParameter("X-Duckgres-Runner-Id", str, OpenApiParameter.HEADER, required=True),
+            OpenApiParameter("Authorization", str, OpenApiParameter.HEADER, required=True),
         ],
-        responses={200: OBJ, 404: OBJ, **READ_ERRORS},
-        description="Runner secret only; the op's current epoch and runner id (spec §5.3).",
+        responses={200: OBJ, 404: OBJ, 503: OBJ, **READ_ERRORS},
+        description=(
+            "Runner secret, the op's current epoch and runner id, and `Authorization: Bearer` "
+            "with the runner's own credential (pod: its projected ServiceAccount token; local: "
+            "its one-time credential). Served only on DUCKGRES_PASSWORD_PULL_PORT when set; "
+            "answers 200 once (spec §5.3, safeguard reshard-79)."
+        ),
     )
     def get(self, request: Request, op_id: int) -> Response:
         password = services.reshard_password_fetch(
             op_id=op_id,
             epoch_header=request.headers.get("X-Duckgres-Op-Epoch", ""),
             runner_id_header=request.headers.get("X-Duckgres-Runner-Id", ""),
+            credential=bearer_credential(request.headers.get("Authorization", "")),
         )
         return Response({"password": password}, headers={"Cache-Control": "no-store"})
 
     def handle_exception(self, exc: Exception) -> Response:
         # A refusal of a caller that proved who it is is logged on the op; an unauthenticated
-        # one (a foreign header with a wrong value) writes nothing.
-        if isinstance(exc, ServiceError) and exc.status == 403 and not self.unauthenticated:
+        # one (a foreign header with a wrong value) writes nothing. The service logs its own
+        # refusals (credential, epoch, stash) itself.
+        if isinstance(exc, AuthRefusal) and exc.status == 403 and not self.unauthenticated:
             services.reshard_password_refused(
                 op_id=int(self.kwargs["op_id"]),
                 caller=describe_caller(self.request._request),
@@ -260,6 +272,12 @@ class ReshardPasswordView(ApiView):
         response = super().handle_exception(exc)
         response["Cache-Control"] = "no-store"
         return response
+
+
+def bearer_credential(header: str) -> str:
+    """The credential of ``Authorization: Bearer <credential>`` ('' for anything else)."""
+    scheme, _, value = header.strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
 
 
 # --- connection leases (§5.4) ---------------------------------------------------------------

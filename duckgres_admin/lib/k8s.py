@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -169,6 +170,56 @@ def read_own_pod() -> dict[str, Any]:
         return read_pod(namespace, name)
     except KubeError as exc:
         raise KubeError(f"cannot read own control-plane pod {name}: {exc}", exc.status) from None
+
+
+# --- TokenReview (the password pull's runner identity, safeguard reshard-79) ----------------------
+
+
+@dataclass(frozen=True)
+class TokenReview:
+    """What the API server said about a bearer token (``authentication.k8s.io/v1``)."""
+
+    authenticated: bool
+    audiences: tuple[str, ...]
+    username: str
+    extra: dict[str, tuple[str, ...]]
+    error: str  # the server's reason for refusing it ('' when authenticated); never the token
+
+    def extra_value(self, key: str) -> str:
+        """The single value of ``status.user.extra[key]``, '' when absent or not single."""
+        values = self.extra.get(key, ())
+        return values[0] if len(values) == 1 else ""
+
+
+def review_token(token: str, audience: str) -> TokenReview:
+    """``POST /apis/authentication.k8s.io/v1/tokenreviews`` with ``spec.audiences=[audience]``.
+
+    Needs ``create`` on ``tokenreviews`` (cluster-scoped). A refused token is a result, not an
+    error; a failed call raises :class:`KubeError` whose message never contains the token."""
+    body: Any = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token, "audiences": [audience]},
+    }
+    try:
+        result: Any = client.AuthenticationV1Api(api_client()).create_token_review(
+            body=body, _request_timeout=CALL_TIMEOUT_SECONDS
+        )
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "create", "tokenreviews")
+        message = str(wrapped).replace(token, "***") if token else str(wrapped)
+        raise KubeError(message, wrapped.status) from None
+    status = result.status
+    user = status.user if status is not None else None
+    extra = (user.extra if user is not None else None) or {}
+    error = str((status.error if status is not None else "") or "")
+    return TokenReview(
+        authenticated=bool(status is not None and status.authenticated),
+        audiences=tuple((status.audiences if status is not None else None) or ()),
+        username=str((user.username if user is not None else "") or ""),
+        extra={str(k): tuple(str(v) for v in (vals or ())) for k, vals in extra.items()},
+        error=error.replace(token, "***") if token else error,
+    )
 
 
 # --- manifests ------------------------------------------------------------------------------------

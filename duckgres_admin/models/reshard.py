@@ -87,6 +87,11 @@ class ReshardOperation(models.Model):
     backup_s3_uri = models.TextField(default="", blank=True)
     backup_bytes = models.BigIntegerField(default=0)
     password_url = models.TextField(default="", blank=True)
+    # The password pull's binding (safeguard reshard-79): the pod uid the current runner
+    # claimed with (its POD_UID), and for a local runner the SHA-256 hex digest of its one-time
+    # pull credential (set by the launcher at spawn, cleared when consumed; never the value).
+    runner_pod_uid = models.TextField(db_default="", blank=True)
+    password_pull_digest = models.TextField(db_default="", blank=True)
 
     recovery_required = models.BooleanField(default=False)
     recovery_owner = models.TextField(default="", blank=True)

@@ -1,8 +1,9 @@
 """The runner's environment contract (spec reshard §4.13), shared by both launchers.
 
 A runner receives only the allowlisted names below, copied from the control plane, plus what the
-launcher sets itself (op id, pod identity, password URL). The internal and data-plane secrets
-are never passed: a runner holds at most the runner secret.
+launcher sets itself (op id, pod identity, password URL, and for a local runner the fd number
+of its pull-credential pipe). The internal and data-plane secrets are never passed: a runner
+holds at most the runner secret, which alone no longer pulls a password (safeguard reshard-79).
 """
 
 from __future__ import annotations
@@ -61,6 +62,31 @@ LOCAL_PASSTHROUGH: tuple[str, ...] = (
 
 OP_ID_VAR = "DUCKGRES_RESHARD_OP_ID"
 PASSWORD_URL_VAR = "DUCKGRES_RESHARD_PASSWORD_URL"
+# The password pull's credential (safeguard reshard-79), never itself in the environment: a
+# runner pod reads its projected ServiceAccount token from PULL_TOKEN_PATH; a local runner reads
+# its one-time credential from the inherited pipe whose fd number PULL_FD_VAR names.
+# Defined next to the code that reads them (which must not load the launchers).
+from reshard.runner.password import (  # noqa: E402
+    PULL_FD_VAR,
+    PULL_TOKEN_DIR,
+    PULL_TOKEN_FILE,
+    PULL_TOKEN_PATH,
+    PULL_TOKEN_SECONDS,
+)
+
+__all__ = [
+    "ALLOWLIST",
+    "LOCAL_PASSTHROUGH",
+    "NEVER_PASSED",
+    "OP_ID_VAR",
+    "PASSWORD_URL_VAR",
+    "PULL_FD_VAR",
+    "PULL_TOKEN_DIR",
+    "PULL_TOKEN_FILE",
+    "PULL_TOKEN_PATH",
+    "PULL_TOKEN_SECONDS",
+    "SECRET_BEARING",
+]
 
 assert SECRET_BEARING.issubset(ALLOWLIST)
 assert not NEVER_PASSED & set(ALLOWLIST)

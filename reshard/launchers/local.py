@@ -7,6 +7,15 @@ with the same env contract as a runner pod. Its state lives in the state directo
 - ``op-<id>.log``   the runner's stdout and stderr
 - ``op-<id>.exit``  the runner's exit code, written by the runner itself as its last act
 
+An operation with a password URL gets a fresh one-time pull credential at every spawn
+(safeguard reshard-79): 32 random bytes (hex), whose SHA-256 digest is stored on the op row by a
+guarded UPDATE (the API, another process, verifies against it and clears it at the first
+successful pull). The credential itself reaches the child only through an inherited pipe: it is
+written into the pipe before the child starts and the child reads it once and closes it; only
+the fd number is in the environment (``DUCKGRES_RESHARD_PASSWORD_PULL_FD``). It is never in the
+environment, argv, a file or a log. A process of the same OS user can still inspect the child
+(ptrace, /proc/<pid>/fd): the local launcher's trust boundary is that user.
+
 ``delete`` never blocks: SIGTERM to the group on the first call, SIGKILL on a later call once
 the grace has passed, files removed once the process is gone.
 """
@@ -14,9 +23,11 @@ the grace has passed, files removed once the process is gone.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -46,6 +57,7 @@ from reshard.launchers.envcontract import (
     NEVER_PASSED,
     OP_ID_VAR,
     PASSWORD_URL_VAR,
+    PULL_FD_VAR,
     SECRET_BEARING,
 )
 
@@ -119,6 +131,30 @@ def runner_env(
     if op.password_url:
         env[PASSWORD_URL_VAR] = op.password_url
     return env
+
+
+def issue_pull_credential(op: ReshardOperation) -> int | None:
+    """A fresh one-time pull credential for the runner about to be spawned (module docstring):
+    its digest goes on the op row (guarded: the op is still pending or running), the value into
+    a new pipe whose read end is returned (the caller passes it to the child and closes it).
+    None when the op has no password URL or is no longer active (nothing to pull)."""
+    if not op.password_url:
+        return None
+    credential = secrets.token_hex(32)
+    digest = hashlib.sha256(credential.encode("ascii")).hexdigest()
+    if not ReshardOperation.objects.filter(pk=op.id, state__in=("pending", "running")).update(
+        password_pull_digest=digest
+    ):
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, credential.encode("ascii"))  # 64 bytes: far below the pipe buffer
+    except OSError as exc:
+        os.close(read_end)
+        raise LauncherError(f"handing the pull credential to the runner failed: {exc}") from None
+    finally:
+        os.close(write_end)
+    return read_end
 
 
 class LocalLauncher:
@@ -221,6 +257,11 @@ class LocalLauncher:
         env = runner_env(
             op, os.environ, directory=self.directory, uid=uid, secret_refs=runner_secret_refs(op)
         )
+        pipe = issue_pull_credential(op)
+        pass_fds: tuple[int, ...] = ()
+        if pipe is not None:
+            env[PULL_FD_VAR] = str(pipe)
+            pass_fds = (pipe,)
         log_path = self._log_file(op.id)
         try:
             with open(log_path, "wb") as log_handle:
@@ -233,9 +274,13 @@ class LocalLauncher:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=pass_fds,
                 )
         except OSError as exc:
             raise LauncherError(f"starting runner {runner_name(op.id)} failed: {exc}") from None
+        finally:
+            if pipe is not None:
+                os.close(pipe)  # the child holds its own copy; the credential is in the pipe
         # Read before the waiter can reap it: an exited child stays a zombie until then.
         info = process_start_time(proc.pid)
         record = {

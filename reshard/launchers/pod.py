@@ -103,6 +103,7 @@ class PodLauncher:
             now=datetime.now(UTC),
             service_account=settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT,
             secret_refs=runner_secret_refs(op),
+            pull_audience=settings.DUCKGRES_PASSWORD_PULL_AUDIENCE,
         )
         existing = self._read(namespace, name)
         if existing is not None:

@@ -30,6 +30,9 @@ from reshard.launchers.envcontract import (
     NEVER_PASSED,
     OP_ID_VAR,
     PASSWORD_URL_VAR,
+    PULL_TOKEN_DIR,
+    PULL_TOKEN_FILE,
+    PULL_TOKEN_SECONDS,
     SECRET_BEARING,
 )
 
@@ -53,6 +56,7 @@ _QUANTITY_RE = re.compile(
 
 
 TMP_VOLUME = "tmp"
+PULL_TOKEN_VOLUME = "password-pull-token"
 # Pod-level fields a runner pod never carries, whatever the control-plane pod has: they would
 # fail the `restricted` Pod Security level (docs/kubernetes.md "Pod Security").
 _UNSAFE_POD_FIELDS = ("sysctls", "windowsOptions")
@@ -180,6 +184,24 @@ def mounted_secret_env(refs: Sequence[str], namespace: str) -> list[dict[str, An
     return out
 
 
+def pull_token_volume(audience: str) -> dict[str, Any]:
+    """The projected ServiceAccount token of the password pull (audience ``audience`` only)."""
+    return {
+        "name": PULL_TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "audience": audience,
+                        "expirationSeconds": PULL_TOKEN_SECONDS,
+                        "path": PULL_TOKEN_FILE,
+                    }
+                }
+            ]
+        },
+    }
+
+
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -196,6 +218,7 @@ def build_runner_pod(
     now: datetime,
     service_account: str = "",
     secret_refs: Sequence[str] = (),
+    pull_audience: str = "",
 ) -> dict[str, Any]:
     """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``.
 
@@ -203,7 +226,13 @@ def build_runner_pod(
     no RBAC) with no token mounted, and each ``k8s:`` reference of ``secret_refs`` in the pod's
     namespace reaches it as an optional ``secretKeyRef`` variable (``secretrefs``' mounted
     mode); a reference in another namespace cannot be mounted and fails in the runner with a
-    message naming it."""
+    message naming it.
+
+    With a ``password_url`` (and ``pull_audience``) the pod also gets a projected
+    ServiceAccount token for that audience only (600 s, rotated by the kubelet), mounted
+    read-only at ``PULL_TOKEN_DIR``: its pull credential, which the API checks by TokenReview
+    against this pod (safeguard reshard-79). It is not the automounted API token (still off):
+    no other audience, including the Kubernetes API itself, accepts it."""
     cpu = validate_quantity("DUCKGRES_RESHARD_POD_CPU", cpu)
     memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
     own_meta = own_pod.get("metadata") or {}
@@ -243,6 +272,12 @@ def build_runner_pod(
         # The root filesystem is read-only: scratch space is this emptyDir only.
         "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],  # noqa: S108 - an emptyDir
     }
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
+    if password_url and pull_audience:
+        container["volumeMounts"].append(
+            {"name": PULL_TOKEN_VOLUME, "mountPath": PULL_TOKEN_DIR, "readOnly": True}
+        )
+        volumes.append(pull_token_volume(pull_audience))
     if own.get("imagePullPolicy"):
         container["imagePullPolicy"] = own["imagePullPolicy"]
     if own.get("workingDir"):
@@ -261,7 +296,7 @@ def build_runner_pod(
         "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
         "containers": [container],
         "nodeSelector": node_selector,
-        "volumes": [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumes": volumes,
     }
     if service_account:
         spec["serviceAccountName"] = service_account

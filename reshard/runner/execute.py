@@ -17,7 +17,10 @@ this order:
    earlier effects: the binding still names the source, the op never unblocked the warehouse,
    the warehouse is ``resharding`` whenever ``blocked_at`` is set, nothing was rendered on a
    cnpg target, and for cnpg→external the runner holds the pulled target password (the copy
-   needs it). Otherwise it rolls back and fails ("cannot be resumed safely"). Each redone step
+   needs it; the API hands it out once, so a relaunched runner holds it only when no earlier
+   runner pulled it: a cnpg→external takeover after a pull rolls back, saying the password is
+   gone, safeguard reshard-79). Otherwise it rolls back and fails ("cannot be resumed safely").
+   Each redone step
    tolerates its own earlier partial effect under the op's fence: the block accepts
    ``resharding`` only when this op's ``blocked_at`` is set, access accepts a NOLOGIN tenant
    only when this op's ``source_fence_requested_at`` is set, the compaction pause keeps the
@@ -57,7 +60,13 @@ from reshard.runner.errors import (
 from reshard.runner.fencing import Fencer, claim
 from reshard.runner.heartbeat import Heartbeat, log_fenced_once
 from reshard.runner.oplog import OpLogWriter
-from reshard.runner.password import PasswordPullError, PullRequest, pull_password
+from reshard.runner.password import (
+    PasswordPullError,
+    PullRequest,
+    pull_password,
+    read_pod_token,
+    take_inherited_credential,
+)
 from reshard.runner.report import describe_source, describe_target, write_report
 from reshard.runner.rollback import describe_binding, roll_forward, rollback
 from reshard.runner.steps import StepEnv, finalize, lookup
@@ -109,6 +118,11 @@ def before_cancel_cutoff(op: ReshardOperation) -> bool:
 # --- process -------------------------------------------------------------------------------------
 def run_process(op_id: int, ctx: RunContext) -> int:
     """§4.2 steps 2-5. Always flushes the op log and writes the marker; wipes passwords."""
+    # A local runner's one-time pull credential: read from its pipe before anything else, then
+    # held in memory only (and scrubbed from every line), never in the environment.
+    credential = take_inherited_credential()
+    if credential:
+        ctx.scrubber.add(credential)
     oplog = OpLogWriter(op_id, ctx.scrubber)
     oplog.bind(runner_id=ctx.runner_id)
     # Uncaught exceptions of any thread reach the op log and stderr scrubbed, never raw.
@@ -135,7 +149,7 @@ def run_process(op_id: int, ctx: RunContext) -> int:
             return EXIT_OK
         try:
             sent_at = time.monotonic()  # the self-fence clock counts from when the claim was sent
-            epoch = claim(op_id, ctx.runner_id)
+            epoch = claim(op_id, ctx.runner_id, pod_uid=os.environ.get("POD_UID", ""))
         except DatabaseError as exc:
             oplog.error(f"claiming the operation failed: {exc}")
             return EXIT_INFRA
@@ -157,7 +171,8 @@ def run_process(op_id: int, ctx: RunContext) -> int:
         env.heartbeat = heartbeat
         heartbeat.start()
         try:
-            _maybe_pull_password(env)
+            _maybe_pull_password(env, credential)
+            credential = ""
             execute(env)
         finally:
             heartbeat.stop()
@@ -171,15 +186,23 @@ def run_process(op_id: int, ctx: RunContext) -> int:
         ctx.wipe_passwords()
 
 
-def _maybe_pull_password(env: StepEnv) -> None:
+def _maybe_pull_password(env: StepEnv, credential: str = "") -> None:
+    """Pull once, right after the claim (safeguard reshard-79): a local runner presents the
+    credential of its pipe, a runner pod its projected token (read now: the kubelet rotates
+    it). The API hands the password out once, so a relaunched runner's pull is a 404."""
     url = os.environ.get("DUCKGRES_RESHARD_PASSWORD_URL", "")
     if not url:
         return
+    if not credential:
+        credential = read_pod_token()
+        if credential:
+            env.ctx.scrubber.add(credential)
     request = PullRequest(
         url=url,
         runner_secret=settings.DUCKGRES_RUNNER_SECRET,
         epoch=env.ctx.epoch,
         runner_id=env.ctx.runner_id,
+        credential=credential,
     )
     try:
         value = pull_password(request, env.ctx.stop)
@@ -396,8 +419,9 @@ def _redo_refusal(env: StepEnv) -> str:
         return f"the warehouse is {state or 'gone'}, no longer blocked by this operation"
     if op.target_kind == "external" and not ctx.target_password:
         return (
-            "the external target password is not available to this runner (the pull failed); "
-            "the copy could not run"
+            "the external target password is gone: the API hands it out once, to the first "
+            "runner's pull, and this relaunched runner could not pull it again (safeguard "
+            "reshard-79); the operation is rolled back — start it again"
         )
     return ""
 

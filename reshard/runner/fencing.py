@@ -44,18 +44,22 @@ from reshard.runner.errors import Fenced
 TERMINAL_OUTCOMES = {"succeeded": StepOutcome.OK, "failed": StepOutcome.FAILED}
 
 
-def claim(op_id: int, runner_id: str, stale_seconds: int | None = None) -> int | None:
-    """Claim the op (invariant 1); the new epoch, or None when not claimable."""
+def claim(
+    op_id: int, runner_id: str, stale_seconds: int | None = None, *, pod_uid: str = ""
+) -> int | None:
+    """Claim the op (invariant 1); the new epoch, or None when not claimable. ``pod_uid`` (the
+    runner's ``POD_UID``) is recorded in the same write: the password route binds a pull to it
+    (safeguard reshard-79)."""
     stale = settings.DUCKGRES_RESHARD_STALE_SECONDS if stale_seconds is None else stale_seconds
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "UPDATE duckgres_reshard_operations SET state = 'running', runner_id = %s, "
-            "runner_epoch = runner_epoch + 1, heartbeat_at = now(), "
+            "runner_pod_uid = %s, runner_epoch = runner_epoch + 1, heartbeat_at = now(), "
             "started_at = COALESCE(started_at, now()) "
             "WHERE id = %s AND (state = 'pending' OR (state = 'running' AND "
             "(heartbeat_at IS NULL OR heartbeat_at < now() - make_interval(secs => %s)))) "
             "RETURNING runner_epoch",
-            [runner_id, op_id, stale],
+            [runner_id, pod_uid, op_id, stale],
         )
         row = cursor.fetchone()
         if row is None:

@@ -1,4 +1,9 @@
-"""``GET /reshards/<id>/password`` (spec §5.3, §4.17; safeguards 7, 39, 50)."""
+"""``GET /reshards/<id>/password`` (spec §5.3, §4.17; safeguards 7, 39, 50, 79).
+
+These ops are local-launcher ops: the caller proves the op's current runner with the one-time
+credential whose digest the launcher stored (``password_pull_digest``). The runner-pod binding
+(TokenReview) is in ``test_password_tokenreview.py``, the port split in ``test_pull_port.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,10 @@ from django.conf import settings
 
 from duckgres_admin.models import ReshardLogEntry
 from reshard import stash
+from reshard.services import pull_credential_digest
 from tests.fixtures.rows import new_op, new_store, new_warehouse
+
+CREDENTIAL = secrets.token_hex(32)
 
 
 @pytest.fixture
@@ -33,6 +41,7 @@ def running_op(db):
         target_user="u",
         target_database="d",
         target_password_secret_ref="env:Y",
+        password_pull_digest=pull_credential_digest(CREDENTIAL),
     )
     password = secrets.token_urlsafe(30)
     stash.put(op.id, password)
@@ -40,9 +49,17 @@ def running_op(db):
 
 
 def fetch(
-    clients: Any, op_id: int, *, epoch: str = "3", runner: str = "runner-a", client: Any = None
+    clients: Any,
+    op_id: int,
+    *,
+    epoch: str = "3",
+    runner: str = "runner-a",
+    client: Any = None,
+    credential: str | None = CREDENTIAL,
 ) -> Any:
     headers = {"HTTP_X_DUCKGRES_OP_EPOCH": epoch, "HTTP_X_DUCKGRES_RUNNER_ID": runner}
+    if credential is not None:
+        headers["HTTP_AUTHORIZATION"] = f"Bearer {credential}"
     return (client or clients.runner).get(f"/api/v1/reshards/{op_id}/password", **headers)
 
 
@@ -62,13 +79,61 @@ def test_current_runner_gets_the_password(clients, running_op):
     assert response.status_code == 200
     assert response.json() == {"password": password}
     assert response["Cache-Control"] == "no-store"
-    # Entries survive a successful pull (a relaunched runner may pull again).
-    assert fetch(clients, op.id).status_code == 200
     lines = op_lines(op.id)
-    assert len(lines) == 2
+    assert len(lines) == 1
     assert lines[0].startswith("runner fetched the ephemeral external target password")
     assert "runner-a" in lines[0]
-    assert all(password not in line for line in lines)
+    assert all(password not in line and CREDENTIAL not in line for line in lines)
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_the_first_pull_consumes_the_entry_and_the_credential(clients, running_op):
+    op, password = running_op
+    assert fetch(clients, op.id).status_code == 200
+    assert stash.held_ids() == []
+    op.refresh_from_db()
+    assert op.password_pull_digest == ""
+    # The same request replayed: the credential is spent (403), and there is nothing to pull.
+    replay = fetch(clients, op.id)
+    assert replay.status_code == 403
+    assert replay.json() == {"error": "runner identity not proven for this operation"}
+    assert password not in replay.content.decode()
+    # Even with the credential restored on the row, the entry is gone: 404.
+    type(op).objects.filter(pk=op.id).update(
+        password_pull_digest=pull_credential_digest(CREDENTIAL)
+    )
+    assert fetch(clients, op.id).status_code == 404
+    assert "already pulled once" in op_lines(op.id)[-1]
+
+
+@pytest.mark.safeguard("reshard-79")
+@pytest.mark.parametrize(
+    "credential", [None, "", CREDENTIAL[:-1] + ("0" if CREDENTIAL[-1] != "0" else "1"), "x"]
+)
+def test_the_runner_secret_alone_or_a_wrong_credential_is_403_and_keeps_the_entry(
+    clients, running_op, credential
+):
+    op, password = running_op
+    response = fetch(clients, op.id, credential=credential)
+    assert response.status_code == 403
+    assert response.json() == {"error": "runner identity not proven for this operation"}
+    assert stash.get(op.id) == password
+    op.refresh_from_db()
+    assert op.password_pull_digest == pull_credential_digest(CREDENTIAL)
+    (line,) = op_lines(op.id)
+    assert "refused (403 runner identity not proven for this operation)" in line
+    assert CREDENTIAL not in line
+    # The real runner still pulls afterwards.
+    assert fetch(clients, op.id).json() == {"password": password}
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_an_op_without_an_outstanding_credential_is_403(clients, running_op):
+    op, password = running_op
+    type(op).objects.filter(pk=op.id).update(password_pull_digest="")
+    assert fetch(clients, op.id).status_code == 403
+    assert "no one-time pull credential is outstanding" in op_lines(op.id)[0]
+    assert stash.get(op.id) == password
 
 
 @pytest.mark.safeguard("reshard-50")
@@ -105,7 +170,7 @@ def test_terminal_op_entry_is_deleted_and_404(clients, running_op):
 def test_unknown_op_and_missing_entry_are_indistinguishable(clients, running_op):
     op, _ = running_op
     unknown = fetch(clients, 999999)
-    stash.delete(op.id)
+    stash.delete(op.id)  # the credential is right, the entry is gone
     missing = fetch(clients, op.id)
     assert unknown.status_code == missing.status_code == 404
     assert unknown.json() == missing.json() == {"error": "password not available"}
@@ -158,5 +223,5 @@ def test_password_requests_prune_terminal_entries(clients, running_op):
         target_port=5432,
     )
     stash.put(other.id, "old-password-value")
-    fetch(clients, op.id)
+    fetch(clients, op.id, credential="not-it")  # refused: the op's own entry stays
     assert stash.held_ids() == [op.id]

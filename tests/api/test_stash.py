@@ -43,3 +43,51 @@ def test_put_get_delete_and_known_values():
     stash.delete(1)
     stash.delete(1)
     assert stash.held_ids() == [2]
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_take_hands_an_entry_out_once():
+    stash.put(3, "secret-three")
+    assert stash.take(3) == "secret-three"
+    assert stash.take(3) is None
+    assert stash.get(3) is None
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_the_url_names_the_pull_port_when_it_is_set(settings):
+    settings.DUCKGRES_ADVERTISE_ADDRESS = "10.1.2.3"
+    settings.DUCKGRES_ADVERTISE_PORT = 8080
+    settings.DUCKGRES_PASSWORD_PULL_PORT = 8081
+    assert stash.password_url(7, "pod") == "http://10.1.2.3:8081/api/v1/reshards/7/password"
+
+
+@pytest.mark.safeguard("reshard-79")
+@pytest.mark.django_db(transaction=True)
+def test_the_pruner_drops_a_terminal_ops_entry_without_any_request():
+    import threading
+    import time
+
+    from tests.fixtures.rows import new_op, new_store, new_warehouse
+
+    warehouse = new_warehouse(
+        org_id="prune-org",
+        store=new_store(name="prune-src"),
+        metadata_store_database="d",
+        metadata_store_user="u",
+        metadata_store_password_ref="env:X",
+    )
+    live = new_op(warehouse, state="running", target_endpoint="h", target_port=5432)
+    stash.put(live.id, "live-password")
+    stop = threading.Event()
+    thread = stash.start_pruner(0.05, stop)
+    try:
+        time.sleep(0.3)
+        assert stash.held_ids() == [live.id]  # a running op keeps its entry
+        type(live).objects.filter(pk=live.id).update(state="failed")
+        deadline = time.monotonic() + 5
+        while stash.held_ids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stash.held_ids() == []
+    finally:
+        stop.set()
+        thread.join(5)

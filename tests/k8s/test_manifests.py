@@ -80,6 +80,7 @@ def test_every_manifest_uses_only_the_supported_api_versions():
         "Role",
         "RoleBinding",
         "ClusterRole",
+        "ClusterRoleBinding",  # the API's TokenReview grant (safeguard reshard-79)
         "Deployment",
         "Job",
         "Service",
@@ -105,14 +106,16 @@ def test_the_runner_policy_selects_exactly_the_pods_the_launcher_creates():
     assert policy["ingress"] == []
 
 
-def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_advertise_port():
+@pytest.mark.safeguard("reshard-79")
+def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_pull_port():
     egress = one("NetworkPolicy", "duckgres-reshard-runner-boundaries")["spec"]["egress"]
     ports = {(p["protocol"], p["port"]) for rule in egress for p in rule["ports"]}
-    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443), ("TCP", 8080)}
+    # The password-pull port, never the API's main port 8080.
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443), ("TCP", 8081)}
     api_labels = one("Deployment", "duckgres-admin-api")["spec"]["template"]["metadata"]["labels"]
     for rule in egress:
         rule_ports = {p["port"] for p in rule["ports"]}
-        if rule_ports == {8080}:
+        if rule_ports == {8081}:
             [peer] = rule["to"]
             assert set(peer) == {"podSelector"}
             assert matches(peer["podSelector"], api_labels)
@@ -121,7 +124,8 @@ def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_advertise_po
             assert "to" not in rule  # any destination, on these ports only
 
 
-def test_the_api_admits_the_advertise_port_from_runner_pods():
+@pytest.mark.safeguard("reshard-79")
+def test_the_api_admits_only_runner_pods_to_the_pull_port():
     policy = one("NetworkPolicy", "duckgres-admin-api-ingress")["spec"]
     api = one("Deployment", "duckgres-admin-api")
     assert matches(policy["podSelector"], api["spec"]["template"]["metadata"]["labels"])
@@ -135,10 +139,42 @@ def test_the_api_admits_the_advertise_port_from_runner_pods():
         )
     ]
     assert [[(p["protocol"], p["port"]) for p in r["ports"]] for r in runner_rules] == [
-        [("TCP", 8080)]
+        [("TCP", 8081)]
     ]
+    # 8081 is admitted by no other rule: runner pods only.
+    others = [rule for rule in policy["ingress"] if rule not in runner_rules]
+    assert all(8081 not in {p["port"] for p in rule["ports"]} for rule in others)
     container = api["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert {"name": "password-pull", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert env_of(api)["DUCKGRES_PASSWORD_PULL_PORT"] == {
+        "name": "DUCKGRES_PASSWORD_PULL_PORT",
+        "value": "8081",
+    }
+    service = one("Service", "duckgres-admin-api")["spec"]
+    assert 8081 not in {p["port"] for p in service["ports"]}  # pod IP only, never the Service
+    assert gunicorn_conf.binds("0.0.0.0:8080", 8081) == ["0.0.0.0:8080", "0.0.0.0:8081"]
+    assert gunicorn_conf.binds("[::]:8080", 8081) == ["[::]:8080", "[::]:8081"]
+    assert gunicorn_conf.binds("0.0.0.0:8080", 0) == ["0.0.0.0:8080"]
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_the_api_may_create_tokenreviews_and_nothing_else_cluster_wide():
+    role = one("ClusterRole", "duckgres-admin-api-tokenreview")
+    assert role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    binding = one("ClusterRoleBinding", "duckgres-admin-api-tokenreview")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "duckgres-admin-api-tokenreview",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "duckgres-admin-api", "namespace": "duckgres"}
+    ]
+    cluster_bindings = [d for d in load_docs() if d["kind"] == "ClusterRoleBinding"]
+    assert [b["metadata"]["name"] for b in cluster_bindings] == ["duckgres-admin-api-tokenreview"]
 
 
 POD_RULES = {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete", "get",

@@ -53,6 +53,15 @@ def test_runner_pods_pass_it_even_when_the_launching_pod_does_not(worker):
     )  # fmt: skip
     assert restricted_violations(pod["spec"], "runner") == []
     assert read_only_root(pod["spec"]) == []
+    # With the password pull's projected token volume too (safeguard reshard-79).
+    pod = build_runner_pod(
+        op_id=3, own_pod=own, runner_image="", password_url="http://10.0.0.7:8081/p",
+        cpu="1", memory="1Gi", machine="x86_64", now=datetime.now(UTC),
+        pull_audience="duckgres-admin-password-pull",
+    )  # fmt: skip
+    assert any("projected" in v for v in pod["spec"]["volumes"])
+    assert restricted_violations(pod["spec"], "runner") == []
+    assert read_only_root(pod["spec"]) == []
     # A careless control-plane pod (root, privileged, unconfined) yields a restricted runner too.
     bad = copy.deepcopy(own)
     bad["spec"]["securityContext"] = {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}}

@@ -177,7 +177,10 @@ def test_the_trino_worker_runs_as_its_own_account_with_no_rights_in_its_own_name
     for doc in DOCS:
         if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             assert TRINO_SA not in doc["subjects"], doc["metadata"]["name"]
-    assert not [d for d in DOCS if d["kind"] == "ClusterRoleBinding"]
+    # The one ClusterRoleBinding shipped is the API's TokenReview grant (safeguard reshard-79).
+    assert [d["roleRef"]["name"] for d in DOCS if d["kind"] == "ClusterRoleBinding"] == [
+        "duckgres-admin-api-tokenreview"
+    ]
 
 
 def test_the_cell_template_binds_the_cell_role_in_the_namespace_it_is_applied_to():

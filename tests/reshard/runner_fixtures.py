@@ -363,14 +363,25 @@ def role_can_login(cluster: Any, role: str) -> bool | None:
 
 @contextlib.contextmanager
 def password_url(password: str) -> Iterator[str]:
-    """A tiny HTTP server answering every GET with ``{"password": …}`` (the stash's route)."""
+    """A tiny HTTP server standing in for the stash's route: the first GET gets
+    ``{"password": …}``, every later one 404, as the API hands a password out once (safeguard
+    reshard-79)."""
     import json
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     body = json.dumps({"password": password}).encode()
+    served = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if not served.acquire(blocking=False):
+                gone = b'{"error": "password not available"}'
+                self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(gone)))
+                self.end_headers()
+                self.wfile.write(gone)
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

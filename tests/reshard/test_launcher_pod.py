@@ -268,6 +268,27 @@ def test_the_per_op_image_and_password_url_are_used(kube):
     }
 
 
+@pytest.mark.safeguard("reshard-79")
+def test_the_api_server_accepts_the_pull_token_volume(kube):
+    op = new_op(password_url="http://10.1.2.3:8081/api/v1/reshards/1/password")
+    PodLauncher().create(op, replace=False)
+    spec = read(kube, f"duckgres-reshard-op-{op.id}")["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    [token] = [v for v in spec["volumes"] if v["name"] == "password-pull-token"]
+    source = token["projected"]["sources"][0]["serviceAccountToken"]
+    assert source == {
+        "audience": "duckgres-admin-password-pull",
+        "expirationSeconds": 600,
+        "path": "token",
+    }
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {
+        "name": "password-pull-token",
+        "mountPath": "/var/run/secrets/duckgres-admin/password-pull",
+        "readOnly": True,
+    } in mounts
+
+
 def test_resolve_control_plane_image_reads_its_own_pod(kube, settings):
     assert resolve_control_plane_image() == OWN_IMAGE
     settings.POD_NAME = "no-such-pod"

@@ -22,6 +22,7 @@ from reshard.launchers.podspec import (
     parse_spawned_at,
     validate_quantity,
 )
+from tests.fixtures.pod_security import restricted_violations
 
 NOW = datetime(2026, 11, 30, 9, 30, 5, 123456, tzinfo=UTC)
 
@@ -165,6 +166,58 @@ def test_runner_pods_never_get_the_internal_or_dataplane_secret():
     assert "DUCKGRES_DATAPLANE_SECRET" not in names
     assert "DUCKGRES_BROKER_URL" not in names
     assert "DUCKGRES_RESHARD_POD_CPU" not in names
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_the_pull_token_is_projected_for_its_audience_only_and_nothing_is_automounted():
+    pod = build(
+        password_url="http://10.0.0.7:8081/api/v1/reshards/42/password",
+        service_account="duckgres-admin-runner",
+        pull_audience="duckgres-admin-password-pull",
+    )
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "duckgres-admin-runner"
+    projected = [v for v in spec["volumes"] if "projected" in v]
+    assert projected == [
+        {
+            "name": "password-pull-token",
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": "duckgres-admin-password-pull",
+                            "expirationSeconds": 600,
+                            "path": "token",
+                        }
+                    }
+                ]
+            },
+        }
+    ]
+    [container] = spec["containers"]
+    assert {
+        "name": "password-pull-token",
+        "mountPath": "/var/run/secrets/duckgres-admin/password-pull",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    # The token file is where the runner reads it.
+    from reshard.runner.password import PULL_TOKEN_PATH
+
+    assert PULL_TOKEN_PATH == "/var/run/secrets/duckgres-admin/password-pull/token"
+    # Not the Kubernetes API's default token path: nothing would use it for the API.
+    assert not any(
+        m["mountPath"].startswith("/var/run/secrets/kubernetes.io")
+        for m in container["volumeMounts"]
+    )
+    # The token itself is never in the spec (the kubelet writes it); no env names it.
+    assert "PASSWORD_PULL" not in repr(container["env"])
+    assert restricted_violations(spec, "runner") == []
+
+
+def test_no_password_url_means_no_pull_token():
+    spec = build(password_url="", pull_audience="duckgres-admin-password-pull")["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["tmp"]
 
 
 def test_no_password_url_means_no_variable():

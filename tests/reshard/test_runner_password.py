@@ -54,8 +54,17 @@ def password_server() -> Iterator[tuple[str, Script]]:
         server.server_close()
 
 
+CREDENTIAL = "pod-token-or-one-time-credential"
+
+
 def request(url: str) -> PullRequest:
-    return PullRequest(url=url, runner_secret="runner-secret-x" * 3, epoch=4, runner_id="pod-7")
+    return PullRequest(
+        url=url,
+        runner_secret="runner-secret-x" * 3,
+        epoch=4,
+        runner_id="pod-7",
+        credential=CREDENTIAL,
+    )
 
 
 @pytest.mark.safeguard("reshard-7")
@@ -68,6 +77,7 @@ def test_200_returns_the_password_and_sends_the_identity_headers(password_server
     assert headers["X-Duckgres-Runner-Secret"] == "runner-secret-x" * 3
     assert headers["X-Duckgres-Op-Epoch"] == "4"
     assert headers["X-Duckgres-Runner-Id"] == "pod-7"
+    assert headers["Authorization"] == f"Bearer {CREDENTIAL}"
 
 
 @pytest.mark.safeguard("reshard-7")
@@ -77,6 +87,38 @@ def test_404_is_final_after_exactly_one_attempt(password_server):
     with pytest.raises(PasswordPullError, match="HTTP 404"):
         pull_password(request(url), threading.Event())
     assert len(script.seen) == 1
+
+
+@pytest.mark.safeguard("reshard-79")
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_credential_is_final_after_exactly_one_attempt(password_server, status):
+    url, script = password_server
+    script.responses = [(status, b'{"error":"runner identity not proven for this operation"}')]
+    with pytest.raises(PasswordPullError, match=f"refused \\(HTTP {status}") as info:
+        pull_password(request(url), threading.Event())
+    assert len(script.seen) == 1
+    assert CREDENTIAL not in str(info.value)
+
+
+@pytest.mark.safeguard("reshard-79")
+def test_the_credential_channels(tmp_path):
+    import os
+
+    from reshard.runner.password import read_pod_token, take_inherited_credential
+
+    token = tmp_path / "token"
+    token.write_text("a.projected.token\n")
+    assert read_pod_token(str(token)) == "a.projected.token"
+    assert read_pod_token(str(tmp_path / "absent")) == ""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"one-time-credential")
+    os.close(write_end)
+    env = {"DUCKGRES_RESHARD_PASSWORD_PULL_FD": str(read_end)}
+    assert take_inherited_credential(env) == "one-time-credential"
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # read once, then closed
+    assert take_inherited_credential(env) == ""
+    assert take_inherited_credential({}) == ""
 
 
 @pytest.mark.safeguard("reshard-7")

@@ -186,30 +186,39 @@ def test_external_source_kill_before_the_cutover_is_redone_and_succeeds(
     assert open_uploads(runner_s3, op.id) == []
 
 
-# --- cnpg→external: redone through copying/verifying when the password is pulled again ---------
+# --- cnpg→external: the password is handed out once, so a takeover after the pull rolls back ---
 @pytest.mark.safeguard("reshard-73")
-@pytest.mark.parametrize("point", ["step:fencing_source", "step:copying", "step:verifying"])
-def test_cnpg_to_external_kill_before_orphaning_is_redone_with_the_pulled_password(
+@pytest.mark.safeguard("reshard-79")
+@pytest.mark.parametrize("point", ["step:fencing_source", "step:copying"])
+def test_cnpg_to_external_takeover_after_the_pull_rolls_back_the_password_being_gone(
     external_target_world: ExternalTargetWorld,
     runner_state_dir: Any,
     runner_s3: RunnerS3,
     point: str,
 ) -> None:
     world = external_target_world
-    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
     s3_env = with_bucket(world.op.org_id, runner_s3)
     with password_url(world.target.password) as url:
         killed_at(world.op.id, runner_state_dir, point, DUCKGRES_RESHARD_PASSWORD_URL=url, **s3_env)
         step = reload(world.op).step
+        # The relaunched runner pulls again: the stash entry is gone (404).
         op = relaunch(world.op.id, runner_state_dir, DUCKGRES_RESHARD_PASSWORD_URL=url, **s3_env)
     lines = op_log(op.id)
-    assert op.state == "succeeded", lines
-    assert any(line.startswith(f"takeover at step {step} {REDO}") for line in lines)
+    assert op.state == "failed", lines
+    assert "cannot be resumed safely" in op.error
+    assert any(
+        line.startswith("could not pull the external target password: password not available")
+        for line in lines
+    )
+    assert any(
+        line.startswith(f"takeover at step {step} {NOT_REDOING}")
+        and "external target password is gone" in line
+        and "rolled back" in line
+        for line in lines
+    ), lines
     wh = warehouse_of(op)
-    assert (wh.state, wh.metadata_store_kind) == ("ready", "external")
-    assert wh.metadata_store_database == world.target.database
-    assert wh.compaction_enabled is False  # this world's original setting
-    assert catalog_checksums(world.target.cluster, world.target.database) == before
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is True
     assert open_uploads(runner_s3, op.id) == []
 
 
@@ -231,8 +240,7 @@ def test_cnpg_to_external_takeover_without_the_password_is_not_redone(
     assert op.state == "failed"
     assert "cannot be resumed safely" in op.error
     assert any(
-        NOT_REDOING in line and "external target password is not available" in line
-        for line in op_log(op.id)
+        NOT_REDOING in line and "external target password is gone" in line for line in op_log(op.id)
     )
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
