@@ -218,7 +218,7 @@ def _source_identity(
         endpoint = Endpoint(
             warehouse.metadata_store_host,
             warehouse.metadata_store_port or 5432,
-            warehouse.metadata_store_sslmode or "require",
+            warehouse.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         ctx = _maybe_connect(
             endpoint,
@@ -279,7 +279,7 @@ def _check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore |
         fields.update(
             source_endpoint=warehouse.metadata_store_host,
             source_port=port,
-            source_sslmode=warehouse.metadata_store_sslmode or "require",
+            source_sslmode=warehouse.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         label = _hostport(warehouse.metadata_store_host, port)
     if not (
@@ -574,7 +574,7 @@ def validate_external_target(source_kind: str, target: TargetRequest) -> Externa
     except ValueError as exc:
         raise ServiceError(400, str(exc)) from None
     check_host("target.endpoint", host)
-    sslmode = target.sslmode or "require"
+    sslmode = target.sslmode or pgadmin.DEFAULT_SSLMODE
     if sslmode not in EXTERNAL_SSLMODES:
         raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
     if not target.password:
@@ -702,7 +702,7 @@ def source_connection(
         endpoint = Endpoint(
             warehouse.metadata_store_host,
             warehouse.metadata_store_port or 5432,
-            warehouse.metadata_store_sslmode or "require",
+            warehouse.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         user, ref = warehouse.metadata_store_user, warehouse.metadata_store_password_ref
         purpose = "tenant"

@@ -110,7 +110,7 @@ def test_valid_cnpg_to_external_dry_run(clients, published, cnpg_source, tenant_
         "endpoint": f"{ext.cluster.host}:{ext.cluster.port}",
         "database": ext.database,
         "user": ext.role,
-        "sslmode": "require",
+        "sslmode": "verify-full",  # empty means verify-full (safeguard reshard-68)
         "password_secret_ref": ext.password_ref,
     }
     checks = by_check(body)

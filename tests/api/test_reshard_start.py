@@ -530,7 +530,7 @@ def test_cnpg_to_external_is_accepted_with_password_url_and_stash(
     op = ReshardOperation.objects.get()
     assert body["target_kind"] == "external"
     assert (body["target_endpoint"], body["target_port"]) == ("127.0.0.1", 5434)
-    assert body["target_sslmode"] == "require"
+    assert body["target_sslmode"] == "verify-full"  # the default when none is given
     assert body["password_url"] == f"http://127.0.0.1:8080/api/v1/reshards/{op.id}/password"
     assert op.password_url == body["password_url"]
     assert stash.get(op.id) == target.password
