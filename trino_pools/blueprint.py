@@ -3,7 +3,8 @@
 Invariants this parser protects:
 
 - **Strict, single document.** JSON ≤ 1 MiB; ``json.JSONDecoder().raw_decode`` followed by a
-  whitespace-only remainder check (a second document is refused); duplicate keys and unknown
+  whitespace-only remainder check (a second document is refused: ``trino_pools.strictjson``,
+  shared with the registry); duplicate keys and unknown
   fields are refused at every level the blueprint itself defines (the pod templates'
   ``spec`` is Kubernetes' PodSpec: the rules of §6.3 are checked on it, the rest is the API
   server's business).
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duckgres_admin.lib import k8s
+from trino_pools import strictjson
 
 MAX_BLUEPRINT_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 256 * 1024
@@ -178,40 +180,8 @@ def digest_of(document: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(document).encode("utf-8")).hexdigest()
 
 
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Checker:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
-
-    def fail(self, path: str, problem: str, fix: str) -> None:
-        self.problems.append(f"{path}: {problem}; {fix}")
-
-    def keys(self, obj: Mapping[str, Any], path: str, allowed: frozenset[str]) -> None:
-        for key in sorted(set(obj) - allowed):
-            self.fail(
-                f"{path}.{key}",
-                f'unknown field "{key}"',
-                f"remove it (allowed fields: {', '.join(sorted(allowed))})",
-            )
+class _Checker(strictjson.Problems):
+    """Problems are ``<path>: <problem>; <fix>``; ``BlueprintError`` names the source once."""
 
     def obj(self, value: object, path: str) -> dict[str, Any] | None:
         if not isinstance(value, dict):
@@ -618,26 +588,10 @@ def parse_blueprint(text: str, *, source: str, cell_namespace: str) -> Blueprint
     """Parse and validate one blueprint document; every problem names its field path and fix."""
     if len(text.encode("utf-8")) > MAX_BLUEPRINT_BYTES:
         raise BlueprintError(source, ["$: the blueprint is larger than 1 MiB; shrink it"])
-    decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates)
-    stripped = text.lstrip()
     try:
-        document, end = decoder.raw_decode(stripped)
-    except _DuplicateKey as exc:
-        raise BlueprintError(
-            source, [f'$: duplicate key "{exc.key}"; keep exactly one occurrence of each key']
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise BlueprintError(
-            source,
-            [
-                f"$: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                "fix the JSON syntax"
-            ],
-        ) from None
-    if stripped[end:].strip():
-        raise BlueprintError(
-            source, ["$: must contain one JSON document; remove everything after the first"]
-        )
+        document = strictjson.decode_document(text)
+    except strictjson.StrictJSONError as exc:
+        raise BlueprintError(source, [str(exc)]) from None
     return validate_blueprint(document, source=source, cell_namespace=cell_namespace)
 
 
@@ -651,14 +605,14 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
     for key in sorted(REQUIRED_TOP - set(top)):
         check.fail(f"$.{key}", f"{key} is required", "add it (see docs/trino-instances.md)")
     version = top.get("blueprint_version")
-    if "blueprint_version" in top and (not _is_int(version) or version != 1):
+    if "blueprint_version" in top and (not strictjson.is_int(version) or version != 1):
         check.fail(
             "$.blueprint_version",
             f"unsupported blueprint_version {json.dumps(version)}",
             "set it to 1",
         )
     generation = top.get("generation", 0)
-    if "generation" in top and (not _is_int(generation) or generation < 0):
+    if "generation" in top and (not strictjson.is_int(generation) or generation < 0):
         check.fail(
             "$.generation",
             f"generation must be an integer >= 0 (got {json.dumps(generation)})",
@@ -706,7 +660,7 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
             value = block.get("replicas")
             if (
                 not isinstance(value, int)
-                or not _is_int(value)
+                or not strictjson.is_int(value)
                 or not 1 <= value <= MAX_WORKER_REPLICAS
             ):
                 check.fail(

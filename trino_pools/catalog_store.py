@@ -57,7 +57,11 @@ CREATE TABLE IF NOT EXISTS trino_catalog_journal (
 
 
 class CatalogStoreError(RuntimeError):
-    """The catalog store cannot be used by the writer (fatal at trino worker start)."""
+    """The catalog store cannot be used or failed (message scrubbed of the DSN).
+
+    The one class for both uses: ``check_writer`` (fatal at trino worker start and in
+    ``manage.py trino_check``) and the fenced writer's calls (``catalog_writer`` re-exports it).
+    """
 
 
 def _read_dsn(path: str) -> str:

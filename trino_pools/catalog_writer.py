@@ -53,7 +53,7 @@ from psycopg.types.json import Jsonb
 
 from trino_pools import authority
 from trino_pools.authority import Authority, NotThisReplica
-from trino_pools.catalog_store import _read_dsn, _scrub
+from trino_pools.catalog_store import CatalogStoreError, _read_dsn, _scrub
 from trino_pools.catalogs import REMOVED_HASH
 from trino_pools.config import TrinoSettings
 
@@ -76,10 +76,6 @@ class WriterFenced(Exception):
 
 class IntentChanged(Exception):
     """An operation id already journalled with another payload hash."""
-
-
-class CatalogStoreError(Exception):
-    """The catalog store failed or is unreachable (message scrubbed of the DSN)."""
 
 
 class NodeInventoryUnavailable(Exception):
@@ -625,7 +621,7 @@ def writer_for(settings: TrinoSettings, auth: Authority) -> CatalogWriter:
     """A writer for ``auth`` from ``DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE`` (never logged)."""
     try:
         dsn = _read_dsn(settings.catalog_dsn_file)
-    except Exception as exc:  # noqa: BLE001 - CatalogStoreError of catalog_store: path only
+    except Exception as exc:  # noqa: BLE001 - the DSN file's error names its path only
         raise CatalogStoreError(str(exc)) from None
     return CatalogWriter(dsn, settings.catalog_schema, auth.pool_id, auth.epoch, auth.owner)
 

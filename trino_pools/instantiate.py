@@ -476,37 +476,3 @@ def workers_ready(namespace: str, instance_id: str) -> tuple[bool, int, int]:
     ready = int((worker.get("status") or {}).get("readyReplicas") or 0)
     desired = int((worker.get("spec") or {}).get("replicas") or 0)
     return coordinator_ready, ready, desired
-
-
-def coordinator_pod(
-    namespace: str, instance_id: str, *, container_name: str = ""
-) -> dict[str, str] | None:
-    """The instance's live coordinator pod: uid, name, node name, container id, phase.
-
-    Pods are found by the instance label and the ``X-coordinator-`` name prefix; terminating
-    pods are ignored; the newest live one wins. ``container_id`` is that of ``container_name``
-    (default: the first container status), '' until the kubelet reports it.
-    """
-    prefix = f"{instance_id}-coordinator-"
-    pods = [
-        pod
-        for pod in k8s.list_pods(namespace, f"{INSTANCE_LABEL}={instance_id}")
-        if str((pod.get("metadata") or {}).get("name", "")).startswith(prefix)
-        and not (pod.get("metadata") or {}).get("deletionTimestamp")
-    ]
-    if not pods:
-        return None
-    pod = max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    statuses = status.get("containerStatuses") or []
-    chosen = next(
-        (s for s in statuses if not container_name or s.get("name") == container_name), None
-    )
-    return {
-        "pod_uid": str(meta.get("uid", "")),
-        "pod_name": str(meta.get("name", "")),
-        "node_name": str((pod.get("spec") or {}).get("nodeName", "") or ""),
-        "container_id": str((chosen or {}).get("containerID", "") or ""),
-        "phase": str(status.get("phase", "") or ""),
-    }

@@ -2,7 +2,8 @@
 
 Every level is checked against an explicit key set (unknown and retired fields are rejected,
 so a registry still carrying the blue/green topology can never load), duplicate keys inside an
-object are rejected, and a second document after the first is rejected. Errors name the file,
+object are rejected, and a second document after the first is rejected (``strictjson``, shared
+with the blueprint). Errors name the file,
 the JSON path of the offending value and the fix, and collect every problem found in one pass.
 
 Decisions where the specification is silent (also written down in ``docs/trino.md``):
@@ -22,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from trino_pools import strictjson
 
 STORED_PREFIX = "registered:"
 HOST_PLACEHOLDER = "{org}"
@@ -102,51 +105,21 @@ class RegistryError(ValueError):
         super().__init__(f"invalid Trino registry {source}:\n  - {listing}")
 
 
-class _NoDuplicates(dict[str, Any]):
-    """Marker type for objects decoded with the duplicate-key check."""
+class _Checker(strictjson.Problems):
+    """Every problem starts with the source; a retired field is named as retired."""
 
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = _NoDuplicates()
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKeyError(key)
-        result[key] = value
-    return result
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Checker:
     def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
+        super().__init__(source, prefix=f"{source}: ")
 
-    def fail(self, path: str, problem: str, fix: str) -> None:
-        self.problems.append(f"{self.source}: {path}: {problem}; {fix}")
-
-    def keys(self, obj: dict[str, Any], path: str, allowed: frozenset[str]) -> None:
-        for key in sorted(set(obj) - allowed):
-            if key in RETIRED_FIELDS:
-                self.fail(
-                    f"{path}.{key}",
-                    f'unknown field "{key}" (retired blue/green registry field)',
-                    "remove it: Trino supports shared-pool cells only",
-                )
-            else:
-                self.fail(
-                    f"{path}.{key}",
-                    f'unknown field "{key}"',
-                    f"remove it (allowed fields: {', '.join(sorted(allowed))})",
-                )
+    def unknown_field(self, path: str, key: str, allowed: frozenset[str]) -> None:
+        if key in RETIRED_FIELDS:
+            self.fail(
+                f"{path}.{key}",
+                f'unknown field "{key}" (retired blue/green registry field)',
+                "remove it: Trino supports shared-pool cells only",
+            )
+        else:
+            super().unknown_field(path, key, allowed)
 
     def label(self, obj: dict[str, Any], path: str, key: str) -> str | None:
         value = obj.get(key)
@@ -183,7 +156,7 @@ class _Checker:
                 self.fail(where, f"{key} is required", "set it to an integer")
             return default
         value = obj[key]
-        if not _is_int(value):
+        if not strictjson.is_int(value):
             self.fail(where, f"{key} must be an integer (got {json.dumps(value)})", "fix its value")
             return None
         if value < minimum or (maximum is not None and value > maximum):
@@ -346,22 +319,11 @@ def _check_cell(check: _Checker, path: str, raw: object) -> Cell | None:
 def parse_registry(text: str, source: str) -> tuple[Cell, ...]:
     """Parse and validate a registry document; ``source`` names it in every error."""
     check = _Checker(source)
-    decoder = json.JSONDecoder(object_pairs_hook=_reject_duplicates)
     try:
-        document, end = decoder.raw_decode(text.lstrip())
-    except _DuplicateKeyError as exc:
-        check.fail("$", f'duplicate key "{exc.key}"', "keep exactly one occurrence of each key")
+        document = strictjson.decode_document(text)
+    except strictjson.StrictJSONError as exc:
+        check.fail(exc.path, exc.problem, exc.fix)
         raise RegistryError(source, check.problems) from None
-    except json.JSONDecodeError as exc:
-        check.fail(
-            "$",
-            f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-            "fix the JSON syntax",
-        )
-        raise RegistryError(source, check.problems) from None
-    if text.lstrip()[end:].strip():
-        check.fail("$", "must contain one JSON document", "remove everything after the first")
-        raise RegistryError(source, check.problems)
     if not isinstance(document, dict):
         check.fail("$", 'the registry must be an object {"cells": [...]}', "wrap the cells list")
         raise RegistryError(source, check.problems)

@@ -309,6 +309,16 @@ def test_the_trino_worker_network_policy():
 def _instance_docs(
     instantiate: Any, parse_blueprint: Any, cell_cls: Any, spec_cls: Any, namespace: str
 ) -> list[dict[str, Any]]:
+    snapshot = _instance_snapshot(instantiate, parse_blueprint, cell_cls, spec_cls, namespace)
+    docs: list[dict[str, Any]] = instantiate.instance_objects(
+        "cell-5e6f7a8b", "pool-a", "rg-a", snapshot, 3
+    )
+    return docs
+
+
+def _instance_snapshot(
+    instantiate: Any, parse_blueprint: Any, cell_cls: Any, spec_cls: Any, namespace: str
+) -> dict[str, Any]:
     text = json.dumps(valid_blueprint(namespace=namespace))
     blueprint = parse_blueprint(text, source="test", cell_namespace=namespace)
     cell = cell_cls(
@@ -320,11 +330,8 @@ def _instance_docs(
         port=443,
         pool=spec_cls(3, 2, 1, 1, "/etc/duckgres/blueprints/pool-a.json", 8080, "prod", True),
     )
-    snapshot = instantiate.snapshot_for(blueprint, cell)
-    docs: list[dict[str, Any]] = instantiate.instance_objects(
-        "cell-5e6f7a8b", "pool-a", "rg-a", snapshot, 3
-    )
-    return docs
+    snapshot: dict[str, Any] = instantiate.snapshot_for(blueprint, cell)
+    return snapshot
 
 
 # --- the rules against what the operator really calls ----------------------------------------
@@ -379,8 +386,10 @@ def test_every_kubernetes_call_of_the_operator_is_granted_in_the_cell(cell_kube)
     """
     from kubernetes import client
 
+    from duckgres_admin.models.trino import TrinoPoolInstance
     from trino_pools import instantiate, probes
     from trino_pools.blueprint import parse_blueprint
+    from trino_pools.operator.instances import evidence
     from trino_pools.registry import Cell, PoolSpec
 
     namespace = cell_kube.namespace
@@ -418,7 +427,14 @@ def test_every_kubernetes_call_of_the_operator_is_granted_in_the_cell(cell_kube)
         inventory = instantiate.create_objects(namespace, docs)
         assert instantiate.create_objects(namespace, copy.deepcopy(docs)) == inventory  # replay
         assert instantiate.workers_ready(namespace, "cell-5e6f7a8b") == (False, 0, 2)
-        assert instantiate.coordinator_pod(namespace, "cell-5e6f7a8b") is None
+        # The operator's own coordinator-pod rule (its pods list, by the identity labels).
+        row = TrinoPoolInstance(
+            instance_id="cell-5e6f7a8b",
+            blueprint_snapshot=_instance_snapshot(instantiate, parse_blueprint, Cell, PoolSpec,
+                                                  namespace),
+            coordinator_pod_uid="",
+        )  # fmt: skip
+        assert evidence.coordinator_pod(row) is None
         for _ in range(5):
             if instantiate.delete_objects(namespace, inventory, instance_id="cell-5e6f7a8b"):
                 break

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.lib import k8s
+from duckgres_admin.models.trino import TrinoPoolInstance
 from tests.trino.blueprints import (
     IMAGE,
     put_config_map,
@@ -23,6 +24,7 @@ from tests.trino.blueprints import (
 )
 from trino_pools import instantiate
 from trino_pools.blueprint import parse_blueprint
+from trino_pools.operator.instances import evidence
 from trino_pools.registry import Cell, PoolSpec
 
 pytestmark = pytest.mark.kube
@@ -417,9 +419,14 @@ def test_workers_ready_reads_both_deployments(trino_kube):
 
 
 def test_coordinator_pod_identity(trino_kube):
+    """The product's rule (``evidence.coordinator_pod``): the instance label and the identity
+    binding's component label, terminating pods ignored until a pod is registered."""
     kube = trino_kube
     instantiate.create_objects(kube.namespace, docs_for(kube.namespace))
-    assert instantiate.coordinator_pod(kube.namespace, X) is None
+    row = TrinoPoolInstance(
+        instance_id=X, blueprint_snapshot=snapshot(kube.namespace), coordinator_pod_uid=""
+    )
+    assert evidence.coordinator_pod(row) is None
     instance_pod(kube, "worker")
     pod = instance_pod(kube, "coordinator")
     name = pod["metadata"]["name"]
@@ -447,8 +454,15 @@ def test_coordinator_pod_identity(trino_kube):
     kube.core.patch_namespaced_pod_status(
         name, kube.namespace, {"status": {"phase": "Running", "containerStatuses": statuses}}
     )
-    found = instantiate.coordinator_pod(kube.namespace, X, container_name="trino")
-    assert found == {
+    found = evidence.coordinator_pod(row)
+    assert found is not None
+    assert {
+        "pod_uid": found["metadata"]["uid"],
+        "pod_name": found["metadata"]["name"],
+        "node_name": found["spec"].get("nodeName", ""),
+        "container_id": evidence.container_status(row, found).get("containerID", ""),
+        "phase": found["status"].get("phase", ""),
+    } == {
         "pod_uid": pod["metadata"]["uid"],
         "pod_name": name,
         "node_name": "n1",
@@ -456,7 +470,7 @@ def test_coordinator_pod_identity(trino_kube):
         "phase": "Running",
     }
     kube.core.delete_namespaced_pod(name, kube.namespace)  # terminating: no longer the coordinator
-    assert instantiate.coordinator_pod(kube.namespace, X) is None
+    assert evidence.coordinator_pod(row) is None
 
 
 def test_journalled_delete_parts(trino_kube):
