@@ -269,8 +269,16 @@ def _shared_secret(environ: Mapping[str, str], name: str) -> str | None:
     return content[:-1] if content.endswith("\n") else content
 
 
+# Set to "none" in a process that holds no Kubernetes identity by design (beat: no token, no
+# rights): the client check below then does not apply to it, and it never builds a client.
+KUBE_ACCESS_VAR = "DUCKGRES_KUBE_ACCESS"
+
+
 def _kube_client_loadable(environ: Mapping[str, str], service_account_token: str) -> bool:
-    """The same inputs ``duckgres_admin.lib.k8s.api_client`` uses, checked without a call."""
+    """The same inputs ``duckgres_admin.lib.k8s.api_client`` uses, checked without a call; a
+    process declared without Kubernetes access (``DUCKGRES_KUBE_ACCESS=none``) needs none."""
+    if environ.get(KUBE_ACCESS_VAR, "").strip() == "none":
+        return True
     if environ.get("DUCKGRES_KUBE_API_URL", "").strip():
         return True
     return bool(

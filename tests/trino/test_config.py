@@ -470,3 +470,26 @@ def test_service_auth_secret_must_differ_from_the_shared_secrets(tmp_path, as_fi
         ).service_auth_secret_file
         == other
     )
+
+
+def test_a_process_declared_without_kubernetes_access_needs_no_client_configuration(tmp_path):
+    """Beat holds no token by design: with Trino wired it must still start (it never builds a
+    Kubernetes client), while every other process keeps the fail-loud check."""
+    env = full_env(tmp_path, DUCKGRES_KUBE_API_URL=None)
+    assert errors_of(env) == [
+        "no Kubernetes client configuration for the Trino pools: set DUCKGRES_KUBE_API_URL "
+        "or run in a pod with a service-account token"
+    ]
+    loaded = load({**env, config.KUBE_ACCESS_VAR: "none"}, service_account_token=NO_SA)
+    assert loaded.wired
+
+
+def test_the_shipped_beat_declares_it_has_no_kubernetes_access_in_every_container():
+    from tests.k8s.test_manifests import one
+
+    beat = one("Deployment", "duckgres-admin-beat")
+    spec = beat["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env[config.KUBE_ACCESS_VAR] == {"name": config.KUBE_ACCESS_VAR, "value": "none"}
