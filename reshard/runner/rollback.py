@@ -48,6 +48,7 @@ from reshard.runner.steps.base import StepEnv
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
+DROP_LOCK_TIMEOUT_MS = 5000  # the longest a rollback's DROP TABLE waits for another's lock
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,18 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
     """Drop every ``ducklake_*`` table the target holds now; returns how the database is left
     (for the cnpg NOLOGIN line)."""
     op, ctx, log = env.op, env.ctx, env.log
+    if op.target_kind == "external" and not ctx.target_password and op.target_password_secret_ref:
+        # A relaunched runner cannot pull the password again (the stash hands it out once);
+        # the op's durable reference names the same password (the start API checked that).
+        try:
+            ctx.set_target_password(
+                stores.resolve_secret(
+                    ctx, op.target_password_secret_ref,
+                    f"the external target password {op.target_password_secret_ref}",
+                )
+            )  # fmt: skip
+        except StepError as exc:
+            log.warn(f"rollback: {exc}")
     if op.target_kind == "external" and not ctx.target_password:
         log.warn(
             f"rollback: the tables on the external target {where} were left in place (password "
@@ -221,6 +234,12 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
     try:
         side = stores.target_side(ctx, op)
         with side.connect(ctx) as conn, stores.registered(ctx, conn):
+            # A table another session holds locked must not hold the rollback (and the blocked
+            # warehouse) for the step's whole deadline: give up on it after a few seconds.
+            conn.execute(
+                "SELECT pg_catalog.set_config('lock_timeout', %s, false)",
+                [f"{DROP_LOCK_TIMEOUT_MS}ms"],
+            )
             dropped = catalog_copy.drop_ducklake_tables(conn, RunnerHooks(env))
     except Fenced:
         raise
