@@ -8,14 +8,17 @@ It deploys the product from the test overlay (tests/pods, the same as the pods s
 - baseline: a bare pod of the same image (``python -c pass``, restartPolicy Never) created
   through the API server until the kubelet reports it Running, ``--starts`` times;
 - API start -> runner pod Running: ``POST /warehouses/<org>/reshards`` through the API Service
-  until the runner pod ``duckgres-reshard-op-<id>`` is observed Running (polled every 50 ms), for
-  ``--starts`` reshards of small catalogs, one at a time;
-- runner pod Running -> claimed: the op row's claim time (the database clock) minus the moment
-  the pod was observed Running;
-- relaunch after ``kill -9`` of the runner's container (through containerd) mid-copy: until the
-  new runner's claim (epoch 2) on the database clock, ``--kills`` times.
+  until the runner pod ``duckgres-reshard-op-<id>`` is observed Running, for ``--starts``
+  reshards of small catalogs, one at a time (each must succeed);
+- runner pod Running -> claimed: the op row's first claim time (``started_at``, the database
+  clock, the same machine's clock) minus the moment the pod was observed Running;
+- relaunch after ``kill -9`` of the runner's container (through containerd) mid-copy of a
+  1,500-table catalog: from the kill until the op row shows the next runner's claim
+  (``runner_epoch`` 2, polled every 0.2 s), ``--kills`` times (each op must then succeed).
 
-Prints p50/p95/max of each and the ratio of the start latency to the bare-pod baseline.
+Pods are observed through the apiserver with the Kubernetes client (admin kubeconfig), one
+read every 50 ms. Prints the machine, p50/p95/max of each and the ratio of the start latency to
+the bare-pod baseline.
 """
 
 from __future__ import annotations
@@ -45,13 +48,35 @@ def _line(name: str, values: list[float], base: float | None = None) -> str:
     )
 
 
+_CORE: Any = None
+
+
+def _core() -> Any:
+    global _CORE
+    if _CORE is None:
+        from kubernetes import client, config
+
+        from tests.pods.conftest import KUBECONFIG
+
+        api = config.new_client_from_config(config_file=str(KUBECONFIG))  # type: ignore[no-untyped-call]
+        _CORE = client.CoreV1Api(api)
+    return _CORE
+
+
 def _observe_running(name: str, timeout: float = 120) -> float:
-    from tests.pods.conftest import NAMESPACE, kubectl
+    """The monotonic time at which pod ``name`` is first seen Running (or already finished)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.pods.conftest import NAMESPACE
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        phase = kubectl("-n", NAMESPACE, "get", "pod", name, "--ignore-not-found", "-o",
-                        "jsonpath={.status.phase}", check=False).strip()  # fmt: skip
+        try:
+            phase = _core().read_namespaced_pod(name, NAMESPACE, _request_timeout=5).status.phase
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            phase = None
         if phase in ("Running", "Succeeded", "Failed"):
             return time.monotonic()
         time.sleep(0.05)
@@ -115,12 +140,22 @@ def main() -> int:
         teardown()
 
 
+def _wait_succeeded(deployed: Any, op_id: int, timeout: float) -> None:
+    op = deployed.api.wait_terminal(op_id, timeout=timeout)
+    if op.get("state") != "succeeded":
+        raise RuntimeError(f"op {op_id} ended {op.get('state')}: {op.get('error')}")
+
+
 def _measure(deployed: Any, args: argparse.Namespace) -> int:
+    import subprocess
+
+    from tests.pods.conftest import NODE_DIR
     from tests.pods.test_reshard_pods import Tenant, _container_id, _runner_pod, _wait_step
 
     bare = bare_pod_starts(args.starts)
     to_running: list[float] = []
     to_claim: list[float] = []
+    relaunch: list[float] = []
     tenants: list[Tenant] = []
     try:
         for _ in range(args.starts):
@@ -131,17 +166,12 @@ def _measure(deployed: Any, args: argparse.Namespace) -> int:
             running = _observe_running(f"duckgres-reshard-op-{op_id}")
             to_running.append(running - started)
             running_wall = time.time() - (time.monotonic() - running)
-            deployed.api.wait_terminal(op_id, timeout=300)
+            _wait_succeeded(deployed, op_id, 300)
             claimed = deployed.one(
                 "SELECT extract(epoch FROM started_at) FROM duckgres_reshard_operations "
                 "WHERE id=%s", op_id,
             )  # fmt: skip
             to_claim.append(float(claimed) - running_wall)
-        relaunch: list[float] = []
-        import subprocess
-
-        from tests.pods.conftest import NODE_DIR
-
         for _ in range(args.kills):
             t = Tenant(deployed, tables=1500)
             tenants.append(t)
@@ -149,12 +179,13 @@ def _measure(deployed: Any, args: argparse.Namespace) -> int:
             _wait_step(deployed, op_id, {"copying"}, 180)
             pod = _runner_pod(op_id)
             assert pod is not None
-            killed = time.time()
+            killed = time.monotonic()
             subprocess.run(
                 ["ctr", "--address", str(NODE_DIR / "containerd" / "containerd.sock"), "-n",
-                 "k8s.io", "tasks", "kill", "-s", "KILL", _container_id(pod)], check=True,
+                 "k8s.io", "tasks", "kill", "-s", "KILL", _container_id(pod)],
+                check=True, capture_output=True,
             )  # fmt: skip
-            deadline = time.monotonic() + 600
+            deadline = killed + 600
             while time.monotonic() < deadline:
                 epoch = deployed.one(
                     "SELECT runner_epoch FROM duckgres_reshard_operations WHERE id=%s", op_id
@@ -162,17 +193,26 @@ def _measure(deployed: Any, args: argparse.Namespace) -> int:
                 if int(epoch) >= 2:
                     break
                 time.sleep(0.2)
-            relaunch.append(time.time() - killed)
-            deployed.api.wait_terminal(op_id, timeout=600)
+            else:
+                raise RuntimeError(f"op {op_id}: no runner claimed within 600 s of the kill")
+            relaunch.append(time.monotonic() - killed)
+            _wait_succeeded(deployed, op_id, 600)
     finally:
         for t in tenants:
             t.cleanup()
     base = statistics.median(bare)
+    print(
+        f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+        f"{args.starts} starts, {args.kills} kills"
+    )
     print(_line("baseline: bare pod create -> Running", bare))
     print(_line("API start -> runner pod Running", to_running, base))
     print(_line("runner pod Running -> claimed", to_claim))
     if relaunch:
         print(_line("kill -9 of the runner -> next runner claimed", relaunch))
+    for label, values in (("bare", bare), ("start", to_running), ("claim", to_claim),
+                          ("relaunch", relaunch)):  # fmt: skip
+        print(f"  {label}: " + " ".join(f"{v:.2f}" for v in values))
     return 0
 
 

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import urllib.request
+from datetime import datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.pods.conftest import DEPLOYMENTS, NAMESPACE, Deployed, kubectl, kubectl_json
+from tests.pods.conftest import (
+    DEPLOYMENTS,
+    NAMESPACE,
+    TRINO_CATALOG_SCHEMA,
+    TRINO_CELL_NAMESPACE,
+    TRINO_POOL_ID,
+    Deployed,
+    kubectl,
+    kubectl_json,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
 
@@ -56,6 +69,9 @@ def test_the_admin_static_files_and_readyz_answer_through_the_service(deployed: 
 
 # (identity, verb, resource, allowed) on the real API server's RBAC authorizer, impersonated.
 CAN_I = [
+    ("duckgres-admin-api", "create", "tokenreviews.authentication.k8s.io", True),
+    ("duckgres-admin-runner", "create", "tokenreviews.authentication.k8s.io", False),
+    ("duckgres-admin-launcher", "create", "tokenreviews.authentication.k8s.io", False),
     ("duckgres-admin-api", "get", "secrets", True),
     ("duckgres-admin-api", "get", "pods", True),
     ("duckgres-admin-api", "create", "pods", False),
@@ -106,3 +122,151 @@ def test_each_component_runs_as_its_own_identity_with_only_its_rights(deployed: 
         if (answer == "yes") != allowed:
             wrong.append((account, verb, resource, answer))
     assert wrong == []
+
+
+# The trino worker's start lines once Trino is wired (trino_pools/tasks.py ``worker_start``):
+# AppConfig.ready() validated the configuration (the process does not start otherwise), the
+# exporter is started only for a wired configuration, and the start-up ownership audit runs
+# only after the catalog writer's connection check (and bootstrap) succeeded.
+TRINO_STARTED = (
+    "trino worker metrics exporter listening on :9109",
+    "trino ownership audit: every Trino-enabled warehouse has a configured owner",
+)
+
+
+def _trino_worker_pod(deployed: Deployed) -> dict[str, Any]:
+    pods = [
+        p
+        for p in deployed.pods("component=trino-worker")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def _trino_lease(deployed: Deployed) -> tuple[str, int, datetime, bool]:
+    row = deployed.one(
+        "SELECT holder, epoch, renewed_at, expires_at > now() FROM duckgres_leases "
+        "WHERE name = 'trino'"
+    )
+    assert row is not None, "no trino lease row (migration 0003 seeds it)"
+    return str(row[0]), int(row[1]), row[2], bool(row[3])
+
+
+def _trino_worker_log(name: str) -> str:
+    return kubectl("-n", NAMESPACE, "logs", name, "-c", "trino-worker")
+
+
+def test_the_trino_worker_validates_its_pool_and_holds_the_trino_lease(deployed: Deployed) -> None:
+    pod = _trino_worker_pod(deployed)
+    name = pod["metadata"]["name"]
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    [container] = pod["status"]["containerStatuses"]
+    assert container["ready"] is True, container
+    assert container["restartCount"] == 0, container
+    log = wait_until(
+        lambda: (text := _trino_worker_log(name)) and all(line in text for line in TRINO_STARTED)
+        and text,
+        "the trino worker's start lines (configuration validated, catalog writer checked)", 60,
+    )  # fmt: skip
+    assert "invalid Trino configuration" not in log
+
+    # The leader lease: the row `trino` of duckgres_leases, taken by the first pool tick.
+    holder, epoch, renewed_at, live = wait_until(
+        lambda: (row := _trino_lease(deployed))[0].startswith(f"{name}.") and row,
+        f"the trino lease to be held by {name}",
+        90,
+    )
+    assert epoch >= 1
+    assert live, "the trino lease has expired"
+    assert f"lease trino: taken by {holder} (epoch {epoch})" in _trino_worker_log(name)
+    # Renewed (every pool tick, beat sends one every 5 s), not retaken: same holder and epoch.
+    later = wait_until(
+        lambda: (row := _trino_lease(deployed))[2] > renewed_at and row,
+        "the trino lease to be renewed",
+        30,
+        poll=1,
+    )
+    assert later[:2] == (holder, epoch), later
+    assert later[3], "the renewed trino lease has expired"
+    # No Trino secret reached the log.
+    log = _trino_worker_log(name)
+    for key, value in deployed.trino_secrets.items():
+        assert value not in log, f"the {key} value is in the trino worker's log"
+
+
+def test_the_trino_worker_runs_its_pool_term_in_the_cell_namespace(deployed: Deployed) -> None:
+    """The operator's first tick with the lease: the pool row is seeded, its authority taken and
+    the catalog writer claimed in the catalog store (the DSN from the Secret works), then the
+    pool freezes because its desired configuration is not published. The frozen reason is a
+    404 from the cell namespace, which only a working RoleBinding there gives (without it:
+    "Kubernetes forbids get on configmaps/…")."""
+    name = _trino_worker_pod(deployed)["metadata"]["name"]
+    holder = wait_until(
+        lambda: (row := _trino_lease(deployed))[0].startswith(f"{name}.") and row[0],
+        "the trino lease",
+        90,
+    )
+    owner, auth_epoch, frozen, reason = wait_until(
+        lambda: deployed.one(
+            "SELECT authority_owner, authority_epoch, frozen, frozen_reason "
+            "FROM duckgres_trino_pools WHERE pool_id = %s AND frozen",
+            TRINO_POOL_ID,
+        ),
+        "the pool to be seeded, acquired and frozen",
+        60,
+    )
+    assert owner == holder
+    assert auth_epoch >= 1
+    assert frozen is True
+    configmap = f"configmaps/trino-pool-config-pods-pool in namespace {TRINO_CELL_NAMESPACE}"
+    assert f"{configmap} not found (404)" in reason, reason
+    assert "forbid" not in reason.lower(), reason
+    with psycopg.connect(deployed.trino_catalog_dsn, connect_timeout=5) as conn:
+        writer = conn.execute(
+            f"SELECT writer_epoch, writer_identity FROM {TRINO_CATALOG_SCHEMA}."
+            "trino_catalog_writer_state WHERE pool_key = %s",
+            [TRINO_POOL_ID],
+        ).fetchone()
+    assert writer == (auth_epoch, holder)
+    # The grants in the cell namespace are the shipped ones, and only there.
+    sa = f"--as=system:serviceaccount:{NAMESPACE}:duckgres-admin-trino"
+    for namespace, verb, resource, allowed in (
+        (TRINO_CELL_NAMESPACE, "create", "deployments.apps", "yes"),
+        (TRINO_CELL_NAMESPACE, "get", "secret/trino-observer", "yes"),
+        (TRINO_CELL_NAMESPACE, "get", "secret/other", "no"),
+        (TRINO_CELL_NAMESPACE, "patch", "deployments.apps", "no"),
+        ("default", "create", "deployments.apps", "no"),
+    ):
+        answer = kubectl("auth", "can-i", verb, resource, "-n", namespace, sa, check=False)
+        assert answer.strip() == allowed, (namespace, verb, resource, answer)
+
+
+# Run inside the trino worker's container: the product's Gateway client with the process's own
+# validated settings (URL, pinned server name, token file); the token never leaves the pod.
+GATEWAY_PROBE = """
+import json, django
+django.setup()
+from duckgres_admin.lib.gateway import GatewayClient
+from trino_pools import config
+s = config.current()
+with open(s.rollout_token_file, encoding="utf-8") as f:
+    token = f.read().rstrip("\\n")
+client = GatewayClient(s.gateway_url, token, server_name=s.gateway_server_name)
+print("GATEWAY-ANSWER " + json.dumps(client.get("/gateway/backend/all")))
+"""
+
+
+def test_the_trino_worker_reaches_its_gateway_over_verified_tls(deployed: Deployed) -> None:
+    assert deployed.gateway is not None
+    name = _trino_worker_pod(deployed)["metadata"]["name"]
+    before = len(deployed.gateway.requests_to("GET", r"^/gateway/backend/all$"))
+    out = kubectl("-n", NAMESPACE, "exec", name, "-c", "trino-worker", "--",
+                  "python", "-c", GATEWAY_PROBE, timeout=120)  # fmt: skip
+    [answer] = [line for line in out.splitlines() if line.startswith("GATEWAY-ANSWER ")]
+    assert json.loads(answer.split(" ", 1)[1]) == [], answer
+    seen = deployed.gateway.requests_to("GET", r"^/gateway/backend/all$")[before:]
+    assert len(seen) == 1, seen
+    # Authenticated with the rollout token from the Secret (the double answers 401 otherwise).
+    assert seen[0][2]["authorization"] == f"Bearer {deployed.trino_secrets['rollout-token']}"
+    assert deployed.trino_secrets["rollout-token"] not in out
