@@ -287,17 +287,24 @@ class RunnerS3:
             "AWS_SECRET_ACCESS_KEY": "testing",
         }
 
-    def keys(self) -> list[str]:
+    def client(self) -> Any:
         import boto3
 
-        client = boto3.client(
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
             region_name="us-east-1",
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
-        answer = client.list_objects_v2(Bucket=self.bucket)
+
+    def open_uploads(self, prefix: str = "_reshard_catalog_backups/") -> list[str]:
+        """Keys of the open multipart uploads under ``prefix``, read from the S3 server."""
+        answer = self.client().list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        return sorted(str(u["Key"]) for u in answer.get("Uploads", []) or [])
+
+    def keys(self) -> list[str]:
+        answer = self.client().list_objects_v2(Bucket=self.bucket)
         return [str(o["Key"]) for o in answer.get("Contents", [])]
 
 

@@ -14,7 +14,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from django.core.management import call_command
 from django.db import connection
@@ -23,7 +22,7 @@ from duckgres_admin.models import ReshardLogEntry, ReshardOperation, Warehouse
 from reshard import uploads
 from reshard.backup import KEY_PREFIX
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
-from tests.fixtures.stores import StoreCluster
+from tests.fixtures.stores import StoreCluster, ducklake_tables
 from tests.reshard.janitor_support import FakeLauncher, janitor_env, make_janitor
 from tests.reshard.runner_fixtures import (
     CnpgWorld,
@@ -55,18 +54,11 @@ def with_bucket(org_id: str, s3: RunnerS3) -> dict[str, str]:
 
 
 def client(s3: RunnerS3) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return s3.client()
 
 
 def open_uploads(s3: RunnerS3, prefix: str = KEY_PREFIX) -> list[str]:
-    answer = client(s3).list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix)
-    return sorted(str(u["Key"]) for u in answer.get("Uploads", []) or [])
+    return s3.open_uploads(prefix)
 
 
 def killed(op_id: int, state_dir: Path, point: str, env: dict[str, str], **extra: str) -> None:
@@ -94,14 +86,7 @@ def s3_settings(settings: Any, monkeypatch: pytest.MonkeyPatch, s3: RunnerS3) ->
 
 
 def target_tables(cluster: Any, database: str) -> list[str]:
-    with cluster.superuser_conn(database) as conn:
-        return [
-            str(row[0])
-            for row in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
-                "AND tablename LIKE 'ducklake\\_%' ORDER BY 1"
-            )
-        ]
+    return list(ducklake_tables(cluster, database))
 
 
 def bucket_warehouse(store: Any, bucket: str) -> Warehouse:

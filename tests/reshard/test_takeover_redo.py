@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
@@ -57,27 +56,14 @@ REDO = "(before the cutover): redoing the steps from blocking"
 NOT_REDOING = "(before the cutover): not redoing the steps: "
 
 
-def _s3_client(s3: RunnerS3) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
 def open_uploads(s3: RunnerS3, op_id: int) -> list[str]:
     """Keys of the open multipart uploads of ``op_id``'s backups, read from the S3 server."""
-    answer = _s3_client(s3).list_multipart_uploads(
-        Bucket=s3.bucket, Prefix=f"{backup.KEY_PREFIX}op-{op_id}-"
-    )
-    return [str(u["Key"]) for u in answer.get("Uploads", []) or []]
+    return s3.open_uploads(f"{backup.KEY_PREFIX}op-{op_id}-")
 
 
 def leave_open_upload(s3: RunnerS3, op_id: int) -> str:
     """What a runner killed mid-backup leaves: an open multipart upload with one part."""
-    client = _s3_client(s3)
+    client = s3.client()
     key = f"{backup.KEY_PREFIX}op-{op_id}-19700101T000000Z.dump"
     upload = client.create_multipart_upload(Bucket=s3.bucket, Key=key)
     client.upload_part(
