@@ -156,6 +156,15 @@ def check_host(field_name: str, host: str) -> None:
         raise ServiceError(400, refusal)
 
 
+def _vet_store(store: MetadataStore, what: str) -> None:
+    """400 before anything is sent to ``store``: its provisioner reference outside the
+    allowlist, or its host or pooler host denied (``what`` names it in the message)."""
+    _allowed(store.provisioner_password_ref, "provisioner", f"{what}: provisioner_password_ref")
+    check_host(f"{what}: host", store.host)
+    if store.pooler_host:
+        check_host(f"{what}: pooler_host", store.pooler_host)
+
+
 def _connect_checked(
     endpoint: Endpoint,
     *,
@@ -302,14 +311,7 @@ def _check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore |
         "the binding's metadata_store_password_ref",
     )
     if store is not None:
-        _allowed(
-            store.provisioner_password_ref,
-            "provisioner",
-            f"metadata store {store.name}: provisioner_password_ref",
-        )
-        check_host(f"metadata store {store.name}: host", store.host)
-        if store.pooler_host:
-            check_host(f"metadata store {store.name}: pooler_host", store.pooler_host)
+        _vet_store(store, f"metadata store {store.name}")
         _check_source_identity(warehouse, store)
     else:
         check_host("the binding's metadata_store_host", warehouse.metadata_store_host)
@@ -448,14 +450,7 @@ def open_cnpg_target(store: MetadataStore, scrubber: Scrubber) -> identity.PgCon
     reference outside its allowlist and a denied host are 400: nothing is sent there."""
     endpoint = Endpoint(store.host, store.port, store.sslmode)
     unavailable = f"destination shard {store.name} is not accepting PostgreSQL connections"
-    _allowed(
-        store.provisioner_password_ref,
-        "provisioner",
-        f"target store {store.name}: provisioner_password_ref",
-    )
-    check_host(f"target store {store.name}: host", store.host)
-    if store.pooler_host:
-        check_host(f"target store {store.name}: pooler_host", store.pooler_host)
+    _vet_store(store, f"target store {store.name}")
     try:
         provisioner_password = secretrefs.resolve(store.provisioner_password_ref)
     except Exception as exc:  # noqa: BLE001 - reported as unavailable, naming the reference
