@@ -27,6 +27,8 @@ from django.utils.html import format_html
 from duckgres_admin.adminui import roles, trino_actions
 from duckgres_admin.adminui.progress import display_ts, status_json, summary_rows
 from duckgres_admin.adminui.roles import audit as _audit
+from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import (
     EXTERNAL_SSLMODES,
     TERMINAL_STATES,
@@ -43,8 +45,8 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseTrino,
 )
-from reshard import dryrun, services
-from reshard.services import ServiceError, StartRequest, TargetRequest
+from reshard import dryrun, operations, selectors
+from reshard.preflight import StartRequest, TargetRequest
 
 _ts = display_ts
 
@@ -248,7 +250,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         if request.method == "POST":
             actor = roles.user_email(request.user)
             try:
-                outcome = services.reshard_op_cancel(op_id=op.id, actor=actor)
+                outcome = operations.reshard_op_cancel(op_id=op.id, actor=actor)
             except ServiceError as exc:
                 _audit(request, "reshard.cancel", op.org_id, exc.status, exc.message)
                 messages.error(request, f"cancel refused: {exc.message}")
@@ -300,7 +302,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         try:
             call_command("reshard_recover", str(op.id), stdout=out)
         except CommandError as exc:
-            error = services.api_scrubber().scrub(str(exc))
+            error = process_scrubber().scrub(str(exc))
         return TemplateResponse(
             request,
             "admin/duckgres_admin/reshardoperation/recover.html",
@@ -308,7 +310,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
                 request,
                 f"Recovery plan for operation {op.id} (dry run)",
                 op=op,
-                output=services.api_scrubber().scrub(out.getvalue()),
+                output=process_scrubber().scrub(out.getvalue()),
                 error=error,
                 back_url=detail_url,
             ),
@@ -327,7 +329,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         if stage == "start":
             actor = roles.user_email(request.user)
             try:
-                outcome = services.reshard_op_start(
+                outcome = operations.reshard_op_start(
                     org_id=org, request=form.start_request(dry_run=False), actor=actor
                 )
             except ServiceError as exc:
@@ -358,7 +360,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, form: StartForm, plan: dict[str, Any] | None = None
     ) -> HttpResponse:
         try:
-            targets = services.reshard_targets()
+            targets = selectors.reshard_targets()
         except Exception:  # noqa: BLE001 - the datalist is a convenience only
             targets = {"shards": [], "external_stores": []}
         all_ok = (

@@ -2,8 +2,9 @@
 
 ``ROWS`` is the one list of django-celery-beat ``PeriodicTask`` rows the product ships (written
 by data migrations 0002, 0005 and 0006; the migrations keep their own frozen copies). The drift
-checks of the control worker (``reshard.worker``) and of the trino worker (``trino_pools.tasks``)
-read their expected values from it.
+check (:func:`drift_warnings`, run at start by the control worker for its rows and by the trino
+worker for its rows) reads its expected values from it. Task and queue names are the members of
+``duckgres_admin.queues``.
 
 Invariants:
 
@@ -34,10 +35,10 @@ from typing import Any
 from celery.signals import beat_init
 from django.db import DatabaseError, transaction
 
+from duckgres_admin.queues import QueueName, TaskName
+
 _log = logging.getLogger("duckgres.beat")
 
-CONTROL_QUEUE = "duckgres.control"
-TRINO_QUEUE = "duckgres.trino"
 
 # The seconds of one unit of each django-celery-beat IntervalSchedule period.
 PERIOD_SECONDS: dict[str, float] = {
@@ -65,18 +66,18 @@ class BeatRow:
 ROWS: tuple[BeatRow, ...] = (
     BeatRow(
         name="duckgres: reshard janitor (every 30 s)",
-        task="reshard.reconcile",
+        task=TaskName.RECONCILE,
         interval_seconds=30,
-        queue=CONTROL_QUEUE,
+        queue=QueueName.CONTROL,
         expire_seconds=30,
         migration="0002",
         description="Leader-only reshard reconciler (spec reshard 4.15).",
     ),
     BeatRow(
         name="duckgres: trino ownership audit (every 5 min)",
-        task="trino.ownership_audit",
+        task=TaskName.TRINO_OWNERSHIP_AUDIT,
         interval_seconds=300,
-        queue=TRINO_QUEUE,
+        queue=QueueName.TRINO,
         expire_seconds=300,
         migration="0005",
         description="Trino-enabled orgs whose owner is not a configured pool "
@@ -84,9 +85,9 @@ ROWS: tuple[BeatRow, ...] = (
     ),
     BeatRow(
         name="duckgres: trino pool tick (every 5 s)",
-        task="trino.pool_tick",
+        task=TaskName.TRINO_POOL_TICK,
         interval_seconds=5,
-        queue=TRINO_QUEUE,
+        queue=QueueName.TRINO,
         expire_seconds=5,
         migration="0006",
         description="One shared-pool operator tick (spec trino-pools 4.4): desired "
@@ -129,6 +130,50 @@ def row_for_task(task: str) -> BeatRow:
 
 def rows_on_queue(queue: str) -> tuple[BeatRow, ...]:
     return tuple(row for row in ROWS if row.queue == queue)
+
+
+def drift_warnings(rows: tuple[BeatRow, ...]) -> list[str]:
+    """Warnings for the ``PeriodicTask`` rows of the given table rows (none = as shipped).
+
+    Warn only: a drifted row is never changed, a deleted one is re-created by beat at its start
+    (:func:`heal`). Each worker checks the rows of the queue it consumes at its start."""
+    from django_celery_beat.models import PeriodicTask
+
+    warnings: list[str] = []
+    for expected in rows:
+        task, interval = expected.task, expected.interval_seconds
+        found = PeriodicTask.objects.filter(task=task).select_related("interval")
+        enabled = [row for row in found if row.enabled]
+        if not enabled:
+            warnings.append(
+                f"no enabled beat entry runs {task}: it will never run (restore the row "
+                f"written by migration {expected.migration})"
+            )
+        for row in enabled:
+            seconds = schedule_seconds(row)
+            if seconds is None:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} is not an interval schedule; "
+                    f"expected every {interval} s"
+                )
+                continue
+            if seconds != interval:
+                # One warning per cause: expire_seconds is judged against the right interval.
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} runs every {seconds:g} s; "
+                    f"expected {interval} s"
+                )
+            elif row.expire_seconds != seconds:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} has expire_seconds="
+                    f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
+                )
+            if row.queue and row.queue != expected.queue:
+                warnings.append(
+                    f"beat entry {row.name!r} for {task} is routed to queue {row.queue!r}; "
+                    f"expected {expected.queue}"
+                )
+    return warnings
 
 
 def schedule_seconds(task: Any) -> float | None:

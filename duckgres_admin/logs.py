@@ -12,9 +12,9 @@ Invariants (docs/logging.md):
   and ``task_name``; an access-log line also the request's fields.
 - The last step before rendering is the process-wide scrub: every string of the line (keys,
   values, nested values, the rendered traceback, the ``repr`` of any other object) has the
-  three shared secrets masked in every form ``reshard.scrub.Scrubber`` masks (raw and
-  URL-encoded) and in the partly encoded forms of URLs (:func:`_scrubber`). Operation secrets
-  are scrubbed at their own sinks (``reshard.scrub``).
+  three shared secrets masked by the one scrubber, ``duckgres_admin.base.scrub.Scrubber``, in
+  every form it masks (raw, URL-encoded, and the partly encoded forms of URLs). Operation
+  secrets are scrubbed at their own sinks (``duckgres_admin.base.scrub``).
 - :func:`configure_logging` may run any number of times (Django's ``ready``, the runner,
   Celery's ``celeryd_init`` and ``setup_logging`` signals); each run leaves the same state.
 """
@@ -28,15 +28,13 @@ import logging.config
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
-from urllib.parse import quote
 
 import structlog
 from celery import current_task
 from celery.utils.log import LoggingProxy
 from django.conf import settings
-from django.utils.encoding import escape_uri_path, iri_to_uri
 
-from reshard.scrub import Scrubber, shared_secrets
+from duckgres_admin.base.scrub import Scrubber, shared_secrets
 
 # Loggers that Django's DEFAULT_LOGGING gives handlers of their own (plain text): they are
 # reset to propagate to the root logger's JSON handler instead.
@@ -59,14 +57,8 @@ _ACCESS_FIELDS = {
 
 @functools.lru_cache(maxsize=8)
 def _scrubber(secrets: tuple[str, ...]) -> Scrubber:
-    """``reshard.scrub``'s forms of each secret (raw, URL-encoded, URL-encoded with ``+``) and
-    the partly encoded ones in which URLs reach log lines: urllib's default ``quote`` (``/``
-    kept) and Django's request paths and IRIs (``repr(request)``, ``get_full_path``)."""
-    scrubber = Scrubber(*secrets)
-    for secret in secrets:
-        for form in (quote(secret), escape_uri_path(secret), iri_to_uri(secret)):
-            scrubber.add(form)
-    return scrubber
+    """The one scrubber of ``secrets``, built once per set of shared secrets."""
+    return Scrubber(*secrets)
 
 
 def _scrub_mapping(mapping: Mapping[Any, Any], scrubber: Scrubber) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
+from duckgres_admin import queues
 from duckgres_admin.config import EnvReader, environ
 from duckgres_admin.lib import secretrefs
 
@@ -265,15 +266,14 @@ CELERY_BROKER_URL = env.string(
     "DUCKGRES_BROKER_URL", required=not (IS_RUNNER or IS_COLLECTSTATIC or IS_SCHEMA_COMMAND)
 )
 CELERY_TASK_ALWAYS_EAGER = False
-CELERY_TASK_DEFAULT_QUEUE = "duckgres.default"
-CELERY_TASK_ROUTES = {
-    "reshard.launch_runner": {"queue": "duckgres.default"},
-    "reshard.reconcile": {"queue": "duckgres.control"},
-}
+CELERY_TASK_DEFAULT_QUEUE = str(queues.QueueName.DEFAULT)
+# The queues and routes come from the one table of queue and task names (duckgres_admin.queues):
+# duckgres.control is a broadcast queue, so every control-worker replica receives every janitor
+# tick and the lease decides which one acts; the Trino tasks all go to duckgres.trino.
+CELERY_TASK_QUEUES = queues.celery_queues()
+CELERY_TASK_ROUTES = queues.celery_routes()
 # --- Trino (spec trino-pools §4.3) --------------------------------------------------------------
 # The Trino variables are parsed and validated by trino_pools.config from AppConfig.ready().
-# Here only the queue of the Trino tasks: the trino worker consumes duckgres.trino alone.
-CELERY_TASK_ROUTES["trino.*"] = {"queue": "duckgres.trino"}
 # --- end Trino ------------------------------------------------------------------------------------
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -25,11 +25,12 @@ from typing import Any
 
 import psycopg
 
+from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse, WarehouseState
-from reshard import services
-from reshard.services import ServiceError
+from reshard import vetting, warehouses
 
 FORCE_FLAG = "force_empty_binding"
 WITHOUT_CATALOG = "binding_without_catalog"
@@ -80,7 +81,7 @@ def moves(changed: dict[str, Any], merged: dict[str, Any]) -> bool:
 
 def binding_key(values: dict[str, Any]) -> tuple[Any, ...]:
     """Everything the check depends on (location and the credentials it may log in with)."""
-    return tuple(values.get(f) for f in services.BINDING_FIELDS)
+    return tuple(values.get(f) for f in warehouses.BINDING_FIELDS)
 
 
 def describe(values: dict[str, Any]) -> str:
@@ -92,9 +93,7 @@ def describe(values: dict[str, Any]) -> str:
         where = f"cnpg store {values.get('metadata_store') or ''}"
     elif kind == StoreKind.EXTERNAL:
         host = str(values.get("metadata_store_host") or "")
-        where = (
-            f"external {services._hostport(host, int(values.get('metadata_store_port') or 5432))}"
-        )
+        where = f"external {vetting.hostport(host, int(values.get('metadata_store_port') or 5432))}"
     else:
         return "none"
     return f"{where} database {database} user {user}"
@@ -133,8 +132,8 @@ def _connect(endpoint: Endpoint, *, dbname: str, user: str, password: str) -> An
         user=user,
         password=password,
         application_name=APPLICATION_NAME,
-        connect_timeout=services.PROBE_TIMEOUT_SECONDS,
-        statement_timeout=float(services.PROBE_TIMEOUT_SECONDS),
+        connect_timeout=vetting.PROBE_TIMEOUT_SECONDS,
+        statement_timeout=float(vetting.PROBE_TIMEOUT_SECONDS),
     )
 
 
@@ -146,21 +145,21 @@ def _count_tables(conn: Any) -> int:
 def check(values: dict[str, Any]) -> CatalogFound:
     """Raise unless the (validated, complete) binding ``values`` holds a DuckLake catalog."""
     database = str(values.get("metadata_store_database") or "")
-    scrubber = services.api_scrubber()
+    scrubber = process_scrubber()
     if values.get("metadata_store_kind") == StoreKind.CNPG:
         store = MetadataStore.objects.get(name=values["metadata_store"])
         field, label = "metadata_store_name", f"store {store.name}"
         endpoint = Endpoint(store.host, store.port, store.sslmode)
         user, ref = store.provisioner_user, store.provisioner_password_ref
-        services._allowed(ref, "provisioner", f"{field}: {label}: provisioner_password_ref")
-        services.check_host(f"{field}: {label}: host", store.host)
+        vetting.ref_allowed(ref, "provisioner", f"{field}: {label}: provisioner_password_ref")
+        vetting.check_host(f"{field}: {label}: host", store.host)
     else:
         host, port = str(values["metadata_store_host"]), int(values["metadata_store_port"] or 5432)
-        field, label = "metadata_store_host", f"external server {services._hostport(host, port)}"
+        field, label = "metadata_store_host", f"external server {vetting.hostport(host, port)}"
         endpoint = Endpoint(host, port, str(values.get("metadata_store_sslmode") or "require"))
         user, ref = str(values["metadata_store_user"]), str(values["metadata_store_password_ref"])
-        services._allowed(ref, "tenant", "metadata_store_password_ref")
-        services.check_host(field, host)
+        vetting.ref_allowed(ref, "tenant", "metadata_store_password_ref")
+        vetting.check_host(field, host)
     try:
         password = secretrefs.resolve(ref)
     except Exception as exc:  # noqa: BLE001 - reported naming the reference, never a value
@@ -206,15 +205,15 @@ def precheck(*, org_id: str, changes: dict[str, Any], force: bool) -> CatalogFou
     warehouse = Warehouse.objects.filter(org_id=org_id).first()
     if warehouse is None:
         return None  # the locked update answers 404
-    current = services._warehouse_values(warehouse)
+    current = warehouses._warehouse_values(warehouse)
     changed = {k: v for k, v in changes.items() if current.get(k) != v}
     merged = {**current, **changes}
     if not moves(changed, merged):
         return None
-    guarded = bool(services.GUARDED_WAREHOUSE_FIELDS & changed.keys())
+    guarded = bool(warehouses.GUARDED_WAREHOUSE_FIELDS & changed.keys())
     if guarded and warehouse.state == WarehouseState.RESHARDING:
-        raise services.WAREHOUSE_RESHARDING
-    services.validate_warehouse(
+        raise warehouses.WAREHOUSE_RESHARDING
+    warehouses.validate_warehouse(
         merged, check_state=False, org_id=org_id, written=frozenset(changed)
     )
     if force:

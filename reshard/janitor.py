@@ -10,13 +10,14 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
    epoch and the very heartbeat read, so a live or newer runner is never touched). It then needs a
    runner like a stale op, in this same tick, within the same bounded respawn budget; the epoch
    still fences a survivor. One launcher listing per launcher kind per tick, not one per op.
-   For each op that **needs a runner** (``NEEDS_RUNNER_SQL``: ``pending`` past the pending grace,
-   or ``running`` with a null heartbeat or one older than the stale window; always judged by the
+   For each op that **needs a runner** (``reshard.ownership.NEEDS_RUNNER_SQL``: the one ownership
+   rule the claim and the launch task use too — ``pending``, here past the pending grace, or
+   ``running`` with a null heartbeat or one older than the stale window; always judged by the
    database clock), read its runner's phase. A live runner spawned within the spawn grace is
    left alone; a *terminating* one gets a (rate-limited) warning and ``delete`` again, without
    consuming an attempt.
-3. Stale and not exited (wedged): capture its log, delete it with its normal grace (the epoch
-   fences the old runner), no increment.
+3. Stale and not exited (wedged): the launcher captures its log (``Launcher.capture_log``);
+   delete it with its normal grace (the epoch fences the old runner), no increment.
 4. Absent or exited: ``respawn_attempts + 1`` by CAS (guarded by the same predicate); ≤ 3 →
    relaunch with ``create(op, replace=True)``. "Previous runner pod still terminating" gives
    the increment back by CAS.
@@ -24,8 +25,8 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
    may have changed anything).
 6. Gauges; histograms of terminal ops, each observed once after a CAS on
    ``metrics_observed_at``.
-7. Reap runner objects of terminal ops (after capturing their log unless the runner's own
-   marker is in the op log) and exited orphans.
+7. Reap runner objects of terminal ops (after the launcher has captured their log, unless the
+   runner's own marker is in the op log: ``Launcher.capture_log``) and exited orphans.
 8. At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS``: the bounded sweep of open backup
    uploads of terminal operations (``reshard.uploads``; leadership checked before each abort).
    A force-fail (step 5) aborts that op's own uploads at once.
@@ -55,8 +56,9 @@ from django.db.models.expressions import RawSQL
 
 from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.leadership import lease as process_lease
-from duckgres_admin.models import ReshardLogEntry, ReshardOperation
+from duckgres_admin.models import ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
+from duckgres_admin.names import runner_name
 from reshard import metrics, oplog, uploads
 from reshard.launchers import get_launcher
 from reshard.launchers.base import (
@@ -65,49 +67,24 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
 )
-from reshard.scrub import process_scrubber
+from reshard.ownership import NEEDS_RUNNER_SQL, needs_runner, needs_runner_params
 
 _log = logging.getLogger("duckgres.reshard.janitor")
 
 MAX_RESPAWNS = 3
-CAPTURE_LIMIT_BYTES = 5 * 1024 * 1024
-CAPTURE_HEADER = "==== runner pod log (captured before deletion) ===="
 STILL_TERMINATING = "previous runner pod still terminating"
 TERMINATING_WARN_INTERVAL = 60.0
 _last_sweep: float | None = None  # monotonic time of this process's last upload sweep
-
-# The one definition of "needs a runner" (§4.15 step 2). Used for the listing, the respawn
-# increment and the force-fail, so every CAS re-checks exactly what the decision was based on.
-# Parameters: pending grace seconds, stale window seconds.
-NEEDS_RUNNER_SQL = (
-    "((state = 'pending' AND created_at < now() - make_interval(secs => %s))"
-    " OR (state = 'running' AND (heartbeat_at IS NULL"
-    " OR heartbeat_at < now() - make_interval(secs => %s))))"
-)
-
 
 # What the tick's listing reads of each active op: enough to decide that most need nothing.
 _LISTED_FIELDS = ("id", "state", "launcher", "runner_epoch", "heartbeat_at")
 
 
 def _annotated(ops: QuerySet[ReshardOperation]) -> QuerySet[ReshardOperation]:
+    # needs_runner: the one ownership rule (reshard.ownership), as the janitor applies it.
     return ops.annotate(
-        needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
-            NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
-        ),
-        db_now=RawSQL("now()", [], output_field=DateTimeField()),
+        needs_runner=needs_runner(), db_now=RawSQL("now()", [], output_field=DateTimeField())
     )
-
-
-def needs_runner_params() -> list[int]:
-    return [
-        int(settings.DUCKGRES_RESHARD_PENDING_GRACE_SECONDS),
-        int(settings.DUCKGRES_RESHARD_STALE_SECONDS),
-    ]
-
-
-def runner_name(op_id: int) -> str:
-    return f"duckgres-reshard-op-{op_id}"
 
 
 def force_fail_message(op_id: int, *, blocked: bool, step: str = "<step>") -> str:
@@ -129,6 +106,8 @@ def force_fail_message(op_id: int, *, blocked: bool, step: str = "<step>") -> st
 
 _STEP_PLACEHOLDER = "\x01step\x01"
 
+# The respawn increment and the force-fail re-check "needs a runner" (NEEDS_RUNNER_SQL, bound by
+# needs_runner_params()), so each CAS re-checks exactly what the decision was based on.
 _INCREMENT_SQL = f"""
 UPDATE duckgres_reshard_operations SET respawn_attempts = respawn_attempts + 1
  WHERE id = %s AND state IN ('pending', 'running') AND {NEEDS_RUNNER_SQL}
@@ -198,70 +177,6 @@ def _should_warn(op_id: int, uid: str, clock: Callable[[], float] = time.monoton
 
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def marker_present(op_id: int, uid: str) -> bool:
-    """The runner's own exit marker for this runner uid is in the op log (its log is durable)."""
-    if not uid:
-        return False
-    return ReshardLogEntry.objects.filter(
-        operation_id=op_id,
-        message__startswith="runner log persisted: pod ",
-        message__contains=f" uid {uid} epoch ",
-    ).exists()
-
-
-def _capture_tag(op_id: int, uid: str) -> str:
-    return f"captured from runner pod {runner_name(op_id)} uid {uid or 'unknown'}:"
-
-
-def already_captured(op_id: int, uid: str) -> bool:
-    if not uid:
-        return False
-    return ReshardLogEntry.objects.filter(
-        operation_id=op_id, source="pod-log", message__startswith=_capture_tag(op_id, uid)
-    ).exists()
-
-
-def capture_log(op_id: int, launcher: Launcher, status: RunnerStatus) -> bool:
-    """Copy a runner's log into the op log unless it is already durable there (invariant 13).
-
-    Skipped when the op log holds the runner's own exit marker for this runner uid, or an
-    earlier capture of the same uid. The captured block starts with ``CAPTURE_HEADER`` and is
-    written with source ``pod-log``; a read failure becomes a warn line and returns False (the
-    caller goes on: a capture failure never blocks a reap).
-    """
-    if marker_present(op_id, status.uid) or already_captured(op_id, status.uid):
-        return True
-    try:
-        text = launcher.read_log(op_id, CAPTURE_LIMIT_BYTES)
-    except Exception as exc:  # noqa: BLE001 - a capture failure never blocks the reap
-        oplog.append(
-            op_id,
-            f"capturing the log of runner {runner_name(op_id)} failed: {exc}",
-            level="warn",
-            source="janitor",
-        )
-        return False
-    lines = text.replace("\x00", "").splitlines()
-    scrubber = process_scrubber()
-    oplog.append(op_id, CAPTURE_HEADER, source="pod-log")
-    oplog.append(
-        op_id,
-        f"{_capture_tag(op_id, status.uid)} {len(lines)} lines "
-        f"(last {CAPTURE_LIMIT_BYTES // (1024 * 1024)} MiB at most)",
-        source="pod-log",
-    )
-    ReshardLogEntry.objects.bulk_create(
-        [
-            ReshardLogEntry(
-                operation_id=op_id, level="info", message=scrubber.scrub(line), source="pod-log"
-            )
-            for line in lines
-        ],
-        batch_size=1000,
-    )
-    return True
 
 
 class Janitor:
@@ -490,17 +405,13 @@ class Janitor:
         # listing is alive after all.
         still_stale = (
             ReshardOperation.objects.filter(id=op.id, state__in=ACTIVE_STATES)
-            .annotate(
-                needs_runner=RawSQL(  # noqa: S611 - constant SQL, bound params
-                    NEEDS_RUNNER_SQL, needs_runner_params(), output_field=BooleanField()
-                )
-            )
+            .annotate(needs_runner=needs_runner())
             .filter(needs_runner=True)
             .exists()
         )
         if not still_stale:
             return
-        capture_log(op.id, launcher, status)
+        launcher.capture_log(op.id, status)
         grace = int(getattr(launcher, "default_grace_seconds", DEFAULT_GRACE_SECONDS))
         oplog.append(
             op.id,
@@ -540,7 +451,7 @@ class Janitor:
             source="janitor",
         )
         if status.exited:
-            capture_log(op.id, launcher, status)
+            launcher.capture_log(op.id, status)
         try:
             # The listing read only what the decision needs; the launcher gets the whole row.
             launcher.create(ReshardOperation.objects.get(id=op.id), replace=True)
@@ -661,7 +572,7 @@ class Janitor:
         if not (status.exited or reap_due):
             return  # running and only just terminal: its own exit path persists its log
         self._may_act()
-        capture_log(op_id, launcher, status)
+        launcher.capture_log(op_id, status)
         oplog.append(
             op_id,
             f"reaping runner {name} (phase {status.phase}) of the {op.state} operation",

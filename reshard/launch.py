@@ -2,12 +2,13 @@
 
 Idempotent by construction, because the task is ``acks_late`` and may be delivered twice:
 
-- it acts only when the op row says a runner is wanted (``pending``, or ``running`` with a null
-  or stale heartbeat, judged by the database clock);
+- it acts only when the op row says a runner is wanted: the op needs an owner by the one
+  ownership rule (``reshard.ownership``: ``pending``, or ``running`` with a null or stale
+  heartbeat, judged by the database clock), exactly what the runner's claim requires;
 - a runner object that exists and has not exited is left alone (a duplicate delivery must
   never kill a live runner), and ``create(op, replace=False)`` repeats that rule inside the
-  launcher; an exited same-name runner is deleted first, after its log has been captured into
-  the op log (unless its own exit marker is already there);
+  launcher; an exited same-name runner is deleted first, after the launcher has captured its
+  log into the op log (``Launcher.capture_log``; unless its own exit marker is already there);
 - failures never change the op: an error line "launching the reshard runner failed: <err>" is
   appended and the op stays ``pending`` for the janitor, which relaunches it after the pending
   grace (§4.15).
@@ -19,25 +20,14 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-from django.conf import settings
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
-
 from duckgres_admin.models import ReshardOperation
-from reshard import oplog
-from reshard.janitor import capture_log
+from reshard import oplog, ownership
 from reshard.launchers import get_launcher
 from reshard.launchers.base import Launcher, RunnerStatus, StillTerminating
 
 _log = logging.getLogger("duckgres.reshard.launch")
 
 LaunchOutcome = Literal["missing", "not-needed", "already-running", "launched", "failed"]
-
-# Launchable: pending, or running with no provable owner (stale window, database clock).
-LAUNCHABLE_SQL = (
-    "(state = 'pending' OR (state = 'running' AND (heartbeat_at IS NULL"
-    " OR heartbeat_at < now() - make_interval(secs => %s))))"
-)
 
 
 def launch_runner(
@@ -46,13 +36,7 @@ def launch_runner(
     """Start the runner of ``op_id`` if, and only if, the row wants one."""
     op = (
         ReshardOperation.objects.filter(id=op_id)
-        .annotate(
-            launchable=RawSQL(  # noqa: S611 - constant SQL, bound params
-                LAUNCHABLE_SQL,
-                [int(settings.DUCKGRES_RESHARD_STALE_SECONDS)],
-                output_field=BooleanField(),
-            )
-        )
+        .annotate(launchable=ownership.needs_owner())
         .first()
     )
     if op is None:
@@ -75,7 +59,7 @@ def launch_runner(
         if status.exited:
             # An exited runner of an op that still wants one: its log goes into the op log
             # first (invariant 13), then it is deleted so a fresh runner can take its name.
-            capture_log(op.id, launcher, status)
+            launcher.capture_log(op.id, status)
             launcher.delete(op.id)
         launcher.create(op, replace=False)
     except StillTerminating as exc:

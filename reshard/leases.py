@@ -23,6 +23,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Func
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import (
     ConnectionLease,
@@ -33,7 +34,6 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from duckgres_admin.orglock import lock_org
-from reshard.services import ServiceError
 
 RETRY_AFTER_SECONDS = 5
 RESHARDING_MESSAGE = "metadata-store reshard in progress for this organization; retry shortly"

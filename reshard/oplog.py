@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import traceback
 
+from duckgres_admin.base.scrub import Scrubber, process_scrubber
 from duckgres_admin.models import ReshardLogEntry
-from reshard.scrub import Scrubber, process_scrubber
 
 _log = logging.getLogger("duckgres.reshard.oplog")
 

@@ -42,11 +42,12 @@ from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
+from duckgres_admin.base.scrub import Scrubber, process_scrubber
 from duckgres_admin.models import ACTIVE_STATES, ReshardOperation, Warehouse
+from duckgres_admin.names import MILESTONES, runner_name
 from reshard import steps as sequences
 from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
-from reshard.launchers.base import runner_name
 from reshard.runner import stores
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Fenced, StepError
@@ -56,19 +57,8 @@ from reshard.runner.heartbeat import Heartbeat
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.rollback import target_known, target_where
 from reshard.runner.steps.base import StepEnv
-from reshard.scrub import Scrubber, process_scrubber
 
 TAKEOVER_MINUTES = 30
-MILESTONES = (
-    "source_access_verified_at",
-    "source_fence_requested_at",
-    "source_fenced_at",
-    "target_rendered_at",
-    "target_login_ready_at",
-    "external_verified_at",
-    "source_drop_committed_at",
-    "source_dropped_at",
-)
 FENCED_MESSAGE = (
     "recovery fenced: another operator took the recovery claim over (--force); this run stops "
     "without further changes"

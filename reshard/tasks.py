@@ -15,11 +15,12 @@ from __future__ import annotations
 from celery import shared_task
 from celery.signals import worker_ready
 
+from duckgres_admin.queues import TaskName
 from reshard import janitor, launch, worker
 
 
 @shared_task(
-    name="reshard.launch_runner",
+    name=TaskName.LAUNCH_RUNNER,
     acks_late=True,
     autoretry_for=(),
     max_retries=0,
@@ -29,7 +30,7 @@ def launch_runner_task(op_id: int) -> str:
     return launch.launch_runner(int(op_id))
 
 
-@shared_task(name="reshard.reconcile", acks_late=False, ignore_result=True)
+@shared_task(name=TaskName.RECONCILE, acks_late=False, ignore_result=True)
 def reconcile_task() -> dict[str, object]:
     report = janitor.reconcile()
     return {"leader": report.leader, "stopped": report.stopped, "actions": report.actions}

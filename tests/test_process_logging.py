@@ -177,7 +177,12 @@ def test_celery_worker_logs_json_lines_without_shared_secrets(
     ]  # fmt: skip
     worker = start("worker", cmd, celery_env(tmp_path, secret))
     worker.wait_for("worker ready", lambda t: " ready." in t and "probe worker stderr" in t)
-    app.send_task(TASK, queue=queue)
+    # duckgres.control is a broadcast queue: a replica receives what is sent once it has
+    # subscribed, just after it logs "ready", so the probe is sent until one arrives.
+    deadline = time.monotonic() + 60
+    while "raised unexpected" not in worker.err() and time.monotonic() < deadline:
+        app.send_task(TASK, queue=queue)
+        time.sleep(1.0)
     worker.wait_for("the probe task's failure", lambda t: "raised unexpected" in t)
     worker.stop()
 

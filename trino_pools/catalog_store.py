@@ -17,6 +17,7 @@ from __future__ import annotations
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from duckgres_admin.base.scrub import Scrubber
 from trino_pools.config import TrinoSettings
 
 CONNECT_TIMEOUT_SECONDS = 10
@@ -75,16 +76,14 @@ def _read_dsn(path: str) -> str:
 
 
 def _scrub(text: str, dsn: str) -> str:
-    secrets = {dsn}
+    scrubber = Scrubber(dsn, min_length=1)
     try:
         password = conninfo_to_dict(dsn).get("password")
     except Exception:  # noqa: BLE001 - validated at start; scrub the whole DSN regardless
         password = None
     if password:
-        secrets.add(str(password))
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
+        scrubber.add(str(password))
+    return scrubber.scrub(text)
 
 
 def check_writer(settings: TrinoSettings, *, bootstrap: bool = False) -> str:

@@ -14,12 +14,13 @@ import logging
 from celery import current_app
 from django.db import transaction
 
+from duckgres_admin.queues import QueueName, TaskName
 from trino_pools import config
 
 _log = logging.getLogger("duckgres.trino.worker")
 
-TRINO_QUEUE = "duckgres.trino"
-RECONCILE_ORG_TASK = "trino.reconcile_org"
+TRINO_QUEUE = QueueName.TRINO
+RECONCILE_ORG_TASK = TaskName.TRINO_RECONCILE_ORG
 
 
 def queue_reconcile(org_id: str) -> None:

@@ -15,8 +15,8 @@ Locks, always taken in this order so no two paths deadlock:
 Every function runs in one transaction: ``enable_trino`` inside the caller's
 ``transaction.atomic()`` (the provisioning request's), so a later failure of that request
 rolls back both the enable and the placement; the others open their own when called outside one.
-Errors are ``PlacementError`` carrying the HTTP status and body of spec §4.2 / §5, so the API
-layer maps them one to one.
+Errors are ``PlacementError`` (a ``ServiceError``) carrying the HTTP status and body of spec
+§4.2 / §5, so the API layer answers them as every other refusal.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import TrinoTier, WarehouseTrino
 from duckgres_admin.orglock import lock_org, org_lock_key
 from trino_pools.config import TrinoSettings
@@ -46,25 +47,14 @@ CANNOT_VERIFY = "cannot verify Trino cell assignment"
 # step and the lease grant path take the very same lock (``duckgres_admin.orglock``).
 
 
-@dataclass
-class PlacementError(Exception):
-    """A refusal with its HTTP status, message and optional machine code (spec §4.2, §5)."""
+class PlacementError(ServiceError):
+    """A placement refusal (spec §4.2, §5): the one refusal type, with its machine code and its
+    listed extra body fields (``"assigned": true``)."""
 
-    status: int
-    message: str
-    code: str = ""
-    extra: dict[str, Any] | None = None
-
-    def __str__(self) -> str:
-        return self.message
-
-    def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"error": self.message}
-        if self.code:
-            body["code"] = self.code
-        if self.extra:
-            body.update(self.extra)
-        return body
+    def __init__(
+        self, status: int, message: str, code: str = "", extra: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(status, message, code=code, extra=extra)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ name the queue too.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from typing import Any
@@ -33,18 +32,16 @@ from celery.signals import worker_ready, worker_shutdown
 from django.db import DatabaseError
 
 from duckgres_admin import beat
+from duckgres_admin.queues import QueueName, TaskName, consumed_queues
 from trino_pools import audit, catalog_store, config, lease, metrics, operator, reconcile
-
-# The queue and the per-org task name are shared with the API side's sender (re-exported).
-from trino_pools.enqueue import RECONCILE_ORG_TASK as RECONCILE_ORG_TASK
-from trino_pools.enqueue import TRINO_QUEUE as TRINO_QUEUE
 
 _log = logging.getLogger("duckgres.trino.worker")
 
-CONTROL_QUEUE = "duckgres.control"
-AUDIT_TASK = "trino.ownership_audit"
-POOL_TICK_TASK = "trino.pool_tick"
-RECONCILE_ORGS_TASK = "trino.reconcile_orgs"
+TRINO_QUEUE = QueueName.TRINO
+AUDIT_TASK = TaskName.TRINO_OWNERSHIP_AUDIT
+POOL_TICK_TASK = TaskName.TRINO_POOL_TICK
+RECONCILE_ORG_TASK = TaskName.TRINO_RECONCILE_ORG
+RECONCILE_ORGS_TASK = TaskName.TRINO_RECONCILE_ORGS
 
 
 @shared_task(name=AUDIT_TASK, acks_late=False, ignore_result=True)
@@ -84,17 +81,6 @@ def reconcile_orgs_task() -> dict[str, object]:
     return {"wired": True, "leader": True, "orgs": reconcile.reconcile_orgs()}
 
 
-def consumed_queues(consumer: Any) -> set[str]:
-    """Queue names a Celery worker consumes (``-Q``), from the ``worker_ready`` sender."""
-    names: set[str] = set()
-    with contextlib.suppress(AttributeError):
-        names.update(consumer.app.amqp.queues.consume_from.keys())
-    task_consumer = getattr(consumer, "task_consumer", None)
-    for queue in getattr(task_consumer, "queues", None) or []:
-        names.add(str(queue.name))
-    return names
-
-
 def worker_start(settings: config.TrinoSettings) -> None:
     """§4.1 step 7 and the exporter; raises ``catalog_store.CatalogStoreError`` when fatal."""
     if not settings.wired:
@@ -124,41 +110,8 @@ AUDIT_INTERVAL_SECONDS = BEAT_INTERVALS[AUDIT_TASK]
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the Trino beat rows (none = as in ``duckgres_admin.beat.ROWS``). Warn only:
-    a drifted row is never changed; a deleted one is re-created by beat at its start."""
-    from django_celery_beat.models import PeriodicTask
-
-    warnings: list[str] = []
-    for expected in BEAT_ROWS:
-        task, interval = expected.task, expected.interval_seconds
-        rows = [
-            row
-            for row in PeriodicTask.objects.filter(task=task).select_related("interval")
-            if row.enabled
-        ]
-        if not rows:
-            warnings.append(
-                f"no enabled beat entry runs {task}: it will never run (restore the row "
-                "written by the duckgres_admin migrations)"
-            )
-        for row in rows:
-            seconds = beat.schedule_seconds(row)
-            if seconds != interval:
-                warnings.append(
-                    f"beat entry {row.name!r} for {task} runs every {seconds} s; "
-                    f"expected an interval of {interval} s"
-                )
-            elif row.expire_seconds != seconds:
-                warnings.append(
-                    f"beat entry {row.name!r} for {task} has expire_seconds="
-                    f"{row.expire_seconds}; it must equal the interval ({seconds:g} s)"
-                )
-            if row.queue and row.queue != expected.queue:
-                warnings.append(
-                    f"beat entry {row.name!r} for {task} is routed to queue {row.queue!r}; "
-                    f"expected {expected.queue}"
-                )
-    return warnings
+    """Warnings for the Trino beat rows (none = as in ``duckgres_admin.beat.ROWS``)."""
+    return beat.drift_warnings(BEAT_ROWS)
 
 
 def start_audit(settings: config.TrinoSettings) -> None:
@@ -182,7 +135,7 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
         except catalog_store.CatalogStoreError as exc:
             _log.critical("trino worker cannot start: %s", exc)
             os._exit(2)
-    elif CONTROL_QUEUE in queues:
+    elif QueueName.CONTROL in queues:
         start_audit(config.current())
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
+from duckgres_admin.names import MILESTONES
 
 PROGRESS_KEYS = (
     "bytes_dumped",
@@ -32,18 +33,6 @@ def _iso(value: datetime | None) -> str | None:
     if value.year in (1, 9999):  # -infinity / infinity as loaded by pgtypes
         return None
     return value.isoformat().replace("+00:00", "Z")
-
-
-MILESTONES = (
-    "source_access_verified_at",
-    "source_fence_requested_at",
-    "source_fenced_at",
-    "target_rendered_at",
-    "target_login_ready_at",
-    "external_verified_at",
-    "source_drop_committed_at",
-    "source_dropped_at",
-)
 
 
 def display_ts(value: datetime | None) -> str:

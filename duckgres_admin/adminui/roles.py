@@ -13,6 +13,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import AuditRecord, Operator, OperatorRole
 
 ADMIN_REQUIRED = "admin role required"
@@ -60,8 +61,6 @@ def require_act(request: HttpRequest) -> None:
 
 def audit(request: HttpRequest, action: str, org_id: str, status: int, detail: str) -> None:
     """One audit row per admin action, as the API writes for its mutating requests (§2.11)."""
-    from reshard.services import api_scrubber
-
     AuditRecord.objects.create(
         actor=user_email(request.user),
         role=role_label(request),
@@ -72,5 +71,5 @@ def audit(request: HttpRequest, action: str, org_id: str, status: int, detail: s
         status=status,
         client_ip=str(request.META.get("REMOTE_ADDR", "")),
         action=action,
-        detail=api_scrubber().scrub(detail)[:4000],
+        detail=process_scrubber().scrub(detail)[:4000],
     )

@@ -30,8 +30,8 @@ from rest_framework import exceptions
 from rest_framework.authentication import CSRFCheck
 from rest_framework.permissions import BasePermission
 
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import Operator, OperatorRole
-from reshard.services import ServiceError
 
 INTERNAL_HEADER = "X-Duckgres-Internal-Secret"
 RUNNER_HEADER = "X-Duckgres-Runner-Secret"

@@ -37,9 +37,9 @@ from duckgres_admin.api.auth import (
     record_unauthenticated,
     require_admin,
 )
+from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import AuditRecord
-from reshard.services import ServiceError, api_scrubber
-from trino_pools.placement import PlacementError
 
 _log = logging.getLogger("duckgres.api")
 DRY_RUN_ONLY_ON_START = (
@@ -48,18 +48,11 @@ DRY_RUN_ONLY_ON_START = (
 
 
 def error_response(exc: ServiceError) -> Response:
-    body: dict[str, Any] = {"error": api_scrubber().scrub(exc.message)}
-    if exc.code:
-        body["code"] = exc.code
-    return Response(body, status=exc.status, headers=exc.headers or None)
-
-
-def placement_error_response(exc: PlacementError) -> Response:
-    """A Trino placement refusal: ``{"error", "code"?}`` plus its listed extras (spec
-    trino-pools §5, e.g. ``"assigned": true``), the message scrubbed like every error."""
+    """``{"error", "code"?}`` plus the refusal's extras (a Trino placement refusal's
+    ``"assigned": true``, spec trino-pools §5), the message scrubbed."""
     body = exc.body()
-    body["error"] = api_scrubber().scrub(exc.message)
-    return Response(body, status=exc.status)
+    body["error"] = process_scrubber().scrub(exc.message)
+    return Response(body, status=exc.status, headers=exc.headers or None)
 
 
 def _text(value: str) -> str:
@@ -201,9 +194,6 @@ class ApiView(APIView):
         if isinstance(exc, ServiceError):
             self.audit_detail = self.audit_detail or exc.message
             return error_response(exc)
-        if isinstance(exc, PlacementError):
-            self.audit_detail = self.audit_detail or exc.message
-            return placement_error_response(exc)
         if isinstance(exc, exceptions.ParseError):
             return error_response(ServiceError(400, "invalid body: body: malformed JSON"))
         if isinstance(exc, exceptions.UnsupportedMediaType):
@@ -217,7 +207,7 @@ class ApiView(APIView):
         # Anything else is a bug or an outage: a JSON 500 (scrubbed, audited), and the
         # traceback in the process log.
         trace = "".join(traceback.format_exception(exc))
-        _log.error("unhandled API error: %s", api_scrubber().scrub(trace))
+        _log.error("unhandled API error: %s", process_scrubber().scrub(trace))
         if isinstance(exc, DatabaseError):
             return error_response(ServiceError(500, f"config store error: {exc}"))
         return error_response(ServiceError(500, f"internal error ({type(exc).__name__})"))
@@ -250,7 +240,7 @@ class ApiView(APIView):
             status=status,
             client_ip=_text(str(request.META.get("REMOTE_ADDR", ""))),
             action=action,
-            detail=_text(api_scrubber().scrub(self.audit_detail))[:4000],
+            detail=_text(process_scrubber().scrub(self.audit_detail))[:4000],
         )
 
     def request_body(self, request: Request) -> Any:

@@ -1,8 +1,8 @@
 """Trino routes of the API (spec trino-pools §5, §4.2; identities and audit: spec reshard §5).
 
 Thin: parse, authorise (``ApiView``), call one ``trino_pools`` service, shape JSON. Placement
-refusals are ``PlacementError`` (status, message, code and extras), answered one to one by
-``ApiView.handle_exception``.
+refusals are ``PlacementError`` (a ``ServiceError`` with its code and extras), answered like
+every refusal by ``ApiView.handle_exception``.
 
 - Reads (``GET``) take any staff role or the internal secret; ``GET /trino/instances`` also
   needs the admin role and a staff identity with a non-empty email (spec §5).
@@ -29,8 +29,8 @@ from rest_framework.response import Response
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import Kind
 from duckgres_admin.api.base import ApiView
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import OperatorRole, TrinoTier, Warehouse, WarehouseTrino
-from reshard.services import ServiceError
 from trino_pools import config, placement, selectors
 from trino_pools.config import TrinoSettings
 from trino_pools.placement import PlacementError, TrinoPlacement

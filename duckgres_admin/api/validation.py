@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reshard.services import ServiceError
+from duckgres_admin.base.errors import ServiceError
 
 _MISSING = object()
 

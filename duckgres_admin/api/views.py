@@ -16,6 +16,7 @@ from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import AuthRefusal, Scope, describe_caller
 from duckgres_admin.api.base import ApiView, BoundedJSONParser
 from duckgres_admin.api.serializers import log_entry_json, op_json, store_json, warehouse_json
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import (
     LIBPQ_SSLMODES,
     STORE_NAME_PATTERN,
@@ -27,9 +28,9 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import dryrun, leases, services
+from reshard import dryrun, leases, operations, selectors, warehouses
 from reshard.binding_catalog import FORCE_FLAG
-from reshard.services import ServiceError, StartRequest, TargetRequest
+from reshard.preflight import StartRequest, TargetRequest
 from trino_pools import config
 
 OBJ = OpenApiTypes.OBJECT
@@ -129,7 +130,7 @@ class ReshardStartView(ApiView):
             self.audit_detail = dryrun.describe(org, plan)
             return Response(plan, status=200)
         assert self.identity is not None
-        outcome = services.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
+        outcome = operations.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
         self.audit_detail = f"reshard {outcome.description}"
         return Response(op_json(outcome.op), status=202)
 
@@ -171,7 +172,7 @@ class ReshardListView(ApiView):
 class ReshardTargetsView(ApiView):
     @extend_schema(operation_id="reshard_targets", responses={200: OBJ, **READ_ERRORS})
     def get(self, request: Request) -> Response:
-        return Response(services.reshard_targets())
+        return Response(selectors.reshard_targets())
 
 
 def _op_or_404(op_id: int) -> ReshardOperation:
@@ -221,7 +222,7 @@ class ReshardCancelView(ApiView):
         assert self.identity is not None
         op = ReshardOperation.objects.filter(pk=op_id).only("org_id").first()
         self.audit_org = op.org_id if op else ""
-        outcome = services.reshard_op_cancel(op_id=op_id, actor=self.identity.actor)
+        outcome = operations.reshard_op_cancel(op_id=op_id, actor=self.identity.actor)
         self.audit_detail = (
             "cancelled before start" if outcome.status == 200 else "cancel requested"
         )
@@ -251,7 +252,7 @@ class ReshardPasswordView(ApiView):
         ),
     )
     def get(self, request: Request, op_id: int) -> Response:
-        password = services.reshard_password_fetch(
+        password = operations.reshard_password_fetch(
             op_id=op_id,
             epoch_header=request.headers.get("X-Duckgres-Op-Epoch", ""),
             runner_id_header=request.headers.get("X-Duckgres-Runner-Id", ""),
@@ -264,7 +265,7 @@ class ReshardPasswordView(ApiView):
         # one (a foreign header with a wrong value) writes nothing. The service logs its own
         # refusals (credential, epoch, stash) itself.
         if isinstance(exc, AuthRefusal) and exc.status == 403 and not self.unauthenticated:
-            services.reshard_password_refused(
+            operations.reshard_password_refused(
                 op_id=int(self.kwargs["op_id"]),
                 caller=describe_caller(self.request._request),
                 status=403,
@@ -491,7 +492,7 @@ class WarehouseListView(ApiView):
         # One transaction: a later failure of this request rolls back the warehouse, the
         # Trino enable and its default placement together (trino-pools §4.2).
         with transaction.atomic():
-            written = services.warehouse_create(values=values)
+            written = warehouses.warehouse_create(values=values)
             warehouse = written.warehouse
             detail = _apply_trino(warehouse.org_id, trino)
             body = warehouse_json(warehouse)
@@ -532,7 +533,7 @@ class WarehouseDetailView(ApiView):
         force = _parse_force(request.data)
         trino = _parse_trino(request.data)
         with transaction.atomic():
-            written = services.warehouse_update(
+            written = warehouses.warehouse_update(
                 org_id=org, changes=changes, force_empty_binding=force
             )
             detail = _apply_trino(org, trino)
@@ -546,7 +547,7 @@ class WarehouseDetailView(ApiView):
 
 def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
     body = v.as_object(data)
-    v.reject_unknown(body, services.STORE_FIELDS)
+    v.reject_unknown(body, warehouses.STORE_FIELDS)
     out: dict[str, Any] = {}
     if partial:
         for key in ("name", "kind"):
@@ -610,7 +611,7 @@ class MetadataStoreListView(ApiView):
     )
     def post(self, request: Request) -> Response:
         values = _parse_store(request.data, partial=False)
-        written = services.metadata_store_create(values=values)
+        written = warehouses.metadata_store_create(values=values)
         store = written.store
         self.audit_detail = f"metadata store {store.name} ({store.kind}) created with " + ", ".join(
             written.changes
@@ -634,7 +635,7 @@ class MetadataStoreDetailView(ApiView):
     )
     def patch(self, request: Request, name: str) -> Response:
         changes = _parse_store(request.data, partial=True)
-        written = services.metadata_store_update(name=name, changes=changes)
+        written = warehouses.metadata_store_update(name=name, changes=changes)
         self.audit_detail = f"metadata store {name} updated: " + (
             ", ".join(written.changes) or "no change"
         )

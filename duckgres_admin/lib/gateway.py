@@ -39,6 +39,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from duckgres_admin.base.scrub import Scrubber
+
 MAX_BODY = 1024 * 1024
 ERROR_HEADER = "X-Trino-Gateway-Error"
 POOL_BASE = "/gateway/v1/pools"
@@ -195,6 +197,7 @@ class GatewayClient:
         self._port = port or (443 if parts.scheme == "https" else 80)
         self._server_name = server_name or parts.hostname
         self._token = token
+        self._scrubber = Scrubber(token, min_length=1)
         self._timeout = timeout
         self._header_timeout = header_timeout
         self._context: ssl.SSLContext | None = None
@@ -228,7 +231,7 @@ class GatewayClient:
     # -- internals ---------------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "***") if self._token in text else text
+        return self._scrubber.scrub(text)
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self._context is not None:

@@ -31,6 +31,8 @@ import botocore.exceptions
 import botocore.session
 from django.conf import settings
 
+from duckgres_admin.names import runner_name
+
 # AssumeRole session length; botocore refreshes 15 min (advisory) / 10 min (mandatory) before
 # expiry, so one-hour sessions are renewed well before any call can see an expired token.
 ASSUME_ROLE_SECONDS = 3600
@@ -72,7 +74,7 @@ class Uploaded:
 
 
 def session_name_for_op(op_id: int) -> str:
-    return f"duckgres-reshard-op-{op_id}"
+    return runner_name(op_id)
 
 
 def _assume_role_refresher(

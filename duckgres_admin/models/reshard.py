@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from duckgres_admin import names
+
 
 class OpState(models.TextChoices):
     PENDING = "pending"
@@ -161,7 +163,7 @@ class ReshardOperation(models.Model):
 
     @property
     def runner_name(self) -> str:
-        return f"duckgres-reshard-op-{self.id}"
+        return names.runner_name(self.id)
 
     @property
     def is_terminal(self) -> bool:

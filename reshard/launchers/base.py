@@ -2,6 +2,8 @@
 
 Phase is not liveness: only the op row's ``heartbeat_at`` is. ``exited`` means Succeeded or
 Failed. ``terminating`` means deletion was requested and the object is not gone yet.
+``capture_log`` copies a runner's log into the op log before its object is deleted (invariant
+13); every launcher implements it with ``reshard.launchers.capture`` over its own ``read_log``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from datetime import datetime
 from typing import Protocol
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from duckgres_admin.names import runner_name as runner_name  # the one definition, re-exported
 
 PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
 
@@ -18,11 +21,6 @@ RUNNER_APP_LABEL = "duckgres-reshard"  # label `app`; the runner NetworkPolicy s
 OP_ID_LABEL = "duckgres-op-id"
 SPAWNED_AT_ANNOTATION = "duckgres.posthog.com/runner-spawned-at"
 DEFAULT_GRACE_SECONDS = 600  # the runner pod's terminationGracePeriodSeconds
-
-
-def runner_name(op_id: int) -> str:
-    """The deterministic runner name: pod name, local ``POD_NAME`` and log prefix."""
-    return f"duckgres-reshard-op-{op_id}"
 
 
 class LauncherError(RuntimeError):
@@ -74,6 +72,11 @@ class Launcher(Protocol):
     def delete(self, op_id: int, grace_seconds: int | None = None) -> None: ...
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str: ...
+
+    def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
+        """Copy the log of runner ``status`` into the op log unless it is durable there
+        already; False when reading it failed (a warn line says so; never blocks a delete)."""
+        ...
 
 
 def runner_secret_refs(op: ReshardOperation) -> list[str]:

@@ -42,6 +42,7 @@ from django.conf import settings
 
 from duckgres_admin.lib.secretrefs import env_variable
 from duckgres_admin.models import ReshardOperation
+from reshard.launchers import capture
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     LauncherError,
@@ -317,7 +318,7 @@ class LocalLauncher:
                 continue  # removed meanwhile
             objects.append(
                 RunnerObject(
-                    name=f"duckgres-reshard-op-{label}",
+                    name=runner_name(label),
                     op_id_label=label,
                     status=self._status(label, record),
                 )
@@ -369,6 +370,9 @@ class LocalLauncher:
                 return False
             time.sleep(0.02)
         return True
+
+    def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
+        return capture.capture_log(op_id, status, self.read_log)
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str:
         path = self._log_file(op_id)

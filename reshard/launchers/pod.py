@@ -16,6 +16,7 @@ from django.conf import settings
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
+from reshard.launchers import capture
 from reshard.launchers.base import (
     OP_ID_LABEL,
     PHASES,
@@ -150,6 +151,9 @@ class PodLauncher:
             k8s.delete_pod(_namespace(), name, grace_seconds)
         except k8s.KubeError as exc:
             raise LauncherError(f"deleting runner pod {name} failed: {exc}") from None
+
+    def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
+        return capture.capture_log(op_id, status, self.read_log)
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str:
         name = runner_name(op_id)

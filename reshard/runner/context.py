@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
-from reshard.scrub import Scrubber
+from duckgres_admin.base.scrub import Scrubber
 
 # A cancel request opens its own connection; on a partitioned network it must not hang.
 CANCEL_TIMEOUT_SECONDS = 5.0

@@ -2,12 +2,13 @@
 
 Fencing invariants (each is relied on by the janitor, the API and a takeover runner):
 
-1. **Claim by CAS.** One ``UPDATE … WHERE id=:id AND (state='pending' OR (state='running' AND
-   (heartbeat_at IS NULL OR heartbeat_at < now() - :stale)))`` sets ``state='running'``,
-   ``runner_id``, ``runner_epoch = runner_epoch + 1``, ``heartbeat_at = now()`` and
-   ``started_at = COALESCE(started_at, now())``. Zero rows: not claimable. Nothing else is
-   reset: a takeover inherits every durable field. The same transaction closes the previous
-   epochs' open step-timing rows as ``superseded``.
+1. **Claim by CAS.** One ``UPDATE … WHERE id=:id AND <needs an owner>`` — the one ownership
+   rule, ``reshard.ownership.NEEDS_OWNER_SQL``: ``pending``, or ``running`` with a null heartbeat
+   or one older than the stale window, the rule the launch task and the janitor judge by too —
+   sets ``state='running'``, ``runner_id``, ``runner_epoch = runner_epoch + 1``,
+   ``heartbeat_at = now()`` and ``started_at = COALESCE(started_at, now())``. Zero rows: not
+   claimable. Nothing else is reset: a takeover inherits every durable field. The same
+   transaction closes the previous epochs' open step-timing rows as ``superseded``.
 2. **Every runner write except log appends is fenced**: ``WHERE id=:id AND state='running'
    AND runner_id=:me AND runner_epoch=:epoch``, and sets ``heartbeat_at = now()``. Zero rows
    raise :class:`Fenced`; the runner then stops all side effects, rolls nothing back and makes
@@ -38,10 +39,20 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome
+from reshard.ownership import NEEDS_OWNER_SQL, needs_owner_params
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Fenced
 
 TERMINAL_OUTCOMES = {"succeeded": StepOutcome.OK, "failed": StepOutcome.FAILED}
+
+# Invariant 1: the claim takes the op exactly when it needs an owner (reshard.ownership).
+_CLAIM_SQL = f"""
+UPDATE duckgres_reshard_operations
+   SET state = 'running', runner_id = %s, runner_pod_uid = %s, runner_epoch = runner_epoch + 1,
+       heartbeat_at = now(), started_at = COALESCE(started_at, now())
+ WHERE id = %s AND {NEEDS_OWNER_SQL}
+RETURNING runner_epoch
+"""
 
 
 def claim(
@@ -50,17 +61,8 @@ def claim(
     """Claim the op (invariant 1); the new epoch, or None when not claimable. ``pod_uid`` (the
     runner's ``POD_UID``) is recorded in the same write: the password route binds a pull to it
     (safeguard reshard-79)."""
-    stale = settings.DUCKGRES_RESHARD_STALE_SECONDS if stale_seconds is None else stale_seconds
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE duckgres_reshard_operations SET state = 'running', runner_id = %s, "
-            "runner_pod_uid = %s, runner_epoch = runner_epoch + 1, heartbeat_at = now(), "
-            "started_at = COALESCE(started_at, now()) "
-            "WHERE id = %s AND (state = 'pending' OR (state = 'running' AND "
-            "(heartbeat_at IS NULL OR heartbeat_at < now() - make_interval(secs => %s)))) "
-            "RETURNING runner_epoch",
-            [runner_id, pod_uid, op_id, stale],
-        )
+        cursor.execute(_CLAIM_SQL, [runner_id, pod_uid, op_id, *needs_owner_params(stale_seconds)])
         row = cursor.fetchone()
         if row is None:
             return None

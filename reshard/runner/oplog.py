@@ -35,7 +35,8 @@ import psycopg
 import structlog
 from django.conf import settings
 
-from reshard.scrub import Scrubber
+from duckgres_admin.base.scrub import Scrubber
+from duckgres_admin.names import runner_name
 
 MAX_BUFFERED_LINES = 10_000
 _LEVELS = {"info": "info", "warn": "warning", "error": "error"}
@@ -169,7 +170,7 @@ class OpLogWriter:
             line = self._buffer[0]
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = config_store_connect(f"duckgres-reshard-op-{self.op_id}-log")
+                    self._conn = config_store_connect(runner_name(self.op_id, "-log"))
                 self._conn.execute(
                     "INSERT INTO duckgres_reshard_operation_log "
                     "(operation_id, ts, level, message, runner_epoch, source) "

@@ -33,6 +33,7 @@ from psycopg import sql
 
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from duckgres_admin.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Interrupted, StepError
 
@@ -42,7 +43,7 @@ LOCK_SHARE = 0.9
 
 
 def app_name(op_id: int) -> str:
-    return f"duckgres-reshard-op-{op_id}"
+    return runner_name(op_id)
 
 
 @dataclass(frozen=True)

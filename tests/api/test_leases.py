@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import AuditRecord, ConnectionLease, Warehouse
 from duckgres_admin.orglock import lock_org
 from reshard import leases
-from reshard.services import ServiceError
 from tests.api.conftest import error
 from tests.fixtures.rows import new_store, new_warehouse
 

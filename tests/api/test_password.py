@@ -15,7 +15,7 @@ from django.conf import settings
 
 from duckgres_admin.models import ReshardLogEntry
 from reshard import stash
-from reshard.services import pull_credential_digest
+from reshard.operations import pull_credential_digest
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 CREDENTIAL = secrets.token_hex(32)
@@ -108,7 +108,11 @@ def test_the_first_pull_consumes_the_entry_and_the_credential(clients, running_o
 
 @pytest.mark.safeguard("reshard-79")
 @pytest.mark.parametrize(
-    "credential", [None, "", CREDENTIAL[:-1] + ("0" if CREDENTIAL[-1] != "0" else "1"), "x"]
+    "credential",
+    [None, "", CREDENTIAL[:-1] + ("0" if CREDENTIAL[-1] != "0" else "1"), "x"],
+    # Stable ids (the credential is random per process): pytest-xdist workers must collect
+    # the same test names.
+    ids=["none", "empty", "one-digit-off", "short"],
 )
 def test_the_runner_secret_alone_or_a_wrong_credential_is_403_and_keeps_the_entry(
     clients, running_op, credential

@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
-from reshard import services, stash
+from reshard import operations, preflight, stash
 from tests.api.conftest import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
@@ -548,7 +548,7 @@ def test_enqueue_failure_is_502_and_fails_the_op(
     def broken(op_id: int) -> None:
         raise ConnectionError(f"broker unreachable (password {target.password})")
 
-    monkeypatch.setattr(services, "_send_launch", broken)
+    monkeypatch.setattr(operations, "_send_launch", broken)
     response = clients.internal.post(cnpg_source.path, external_target_body(target), format="json")
     assert response.status_code == 502
     assert error(response).startswith("could not enqueue the runner launch: broker unreachable")
@@ -640,14 +640,14 @@ def test_pod_launcher_image_failure_fails_the_op(
     clients, published, cnpg_source, settings, monkeypatch
 ):
     """Step 9: the image cannot be read (no own pod here) → op failed, 500, nothing enqueued."""
-    real_validate = services.validate_start
+    real_validate = preflight.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"  # env: refs resolved above with local
         return plan
 
-    monkeypatch.setattr(services, "validate_start", validate_then_switch)
+    monkeypatch.setattr(preflight, "validate_start", validate_then_switch)
     settings.POD_NAME = ""
     response = clients.internal.post(
         cnpg_source.path,
@@ -667,14 +667,14 @@ def test_no_advertise_address_fails_the_op(
 ):
     """Step 8: no own address → op failed "control plane could not determine…", 500."""
     target = tenant_catalog(cnpg_source.clusters.target)
-    real_validate = services.validate_start
+    real_validate = preflight.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"
         return plan
 
-    monkeypatch.setattr(services, "validate_start", validate_then_switch)
+    monkeypatch.setattr(preflight, "validate_start", validate_then_switch)
     monkeypatch.setattr(stash, "_first_global_unicast", lambda: "")
     settings.DUCKGRES_ADVERTISE_ADDRESS = ""
     settings.POD_IP = ""

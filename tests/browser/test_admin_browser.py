@@ -29,7 +29,7 @@ from duckgres_admin.models import (
     ReshardStepTiming,
     Warehouse,
 )
-from reshard import services
+from reshard import operations
 from tests.browser.conftest import ARTIFACTS
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
@@ -82,7 +82,7 @@ def runners(
             start_runner(op_id, tmp_path / "runners", env_extra={**runner_s3.env(), **pacing})
         )
 
-    monkeypatch.setattr(services, "_send_launch", launch)
+    monkeypatch.setattr(operations, "_send_launch", launch)
     yield started
     for runner in started:
         if runner.proc.poll() is None:

@@ -286,6 +286,38 @@ def test_processes_and_their_identity():
     )
 
 
+def test_the_worker_manifests_consume_the_queues_the_product_routes_to():
+    """duckgres_admin.queues is the one table of queue and task names: every worker Deployment
+    consumes queues of that table, every queue a route or a beat row sends to has a consumer,
+    and every beat row's task is one of the product's task names."""
+    from duckgres_admin import beat as beat_rows
+    from duckgres_admin.queues import ROUTES, QueueName, TaskName
+
+    consumed: dict[str, set[str]] = {}
+    for dep in deployments():
+        for container in dep["spec"]["template"]["spec"]["containers"]:
+            command = container.get("command") or []
+            if "worker" in command and "-Q" in command:
+                queues = set(command[command.index("-Q") + 1].split(","))
+                consumed[dep["metadata"]["name"]] = queues
+    assert set(consumed) == {
+        "duckgres-admin-worker",
+        "duckgres-admin-control-worker",
+        "duckgres-admin-trino-worker",
+    }
+    all_consumed = set().union(*consumed.values())
+    assert all_consumed <= {str(q) for q in QueueName}, consumed
+    sent_to = {str(q) for q in ROUTES.values()} | {str(row.queue) for row in beat_rows.ROWS}
+    assert sent_to <= all_consumed, f"queues nobody consumes: {sent_to - all_consumed}"
+    assert {str(q) for q in QueueName} == all_consumed
+    assert {row.task for row in beat_rows.ROWS} <= {str(t) for t in TaskName}
+    # One worker per queue: the janitor's solo worker alone consumes the broadcast queue, the
+    # trino worker alone its queue.
+    for queue in QueueName:
+        owners = [name for name, queues in consumed.items() if str(queue) in queues]
+        assert len(owners) == 1, (queue, owners)
+
+
 @pytest.mark.safeguard("reshard-50")
 @pytest.mark.parametrize("name", ["duckgres-admin-worker", "duckgres-admin-control-worker"])
 def test_the_launching_workers_yield_a_valid_runner_pod(name):

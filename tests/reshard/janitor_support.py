@@ -26,6 +26,7 @@ from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation
 from reshard import janitor as janitor_module
 from reshard.janitor import Janitor
+from reshard.launchers import capture
 from reshard.launchers.base import RunnerObject, RunnerStatus, StillTerminating
 
 _uids = itertools.count(1)
@@ -116,6 +117,9 @@ class FakeLauncher:
             if self.read_log_error is not None:
                 raise self.read_log_error
             return self.logs.get(op_id, "")[-limit_bytes:]
+
+    def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
+        return capture.capture_log(op_id, status, self.read_log)
 
     # --- test controls --------------------------------------------------------------------------
     def put(self, op_id: int, phase: str, *, age_seconds: float = 0, **kw: Any) -> RunnerStatus:

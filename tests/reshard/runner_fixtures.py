@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import (
     MetadataStore,
     ReshardLogEntry,
@@ -35,7 +36,6 @@ from reshard.runner.context import RunContext
 from reshard.runner.fencing import Fencer, claim
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.steps.base import StepEnv
-from reshard.scrub import process_scrubber
 from tests.fixtures.processes import ROOT, process_env
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory

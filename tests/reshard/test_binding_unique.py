@@ -15,10 +15,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner.errors import StepError
 from reshard.runner.steps import access, blocking, cleanup, fence_source, record_source
-from reshard.scrub import process_scrubber
 from tests.api.conftest import clients, published  # the API's identities and Celery capture
 from tests.fixtures.rows import new_store, new_warehouse, unique
 from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, role_can_login

@@ -10,7 +10,8 @@ from django.conf import settings
 
 from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
-from reshard.janitor import CAPTURE_HEADER, force_fail_message
+from reshard.janitor import force_fail_message
+from reshard.launchers.capture import CAPTURE_HEADER
 from tests.reshard.janitor_support import (
     FakeClock,
     FakeLauncher,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from duckgres_admin.leadership import LeaderLease
-from reshard.janitor import CAPTURE_HEADER, Janitor
+from reshard.janitor import Janitor
+from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
 from tests.reshard.janitor_support import (
     age_op,

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from duckgres_admin.leadership import LeaderLease
-from reshard.janitor import CAPTURE_HEADER, Janitor
+from reshard.janitor import Janitor
+from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
 from tests.fixtures.processes import child_config_store_dsn
 from tests.reshard.janitor_support import age_op, janitor_env, op_log, refresh

@@ -95,7 +95,7 @@ def test_control_worker_serves_metrics_and_reconciles_as_leader(
         'duckgres_reshard_step_duration_seconds_count{direction="cnpg_to_cnpg",'
         'outcome="ok",step="blocking"} 1.0'
     ) in body
-    assert settings.CELERY_TASK_ROUTES["reshard.reconcile"] == {"queue": "duckgres.control"}
+    assert settings.CELERY_TASK_ROUTES[-1]["reshard.reconcile"]["queue"] == "duckgres.control"
 
 
 def test_a_default_worker_exports_nothing(

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from reshard import metrics, worker
-from reshard.janitor import CAPTURE_HEADER
 from reshard.launch import launch_runner
 from reshard.launchers.base import StillTerminating
+from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.tasks import launch_runner_task, reconcile_task
 from tests.reshard.janitor_support import (
     FakeLauncher,
@@ -135,6 +135,7 @@ def test_launch_errors_are_scrubbed() -> None:
     assert "launching the reshard runner failed: bad env ***" in op_log(op.id)
 
 
+@pytest.mark.safeguard("reshard-92")
 def test_task_options_and_routing() -> None:
     from duckgres_admin.celery import app
 
@@ -144,14 +145,25 @@ def test_task_options_and_routing() -> None:
     assert launch_runner_task.max_retries == 0
     assert reconcile_task.name == "reshard.reconcile"
     assert reconcile_task.acks_late is False
-    assert app.conf.task_routes["reshard.launch_runner"] == {"queue": "duckgres.default"}
-    assert app.conf.task_routes["reshard.reconcile"] == {"queue": "duckgres.control"}
+    table = app.conf.task_routes[-1]
+    assert table["reshard.launch_runner"] == {"queue": "duckgres.default"}
+    assert table["reshard.reconcile"]["queue"] == "duckgres.control"
     assert app.conf.task_always_eager is False
-    for task, queue in (
-        ("reshard.launch_runner", "duckgres.default"),
-        ("reshard.reconcile", "duckgres.control"),
-    ):
-        assert app.amqp.router.route({}, task)["queue"].name == queue
+    launch_route = app.amqp.router.route({}, "reshard.launch_runner")
+    assert launch_route["queue"].name == "duckgres.default"
+    assert launch_route["queue"].exchange.type == "direct"
+    # The janitor's ticks are broadcast to every control-worker replica; the route declares
+    # the fanout exchange so that the publisher does not take it for a direct one.
+    reconcile_route = app.amqp.router.route({}, "reshard.reconcile")
+    assert reconcile_route["queue"].alias == "duckgres.control"
+    assert reconcile_route["queue"].exchange.type == "fanout"
+    assert [e.type for e in reconcile_route["declare"]] == ["fanout"]
+    # Any task a sender addresses to the broadcast queue by name declares it too (beat's row
+    # names the queue; so do the admin's "run task" action and `celery call`).
+    named = app.amqp.router.route({"queue": "duckgres.control"}, "duckgres.some_probe")
+    assert named["queue"].exchange.type == "fanout"
+    assert [e.type for e in named["declare"]] == ["fanout"]
+    assert "declare" not in app.amqp.router.route({"queue": "duckgres.default"}, "x.y")
     # The op id is the message's only argument.
     assert launch_runner_task.s(42).args == (42,)
 
@@ -195,7 +207,17 @@ def test_beat_row_drift_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     )
     warnings = worker.beat_drift_warnings()
     assert any("runs every 120 s; expected 30 s" in w for w in warnings)
-    assert any("expire_seconds=30 but its interval is 120 s" in w for w in warnings)
+    # One warning per cause: expire_seconds is judged once the interval is right.
+    assert not any("expire_seconds" in w for w in warnings)
+    PeriodicTask.objects.filter(name="janitor drifted").update(
+        interval=IntervalSchedule.objects.get_or_create(every=30, period="seconds")[0],
+        expire_seconds=60,
+    )
+    assert [w for w in worker.beat_drift_warnings() if "expire_seconds" in w] == [
+        "beat entry 'janitor drifted' for reshard.reconcile has expire_seconds=60; it must "
+        "equal the interval (30 s)"
+    ]
+    PeriodicTask.objects.filter(name="janitor drifted").update(interval=every, expire_seconds=30)
     with caplog.at_level("WARNING", logger="duckgres.reshard.worker"):
         worker.on_worker_ready(sender=_consumer("duckgres.control"))
     assert "runs every 120 s" in caplog.text

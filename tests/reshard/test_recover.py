@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from psycopg import sql
 
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation, Warehouse
 from reshard import recovery
 from reshard.launchers.base import RunnerStatus
@@ -20,7 +21,6 @@ from reshard.runner.context import RunContext
 from reshard.runner.errors import Fenced
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.steps.base import StepEnv
-from reshard.scrub import process_scrubber
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.reshard.janitor_support import FakeLauncher, age_op, janitor_env, make_janitor
 

@@ -7,6 +7,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import steps as sequences
 from reshard.runner import oplog as oplog_module
@@ -15,7 +16,6 @@ from reshard.runner.execute import before_cancel_cutoff, reconstruct
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.steps import REGISTRY
 from reshard.runner.steps.blocking import block_warehouse
-from reshard.scrub import Scrubber
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, run_runner, warehouse_of
 

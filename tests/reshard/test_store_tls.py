@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation
 from reshard.backup import (
@@ -34,7 +35,6 @@ from reshard.backup import (
 )
 from reshard.runner import stores
 from reshard.runner.context import RunContext
-from reshard.scrub import Scrubber
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.stores import StoreClusters
 from tests.reshard.runner_fixtures import RunnerS3, runner_moto_server, runner_s3

@@ -20,10 +20,10 @@ import structlog
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.logs import configure_logging
 from reshard.runner.context import RunContext
 from reshard.runner.execute import EXIT_INFRA, run_process, runner_identity
-from reshard.scrub import process_scrubber
 
 
 def write_exit_file(op_id: int, code: int) -> None:

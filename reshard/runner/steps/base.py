@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from duckgres_admin.models import ReshardOperation
+from duckgres_admin.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.fencing import Fencer
 from reshard.runner.oplog import OpLogWriter
@@ -30,7 +31,7 @@ class StepEnv:
 
     @property
     def app_name(self) -> str:
-        return f"duckgres-reshard-op-{self.op.id}"
+        return runner_name(self.op.id)
 
 
 StepFn = Callable[[StepEnv], None]
