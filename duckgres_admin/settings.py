@@ -57,6 +57,17 @@ _db_options = {
     for k, v in _db.items()
     if k not in {"dbname", "user", "password", "host", "port"} and v is not None
 }
+# Only a writable server is a config store: after a failover a new connection never lands on
+# a standby that the DSN's host still names (the DSN may set its own value).
+_db_options.setdefault("target_session_attrs", "read-write")
+# Persistent connections (docs/configuration.md): each thread that served a request keeps its
+# connection for this long (0: a new connection per request; bounded by the threads, 16 per API
+# process), and checks it with a round trip before it reuses it in the next request, so a
+# connection the server closed (failover, restart, pg_terminate_backend) is replaced, never
+# handed to a view. A connection whose request raised a database error is closed after it.
+DUCKGRES_CONFIG_STORE_CONN_MAX_AGE = env.integer(
+    "DUCKGRES_CONFIG_STORE_CONN_MAX_AGE", 60, minimum=0, maximum=3600
+)
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
@@ -66,7 +77,8 @@ DATABASES = {
         "HOST": _db.get("host", ""),
         "PORT": str(_db.get("port", "")),
         "OPTIONS": {"application_name": "duckgres-admin", **_db_options},
-        "CONN_MAX_AGE": 0,
+        "CONN_MAX_AGE": DUCKGRES_CONFIG_STORE_CONN_MAX_AGE,
+        "CONN_HEALTH_CHECKS": True,
         "TEST": {"NAME": env.string("DUCKGRES_TEST_DATABASE", "") or None},
     }
 }

@@ -3,8 +3,15 @@
 Invariant (§1.5): after the block step commits (``ready → resharding`` under the per-org
 advisory lock), no lease can be granted. Every grant therefore runs in one transaction that
 takes the same lock (``duckgres_admin.orglock.lock_org``) and re-reads the warehouse state
-under it; the
-``queued → granted`` move is a guarded UPDATE on ``state='queued'``.
+under it, in a statement that starts after the lock is held (PostgreSQL takes a statement's
+snapshot when the statement starts: a read in the lock's own statement could see the state
+from before a block that committed while it waited). The ``queued → granted`` move is a
+guarded UPDATE on ``state='queued'``.
+
+The hot path is short (docs/performance.md "Lease path"): a new request is the lock and one
+statement (``_GRANT_SQL``: read the warehouse and its store, count the active leases when the
+org has a cap, insert the row in its decided state), a renew and a release one guarded
+``UPDATE`` each. Safeguard reshard-82 pins the counts.
 
 The lease row has no TTL column: while a lease is ``queued`` its ``expires_at`` holds
 ``requested_at + ttl`` so a later grant (``GET`` re-attempt) can reuse the requested TTL as
@@ -15,12 +22,11 @@ The lease row has no TTL column: while a lease is ``queued`` its ``expires_at`` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Func
-from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 
 from duckgres_admin.base.errors import ServiceError
@@ -67,10 +73,6 @@ class ClockTimestamp(Func):
 
     template = "clock_timestamp()"
     output_field = DateTimeField()
-
-
-def _after(seconds: int) -> ExpressionWrapper[CombinedExpression]:
-    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
 
 
 def _binding(warehouse: Warehouse) -> dict[str, Any]:
@@ -179,19 +181,132 @@ def _attempt_grant_locked(org_id: str, lease_id: int) -> LeaseOutcome | ServiceE
     )
 
 
+# The grant of a new request: one statement, run under the per-org lock (a statement of its
+# own before it, so this one's snapshot is taken after the lock is held and sees a committed
+# block). It reads the warehouse and its store (the binding), counts the org's active leases
+# only when the org has a cap, decides, and inserts the request's row in its decided state:
+# ``granted`` (``granted_at`` = ``clock_timestamp()`` under the lock), ``queued`` (cap reached
+# with a wait), or ``refused`` (resharding, not ready, cap reached without a wait). No
+# warehouse: no row, nothing inserted (404).
+_GRANT_SQL = """
+WITH w AS (
+    SELECT w.state, w.max_connection_leases AS cap, w.metadata_store_kind AS kind,
+           w.metadata_store_host, w.metadata_store_port, w.metadata_store_sslmode,
+           w.metadata_store_database, w.metadata_store_user, w.metadata_store_password_ref,
+           s.host AS store_host, s.port AS store_port, s.sslmode AS store_sslmode,
+           s.pooler_host, s.pooler_port, s.pooler_sslmode
+    FROM duckgres_managed_warehouses w
+    LEFT JOIN duckgres_metadata_stores s ON s.name = w.metadata_store_name
+    WHERE w.org_id = %(org)s
+), d AS (
+    SELECT w.*, clock_timestamp() AS stamp,
+           CASE
+               WHEN w.state <> 'ready' THEN 'refused'
+               WHEN w.cap IS NOT NULL AND w.cap <= (
+                   SELECT count(*) FROM duckgres_connection_leases l
+                   WHERE l.org_id = %(org)s AND l.state = 'granted' AND l.expires_at > now()
+               ) THEN CASE WHEN %(wait)s > 0 THEN 'queued' ELSE 'refused' END
+               ELSE 'granted'
+           END AS decided
+    FROM w
+), ins AS (
+    INSERT INTO duckgres_connection_leases
+        (org_id, holder, purpose, state, requested_at, queue_deadline, granted_at, expires_at)
+    SELECT %(org)s, %(holder)s, %(purpose)s, d.decided, now(),
+           now() + make_interval(secs => %(wait)s),
+           CASE WHEN d.decided = 'granted' THEN d.stamp END,
+           CASE WHEN d.decided = 'granted' THEN d.stamp ELSE now() END
+               + make_interval(secs => %(ttl)s)
+    FROM d
+    RETURNING id, state, queue_deadline, expires_at
+)
+SELECT ins.id, ins.state, ins.queue_deadline, ins.expires_at, d.state, d.cap, d.kind,
+       d.metadata_store_host, d.metadata_store_port, d.metadata_store_sslmode,
+       d.metadata_store_database, d.metadata_store_user, d.metadata_store_password_ref,
+       d.store_host, d.store_port, d.store_sslmode, d.pooler_host, d.pooler_port,
+       d.pooler_sslmode
+FROM ins, d
+"""
+
+
+def _binding_from_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    """The binding of a ``_GRANT_SQL`` row, as :func:`_binding` builds it from the models."""
+    (kind, host, port, sslmode, database, user, ref, s_host, s_port, s_ssl, p_host, p_port,
+     p_ssl) = row[6:19]  # fmt: skip
+    if kind == StoreKind.CNPG:
+        if p_host:
+            host, port, sslmode = p_host, p_port or s_port, p_ssl or s_ssl
+        else:
+            host, port, sslmode = s_host, s_port, s_ssl
+    else:
+        port = port or 5432
+        sslmode = sslmode or pgadmin.DEFAULT_SSLMODE
+    return {
+        "kind": kind,
+        "host": host,
+        "port": port,
+        "sslmode": sslmode,
+        "database": database,
+        "user": user,
+        "password_secret_ref": ref,
+    }
+
+
 def lease_request(*, org_id: str, request: LeaseRequest) -> LeaseOutcome:
-    """``POST /warehouses/<org>/leases``: insert ``queued``, then attempt the grant."""
-    if not Warehouse.objects.filter(org_id=org_id).exists():
+    """``POST /warehouses/<org>/leases``: decide and insert the request's row, in one
+    transaction under the per-org lock: the lock, then one statement (``_GRANT_SQL``).
+
+    Refusals are returned from the transaction (not raised inside it) so the ``refused`` row
+    commits with it, as every request's row always has.
+    """
+    params: dict[str, str | int] = {
+        "org": org_id,
+        "holder": request.holder,
+        "purpose": request.purpose,
+        "wait": int(request.wait_seconds),
+        "ttl": int(request.ttl_seconds),
+    }
+    with transaction.atomic():
+        lock_org(org_id)
+        with connection.cursor() as cursor:
+            cursor.execute(_GRANT_SQL, params)
+            row = cursor.fetchone()
+    if row is None:
         raise ServiceError(404, "org has no managed warehouse")
-    lease = ConnectionLease.objects.create(
-        org_id=org_id,
-        holder=request.holder,
-        purpose=request.purpose,
-        state=LeaseState.QUEUED,
-        queue_deadline=_after(request.wait_seconds),
-        expires_at=_after(request.ttl_seconds),
-    )
-    return _attempt_grant(org_id, lease.id)
+    lease_id, state, queue_deadline, expires_at, warehouse_state, cap = row[:6]
+    if state == LeaseState.GRANTED:
+        return LeaseOutcome(
+            201,
+            {
+                "lease_id": lease_id,
+                "state": LeaseState.GRANTED.value,
+                "expires_at": _iso(expires_at),
+                "binding": _binding_from_row(row),
+            },
+        )
+    if state == LeaseState.QUEUED:
+        return LeaseOutcome(
+            202,
+            {
+                "lease_id": lease_id,
+                "state": LeaseState.QUEUED.value,
+                "queue_deadline": _iso(queue_deadline),
+            },
+        )
+    if warehouse_state == WarehouseState.RESHARDING:
+        raise ServiceError(
+            503,
+            RESHARDING_MESSAGE,
+            code="warehouse_resharding",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    if warehouse_state != WarehouseState.READY:
+        raise ServiceError(
+            409,
+            f"warehouse is not ready (currently {warehouse_state})",
+            code="warehouse_not_ready",
+        )
+    raise ServiceError(429, f"connection lease cap reached ({cap})", code="lease_cap_reached")
 
 
 def lease_get(*, org_id: str, lease_id: int) -> LeaseOutcome:
@@ -222,24 +337,31 @@ def lease_get(*, org_id: str, lease_id: int) -> LeaseOutcome:
 
 
 def lease_renew(*, org_id: str, lease_id: int, ttl_seconds: int) -> LeaseOutcome:
-    """Extend a granted, unexpired lease (allowed while ``resharding``: the drain waits)."""
-    rows = ConnectionLease.objects.filter(
-        pk=lease_id, org_id=org_id, state=LeaseState.GRANTED, expires_at__gt=Now()
-    ).update(expires_at=_after(ttl_seconds))
-    if rows != 1:
+    """Extend a granted, unexpired lease (allowed while ``resharding``: the drain waits).
+
+    One guarded ``UPDATE … RETURNING``; only a refusal reads again (404 or 410)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_connection_leases SET expires_at = now() + make_interval(secs => %s)"
+            " WHERE id = %s AND org_id = %s AND state = 'granted' AND expires_at > now()"
+            " RETURNING expires_at",
+            [int(ttl_seconds), lease_id, org_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
         if not ConnectionLease.objects.filter(pk=lease_id, org_id=org_id).exists():
             raise ServiceError(404, "no such lease")
         raise _gone(lease_id)
-    expires_at = (
-        ConnectionLease.objects.filter(pk=lease_id).values_list("expires_at", flat=True).get()
-    )
-    return LeaseOutcome(200, {"lease_id": lease_id, "expires_at": _iso(expires_at)})
+    return LeaseOutcome(200, {"lease_id": lease_id, "expires_at": _iso(row[0])})
 
 
 def lease_release(*, org_id: str, lease_id: int) -> None:
-    """``DELETE``: → ``released`` (idempotent; terminal leases are left as they are)."""
-    if not ConnectionLease.objects.filter(pk=lease_id, org_id=org_id).exists():
-        raise ServiceError(404, "no such lease")
-    ConnectionLease.objects.filter(
+    """``DELETE``: → ``released`` (idempotent; terminal leases are left as they are).
+
+    One guarded ``UPDATE``; only when it matches nothing is the lease's existence read (404
+    for an unknown lease, else the idempotent 204)."""
+    rows = ConnectionLease.objects.filter(
         pk=lease_id, org_id=org_id, state__in=[LeaseState.QUEUED, LeaseState.GRANTED]
     ).update(state=LeaseState.RELEASED, released_at=Now())
+    if rows == 0 and not ConnectionLease.objects.filter(pk=lease_id, org_id=org_id).exists():
+        raise ServiceError(404, "no such lease")
