@@ -161,6 +161,15 @@ if DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS >= 600:
 DUCKGRES_RESHARD_MAX_PARTS = env.integer(
     "DUCKGRES_RESHARD_MAX_PARTS", 10000, minimum=1, maximum=10000
 )
+# The pre-flip backup's pg_dump compression (reshard.backup.COMPRESSION_LEVELS): gzip (zlib)
+# levels only, so that every archive stays readable by the stock pg_restore the restore line
+# names (lz4/zstd need a PostgreSQL 16+ pg_dump/pg_restore built with them). Default gzip:1
+# (pg_dump's own default, zlib 6, is CPU-bound; figures in docs/backup.md).
+DUCKGRES_RESHARD_BACKUP_COMPRESSION = env.choice(
+    "DUCKGRES_RESHARD_BACKUP_COMPRESSION",
+    "gzip:1",
+    ("none", *(f"gzip:{level}" for level in range(1, 10))),
+)
 # The janitor's sweep of open backup uploads left by lost processes (reshard.uploads); 0 = off.
 DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = env.integer(
     "DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS", 900, minimum=0

@@ -67,6 +67,7 @@ from duckgres_admin.lib.pgadmin import (
     tls_params,
 )
 from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
+from duckgres_admin.names import runner_name
 from reshard.pgclients import (
     NoPgClient,
     PgClient,
@@ -86,6 +87,7 @@ __all__ = [
     "SourceFacts",
     "abort_stale_uploads",
     "backup_key",
+    "compression_flag",
     "gated_failure",
     "part_size_for",
     "pg_dump_argv",
@@ -124,6 +126,12 @@ DUMP_FILE = "./catalog.dump"
 RESTORED_SUFFIX = "_restored_op{op_id}"
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: a longer name would be truncated by the server
 RESTORE_LINE_PREFIX = "restore command"
+
+# DUCKGRES_RESHARD_BACKUP_COMPRESSION → pg_dump's --compress. The integer form means zlib at
+# that level (0 = none) for every pg_dump from 15 (which knows no other) to 18, and every stock
+# pg_restore reads such an archive. lz4/zstd are not offered: pg_dump 15 lacks them and their
+# archives need a pg_restore 16+ built with the library (the restore line allows 15).
+COMPRESSION_LEVELS: dict[str, int] = {"none": 0, **{f"gzip:{n}": n for n in range(1, 10)}}
 
 EMPTY_ARCHIVE = "pg_dump produced an empty archive — refusing to record a useless backup"
 ANNOUNCE_SUFFIX_MANDATORY = " — HARD prerequisite for the destructive cnpg→external direction"
@@ -252,7 +260,7 @@ def format_mib(size: int) -> str:
 
 
 def pg_dump_application_name(op_id: int) -> str:
-    return f"duckgres-reshard-op-{op_id}-pg_dump"
+    return runner_name(op_id, "-pg_dump")
 
 
 def source_conninfo(
@@ -273,21 +281,36 @@ def source_conninfo(
     )
 
 
+def compression_flag(compression: str | None = None) -> str:
+    """``--compress=<0-9>`` for a ``DUCKGRES_RESHARD_BACKUP_COMPRESSION`` value (default: the
+    setting, validated when the settings load)."""
+    value = settings.DUCKGRES_RESHARD_BACKUP_COMPRESSION if compression is None else compression
+    try:
+        return f"--compress={COMPRESSION_LEVELS[value]}"
+    except KeyError:
+        allowed = ", ".join(COMPRESSION_LEVELS)
+        raise ValueError(
+            f"DUCKGRES_RESHARD_BACKUP_COMPRESSION={value!r} is not one of: {allowed}"
+        ) from None
+
+
 def pg_dump_argv(
     client: PgClient,
     source: BackupSource,
     *,
     lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
     application_name: str = "pg_dump",
+    compression: str | None = None,
 ) -> list[str]:
     """Spec §4.10 step 4 with every connection parameter in ``--dbname=<conninfo>``: no
-    ``--file``, no password, a bounded lock wait."""
+    ``--file``, no password, a bounded lock wait, the configured compression."""
     conninfo = source_conninfo(
         source, require_auth=knows_require_auth(client), application_name=application_name
     )
     argv = [
         client.pg_dump,
         "--format=custom",
+        compression_flag(compression),
         "--no-owner",
         "--schema=public",
         f"--lock-wait-timeout={max(1, int(lock_wait_seconds * 1000))}",

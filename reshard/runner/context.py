@@ -82,6 +82,9 @@ class RunContext:
     # The copy's release handle (``reshard.copy.ReleaseHandle``): the source write fence, held
     # from ``copying`` until the source drop (cleanup) or the end of the rollback.
     release_handle: Any = None
+    # The backup step's preparation (``steps.backup_catalog.prepare``: a Future of its S3 client
+    # and source facts), started before the block's propagation wait, taken once by the step.
+    backup_prep: Any = None
     # Set by the atomic finalize: the op is ``succeeded``.
     finalized: bool = False
     source_password: str = field(default="", repr=False)

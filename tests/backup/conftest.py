@@ -18,6 +18,11 @@ from reshard import pgclients
 from reshard.backup import KEY_PREFIX, BackupSource
 from tests.fixtures.stores import StoreClusters, TenantCatalog
 
+# The runner's in-process step fixtures (tests/backup/test_prepared.py).
+from tests.reshard.runner_fixtures import claimed_env, cnpg_world, runner_moto_server, runner_s3
+
+__all__ = ["claimed_env", "cnpg_world", "runner_moto_server", "runner_s3"]
+
 
 @dataclass
 class MotoS3:
@@ -103,14 +108,19 @@ class RecordingHooks:
             self.sids.append(os.getsid(proc.pid))
         except OSError:
             self.sids.append(-1)
+        # One entry in each list per process; empty when it had already exited (or was reaped).
+        cmdline: list[str] = []
+        environ: dict[str, str] = {}
         try:
             with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
-                self.cmdlines.append([a.decode() for a in f.read().split(b"\0") if a])
+                cmdline = [a.decode() for a in f.read().split(b"\0") if a]
             with open(f"/proc/{proc.pid}/environ", "rb") as f:
                 pairs = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            self.environs.append(dict(p.split("=", 1) for p in pairs if "=" in p))
+            environ = dict(p.split("=", 1) for p in pairs if "=" in p)
         except OSError:
-            self.cmdlines.append([])
+            cmdline, environ = [], {}
+        self.cmdlines.append(cmdline)
+        self.environs.append(environ)
 
     def unregister_process(self, proc: subprocess.Popen[bytes]) -> None:
         self.unregistered.append(proc)

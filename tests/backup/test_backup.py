@@ -145,11 +145,12 @@ def test_success_restorable_untagged_no_password_in_argv(
         assert hooks.environs[0]["PGPASSWORD"] == catalog.password
     # Every connection parameter in one conninfo (--dbname; safeguard reshard-65), a bounded
     # lock wait (reshard-67); the env is minimal (reshard-70) and carries only the password.
-    assert argv[1:5] == ["--format=custom", "--no-owner", "--schema=public",
+    # The compression is DUCKGRES_RESHARD_BACKUP_COMPRESSION's (default gzip:1).
+    assert argv[1:6] == ["--format=custom", "--compress=1", "--no-owner", "--schema=public",
                          "--lock-wait-timeout=900000"]  # fmt: skip
-    assert len(argv) == 6
-    assert argv[5].startswith("--dbname=")
-    params = conninfo_to_dict(argv[5].removeprefix("--dbname="))
+    assert len(argv) == 7
+    assert argv[6].startswith("--dbname=")
+    params = conninfo_to_dict(argv[6].removeprefix("--dbname="))
     assert params == {
         "host": catalog.cluster.host,
         "port": str(catalog.cluster.port),
@@ -395,7 +396,10 @@ def test_nonzero_exit_after_several_parts_leaves_nothing(
     """Parts already uploaded when pg_dump fails: the upload is aborted, not completed."""
     bins = _fake_bin(
         tmp_path,
-        "head -c 12000000 /dev/urandom\necho 'pg_dump: error: connection lost' >&2\nexit 3\n",
+        # The sleep lets the parts' uploads start first (on a loaded machine the S3 client and
+        # the upload id can take longer than the 12 MB of output).
+        "head -c 12000000 /dev/urandom\nsleep 5\necho 'pg_dump: error: connection lost' >&2\n"
+        "exit 3\n",
     )
     catalog = tenant_catalog()
     with pytest.raises(BackupError, match=r"exit status 3: pg_dump: error: connection lost"):

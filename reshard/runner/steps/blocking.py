@@ -8,7 +8,8 @@ takeover redoing the steps, accepted only when the op row shows this very op blo
 lock; safeguard reshard-73), and the fenced op update
 ``blocked_at = COALESCE(blocked_at, now())``. A fenced update matching zero rows rolls the whole
 transaction back, so a fenced-away runner's block never lands. Then the cancel-aware
-propagation wait, then ``recordSource`` (B).
+propagation wait (during which the backup step's S3 client and source facts are prepared in a
+helper thread: ``backup_catalog.prepare``), then ``recordSource`` (B).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from duckgres_admin import orglock as locks
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner import waits
 from reshard.runner.errors import StepError
-from reshard.runner.steps import record_source
+from reshard.runner.steps import backup_catalog, record_source
 from reshard.runner.steps.base import StepEnv
 
 BLOCK_MESSAGE = "metadata-store reshard in progress"
@@ -30,6 +31,8 @@ DEFAULT_WAIT_WHEN_UNSET = 10.0
 
 def run(env: StepEnv) -> None:
     block_warehouse(env)
+    # The backup's S3 client and source facts, in a helper thread while the wait runs.
+    backup_catalog.prepare(env)
     wait_for_propagation(env)
     record_source.run(env)
 
