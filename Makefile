@@ -27,12 +27,12 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_BASE ?= localhost/duckgres-base:bookworm
 IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
 
-.PHONY: help install services provision test lint demo migrate-check clean image image-smoke
+.PHONY: help install services provision test lint demo migrate-check clean image image-build image-smoke
 
 help:
 	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
-install: $(REQ_STAMP)
+install: $(REQ_STAMP) $(VENV)/bin/duckgres
 
 $(REQ_STAMP): requirements.txt requirements-dev.txt
 	@missing=(); \
@@ -46,6 +46,12 @@ $(REQ_STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@rm -f $(VENV)/.installed-*; touch $@
+
+# The project itself, editable and without dependencies (requirements.txt pins those): it
+# provides the `duckgres` console script (docs/cli.md). Re-run when pyproject.toml changes.
+$(VENV)/bin/duckgres: pyproject.toml $(REQ_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $@
 
 services:
 	.ci/services.sh

@@ -96,13 +96,23 @@ ROWS: tuple[BeatRow, ...] = (
     ),
     BeatRow(
         name="duckgres: trino org reconcile sweep (every 30 s)",
-        task="trino.reconcile_orgs",
+        task=TaskName.TRINO_RECONCILE_ORGS,
         interval_seconds=30,
-        queue=TRINO_QUEUE,
+        queue=QueueName.TRINO,
         expire_seconds=30,
         migration="0006",
         description="Publish or remove each Trino org's catalog in its owning pool "
         "(spec trino-pools 4.10).",
+    ),
+    BeatRow(
+        name="duckgres: notification outbox (every 15 s)",
+        task=TaskName.NOTIFICATIONS_SCAN,
+        interval_seconds=15,
+        queue=QueueName.DEFAULT,
+        expire_seconds=15,
+        migration="0012",
+        description="Outbox scan (docs/notifications.md): a row for every terminal reshard "
+        "operation, deliveries of due rows enqueued; a no-op without DUCKGRES_WEBHOOK_URL.",
     ),
 )
 

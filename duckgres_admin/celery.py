@@ -22,7 +22,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["reshard", "trino_pools"])
+app.autodiscover_tasks(["reshard", "trino_pools", "duckgres_admin.notifications"])
 
 
 @signals.celeryd_init.connect

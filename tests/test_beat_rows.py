@@ -35,7 +35,12 @@ POOL_TICK = "duckgres: trino pool tick (every 5 s)"
 AUDIT = "duckgres: trino ownership audit (every 5 min)"
 ORGS = "duckgres: trino org reconcile sweep (every 30 s)"
 
-MIGRATIONS = ("0002_seed_leases_and_beat", "0005_trino_audit_beat", "0006_trino_operator_beat")
+MIGRATIONS = (
+    "0002_seed_leases_and_beat",
+    "0005_trino_audit_beat",
+    "0006_trino_operator_beat",
+    "0012_notification_outbox_beat",
+)
 
 
 def _snapshot() -> dict[str, dict[str, Any]]:
@@ -95,7 +100,7 @@ def _ship_all_rows() -> None:
 def test_the_table_is_what_the_migrations_write() -> None:
     _ship_all_rows()
     assert _snapshot() == {row.name: _expected(row) for row in beat.ROWS}
-    assert [row.migration for row in beat.ROWS] == ["0002", "0005", "0006", "0006"]
+    assert [row.migration for row in beat.ROWS] == ["0002", "0005", "0006", "0006", "0012"]
 
 
 def test_the_table_invariants() -> None:
@@ -120,7 +125,11 @@ def test_both_drift_checks_read_the_table() -> None:
         "trino.pool_tick": 5,
         "trino.reconcile_orgs": 30,
     }
-    assert {row.task for row in beat.ROWS} == {worker.RECONCILE_TASK, *tasks.BEAT_INTERVALS}
+    assert {row.task for row in beat.ROWS} == {
+        worker.RECONCILE_TASK,
+        *tasks.BEAT_INTERVALS,
+        "notifications.scan",
+    }
 
 
 # --- healing in-process ---------------------------------------------------------------------

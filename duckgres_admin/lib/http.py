@@ -1,6 +1,7 @@
 """The one seam for outbound HTTP (design §2): a strict ``request`` over ``http.client`` (probes,
 spec trino-pools §4.12) and ``get``, the same request with the method fixed (the runner's
-password pull: a redirect or a proxy variable must never send the runner secret elsewhere).
+password pull: a redirect or a proxy variable must never send the runner secret elsewhere) and
+``post`` (the signed webhook delivery).
 
 Non-2xx answers are returned, not raised, so callers decide what is final. Transport problems
 (refused, timeout, TLS) raise :class:`HttpTransportError` with the cause only. Bodies are read up
@@ -52,6 +53,21 @@ def get(
     proxy variable is honoured, ``timeout`` bounds the whole request); returns the status and at
     most ``max_bytes`` of the body."""
     return request("GET", url, headers=headers, body=None, timeout=timeout, max_bytes=max_bytes)
+
+
+def post(
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    body: bytes,
+    timeout: float,
+    max_bytes: int = 64 * 1024,
+) -> HttpResponse:
+    """``POST url`` with ``body`` through :func:`request`: the same rules (no redirect is ever
+    followed, no proxy variable is honoured, ``timeout`` bounds the whole request); returns the
+    status and at most ``max_bytes`` of the answer (the webhook delivery,
+    docs/notifications.md)."""
+    return request("POST", url, headers=headers, body=body, timeout=timeout, max_bytes=max_bytes)
 
 
 _slots_lock = threading.Lock()

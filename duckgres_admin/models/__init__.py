@@ -2,6 +2,7 @@
 
 from duckgres_admin.models.audit import AuditRecord, Operator, OperatorRole
 from duckgres_admin.models.leases import ConnectionLease, Lease, LeasePurpose, LeaseState
+from duckgres_admin.models.notifications import Notification, NotificationKind, NotificationState
 from duckgres_admin.models.reshard import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -39,6 +40,9 @@ __all__ = [
     "LogLevel",
     "LogSource",
     "MetadataStore",
+    "Notification",
+    "NotificationKind",
+    "NotificationState",
     "OpState",
     "Operator",
     "OperatorRole",

@@ -1,0 +1,196 @@
+"""The CLI's API client: JSON over ``duckgres_admin.lib.http`` (docs/cli.md).
+
+Identity from the environment, never from an argument (argv is visible to every user of the
+machine): ``DUCKGRES_INTERNAL_SECRET`` (or ``DUCKGRES_INTERNAL_SECRET_FILE``) as
+``X-Duckgres-Internal-Secret``, else ``DUCKGRES_API_TOKEN`` (or ``_FILE``) as
+``Authorization: Bearer``. Every message this module builds is scrubbed of both values.
+
+Every failure is a :class:`CliError` carrying its exit code:
+
+- 1 the API refused the request (a 4xx with its ``error``),
+- 3 transport problems and 5xx answers,
+- 5 the API does not offer the route (a 404 that is not the API's own JSON answer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from duckgres_admin.lib import http
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_TRANSPORT = 3
+EXIT_OP_NOT_SUCCEEDED = 4
+EXIT_NOT_OFFERED = 5
+EXIT_DEADLINE = 6
+
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+MASK = "***"
+
+
+class CliError(Exception):
+    def __init__(self, message: str, exit_code: int, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.status = status
+
+
+def _from_env(environ: Mapping[str, str], name: str) -> str:
+    direct = environ.get(name, "")
+    path = environ.get(f"{name}_FILE", "")
+    if direct and path:
+        raise CliError(f"{name} and {name}_FILE are both set: supply exactly one", EXIT_USAGE)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                content = handle.read()
+        except OSError as exc:
+            message = f"{name}_FILE: cannot read {path!r}: {exc.strerror}"
+            raise CliError(message, EXIT_USAGE) from None
+        return content[:-1] if content.endswith("\n") else content
+    return direct
+
+
+@dataclass(frozen=True)
+class Credentials:
+    header: str
+    value: str = field(repr=False)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Credentials:
+        secret = _from_env(environ, "DUCKGRES_INTERNAL_SECRET")
+        if secret:
+            return cls("X-Duckgres-Internal-Secret", secret)
+        token = _from_env(environ, "DUCKGRES_API_TOKEN")
+        if token:
+            return cls("Authorization", f"Bearer {token}")
+        raise CliError(
+            "no identity: set DUCKGRES_INTERNAL_SECRET (or DUCKGRES_INTERNAL_SECRET_FILE) or "
+            "DUCKGRES_API_TOKEN (or DUCKGRES_API_TOKEN_FILE)",
+            EXIT_USAGE,
+        )
+
+    def secrets(self) -> tuple[str, ...]:
+        raw = self.value.removeprefix("Bearer ")
+        return (raw, quote(raw, safe=""))
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any
+
+
+def api_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(
+            "the API URL (--api-url or DUCKGRES_API_URL) must be http(s)://host[:port]", EXIT_USAGE
+        )
+    if parts.username is not None or parts.password is not None:
+        raise CliError("the API URL must not carry credentials", EXIT_USAGE)
+    return value.rstrip("/")
+
+
+@dataclass
+class ApiClient:
+    base_url: str
+    credentials: Credentials = field(repr=False)
+    timeout: float = 30.0
+    ca_file: str | None = None
+
+    def scrub(self, text: str) -> str:
+        for secret in self.credentials.secrets():
+            if len(secret) >= 4:
+                text = text.replace(secret, MASK)
+        return text
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str | int] | None = None,
+        what: str = "",
+    ) -> Answer:
+        """One request; returns 2xx answers and raises :class:`CliError` for anything else.
+
+        ``what`` names the feature for the "this API does not offer …" message."""
+        url = f"{self.base_url}/api/v1/{path}"
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v not in ("", None)})
+        headers = {"Accept": "application/json", self.credentials.header: self.credentials.value}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        context = http.tls_context(self.ca_file) if url.startswith("https:") else None
+        try:
+            response = http.request(
+                method,
+                url,
+                headers=headers,
+                body=data,
+                timeout=self.timeout,
+                max_bytes=MAX_ANSWER_BYTES,
+                context=context,
+            )
+        except http.HttpTransportError as exc:
+            raise CliError(
+                self.scrub(f"cannot reach the API at {self.base_url}: {exc}"), EXIT_TRANSPORT
+            ) from None
+        parsed: Any = None
+        try:
+            parsed = json.loads(response.body) if response.body else None
+        except ValueError:
+            parsed = None
+        status = response.status
+        if 200 <= status < 300:
+            return Answer(status, parsed)
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        if status == 404 and not isinstance(error, str):
+            # Not the API's own JSON answer: no such route in this API build.
+            raise CliError(
+                f"this API does not offer {what or method + ' /api/v1/' + path} yet "
+                f"({method} /api/v1/{path} answered 404)",
+                EXIT_NOT_OFFERED,
+                status=status,
+            )
+        if isinstance(error, str):
+            code = parsed.get("code") if isinstance(parsed, dict) else None
+            detail = f"{error} [{code}]" if isinstance(code, str) and code else error
+        else:
+            detail = response.body[:300].decode(errors="replace").strip() or "(no body)"
+        if 300 <= status < 400:
+            detail = "a redirect (never followed): check the API URL"
+        message = self.scrub(f"{method} /api/v1/{path}: HTTP {status}: {detail}")
+        if 400 <= status < 500:
+            raise CliError(message, EXIT_REFUSED, status=status)
+        raise CliError(message, EXIT_TRANSPORT, status=status)
+
+
+def client_from_environ(
+    *, api_url_value: str | None, timeout: float, ca_file: str | None, environ: Mapping[str, str]
+) -> ApiClient:
+    base = api_url_value or environ.get("DUCKGRES_API_URL", "")
+    if not base:
+        raise CliError("no API URL: pass --api-url or set DUCKGRES_API_URL", EXIT_USAGE)
+    return ApiClient(
+        api_url(base),
+        Credentials.from_environ(environ),
+        timeout=timeout,
+        ca_file=ca_file or environ.get("DUCKGRES_API_CA_FILE") or None,
+    )
+
+
+def default_environ() -> Mapping[str, str]:
+    return os.environ

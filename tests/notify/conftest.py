@@ -1,0 +1,1 @@
+from tests.notify.receiver import receiver  # noqa: F401 - the fixture
