@@ -68,6 +68,7 @@ from duckgres_admin.lib.pgadmin import (
 )
 from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
 from duckgres_admin.names import runner_name
+from reshard import testhooks
 from reshard.pgclients import (
     NoPgClient,
     PgClient,
@@ -75,7 +76,6 @@ from reshard.pgclients import (
     knows_require_auth,
     server_major,
 )
-from reshard.runner import testhooks
 
 __all__ = [
     "BackupDestination",

@@ -30,7 +30,7 @@ from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse, WarehouseState
-from reshard import vetting, warehouses
+from reshard import vetting, warehouse_rules
 
 FORCE_FLAG = "force_empty_binding"
 WITHOUT_CATALOG = "binding_without_catalog"
@@ -81,7 +81,7 @@ def moves(changed: dict[str, Any], merged: dict[str, Any]) -> bool:
 
 def binding_key(values: dict[str, Any]) -> tuple[Any, ...]:
     """Everything the check depends on (location and the credentials it may log in with)."""
-    return tuple(values.get(f) for f in warehouses.BINDING_FIELDS)
+    return tuple(values.get(f) for f in warehouse_rules.BINDING_FIELDS)
 
 
 def describe(values: dict[str, Any]) -> str:
@@ -205,15 +205,15 @@ def precheck(*, org_id: str, changes: dict[str, Any], force: bool) -> CatalogFou
     warehouse = Warehouse.objects.filter(org_id=org_id).first()
     if warehouse is None:
         return None  # the locked update answers 404
-    current = warehouses._warehouse_values(warehouse)
+    current = warehouse_rules._warehouse_values(warehouse)
     changed = {k: v for k, v in changes.items() if current.get(k) != v}
     merged = {**current, **changes}
     if not moves(changed, merged):
         return None
-    guarded = bool(warehouses.GUARDED_WAREHOUSE_FIELDS & changed.keys())
+    guarded = bool(warehouse_rules.GUARDED_WAREHOUSE_FIELDS & changed.keys())
     if guarded and warehouse.state == WarehouseState.RESHARDING:
-        raise warehouses.WAREHOUSE_RESHARDING
-    warehouses.validate_warehouse(
+        raise warehouse_rules.WAREHOUSE_RESHARDING
+    warehouse_rules.validate_warehouse(
         merged, check_state=False, org_id=org_id, written=frozenset(changed)
     )
     if force:

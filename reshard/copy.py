@@ -58,7 +58,7 @@ from psycopg import pq, sql
 
 from duckgres_admin.lib.pgadmin import pin_session
 from duckgres_admin.lockkeys import COPY_TARGET_LOCK_KEY
-from reshard.runner import testhooks
+from reshard import testhooks
 
 # One copier per target: the registry's key (``duckgres_admin.lockkeys``), under its old name.
 TARGET_LOCK_KEY = COPY_TARGET_LOCK_KEY

@@ -50,13 +50,13 @@ from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
 from reshard.runner import stores
 from reshard.runner.context import RunContext
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.execute import commit_point_passed, reconstruct
 from reshard.runner.fencing import Fencer
 from reshard.runner.heartbeat import Heartbeat
 from reshard.runner.oplog import OpLogWriter
 from reshard.runner.rollback import target_known, target_where
-from reshard.runner.steps.base import StepEnv
 
 TAKEOVER_MINUTES = 30
 FENCED_MESSAGE = (

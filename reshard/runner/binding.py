@@ -13,8 +13,8 @@ from django.db.models.functions import Now
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import ReshardOperation, Warehouse
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 
 def target_binding(op: ReshardOperation) -> dict[str, Any]:

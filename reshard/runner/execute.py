@@ -48,7 +48,8 @@ from django.db import DatabaseError, connection
 
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import steps as sequences
-from reshard.runner import stores, testhooks, waits
+from reshard import testhooks
+from reshard.runner import stores, waits
 from reshard.runner.context import Progress, RunContext
 from reshard.runner.errors import (
     Cancelled,

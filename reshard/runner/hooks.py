@@ -10,8 +10,8 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models.functions import Now
 
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced
-from reshard.runner.steps.base import StepEnv
 
 
 class RunnerHooks:

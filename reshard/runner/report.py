@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db import connection
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming
-from reshard.runner.steps.base import StepEnv
+from reshard.runner.env import StepEnv
 
 
 def describe_source(op: ReshardOperation) -> str:

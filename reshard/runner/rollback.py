@@ -42,9 +42,9 @@ from reshard import copy as catalog_copy
 from reshard import identity, uploads
 from reshard import steps as sequences
 from reshard.runner import binding, stores, waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
-from reshard.runner.steps.base import StepEnv
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"

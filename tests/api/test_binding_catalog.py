@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import AuditRecord, MetadataStore, Warehouse
-from reshard import warehouses
+from reshard import warehouse_rules
 from tests.api.conftest import error
 from tests.fixtures.rows import new_store, new_warehouse, unique
 from tests.fixtures.stores import StoreClusters, TenantCatalog
@@ -37,7 +37,8 @@ class World:
         return f"/api/v1/warehouses/{self.warehouse.org_id}"
 
     def binding(self) -> dict[str, Any]:
-        return warehouses._warehouse_values(Warehouse.objects.get(org_id=self.warehouse.org_id))
+        warehouse = Warehouse.objects.get(org_id=self.warehouse.org_id)
+        return warehouse_rules._warehouse_values(warehouse)
 
 
 @pytest.fixture

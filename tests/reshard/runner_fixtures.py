@@ -33,9 +33,9 @@ from duckgres_admin.models import (
     Warehouse,
 )
 from reshard.runner.context import RunContext
+from reshard.runner.env import StepEnv
 from reshard.runner.fencing import Fencer, claim
 from reshard.runner.oplog import OpLogWriter
-from reshard.runner.steps.base import StepEnv
 from tests.fixtures.processes import ROOT, process_env
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory

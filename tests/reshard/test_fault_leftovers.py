@@ -2,7 +2,7 @@
 on every terminal path and by the janitor's sweep; a rollback or ``reshard_recover --execute``
 drops what a copy killed part-way wrote, decided by re-reading the target.
 
-Real runner processes killed with the test-only hooks of ``reshard.runner.testhooks``
+Real runner processes killed with the test-only hooks of ``reshard.testhooks``
 (``backup_part_uploaded``: a part stored, the upload open; ``copy_table_done``: one table
 committed on the target, the copy unfinished), a real S3 server (moto over HTTP) and the real
 store clusters."""

@@ -18,9 +18,9 @@ from reshard import recovery
 from reshard.launchers.base import RunnerStatus
 from reshard.runner import rollback as rb
 from reshard.runner.context import RunContext
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced
 from reshard.runner.oplog import OpLogWriter
-from reshard.runner.steps.base import StepEnv
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.reshard.janitor_support import FakeLauncher, age_op, janitor_env, make_janitor
 

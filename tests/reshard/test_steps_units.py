@@ -15,6 +15,7 @@ from django.utils import timezone
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import ConnectionLease, MetadataStore, ReshardOperation, Warehouse
 from reshard.runner import binding, stores
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.execute import reconstruct
 from reshard.runner.hooks import RunnerHooks
@@ -28,7 +29,6 @@ from reshard.runner.steps import (
     fence_source,
     record_source,
 )
-from reshard.runner.steps.base import StepEnv
 from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, role_can_login, warehouse_of
 from tests.reshard.test_runner_fencing import takeover_bump
 

@@ -1,7 +1,7 @@
 """Safeguard reshard-73: before the point of no return a relaunched runner redoes the steps.
 
 A real runner is SIGKILLed right after stamping a pre-cutover step (the test hooks of
-``reshard.runner.testhooks``); its heartbeat is backdated past the stale window (what the
+``reshard.testhooks``); its heartbeat is backdated past the stale window (what the
 janitor's relaunch sees) and a new runner takes over. It must redo the sequence from
 ``blocking`` and end ``succeeded`` with the catalog identical on the target, the compaction
 setting back to the original prior (not the paused value) and no open multipart upload of the

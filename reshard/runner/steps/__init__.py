@@ -9,6 +9,7 @@ skips a step or reports success for work not done. Steps whose behaviour differs
 
 from __future__ import annotations
 
+from reshard.runner.env import StepEnv, StepFn
 from reshard.runner.steps import (
     access,
     backup_catalog,
@@ -21,7 +22,6 @@ from reshard.runner.steps import (
     fence_source,
     finalize,
 )
-from reshard.runner.steps.base import StepEnv, StepFn
 
 REGISTRY: dict[str, StepFn] = {
     "blocking": blocking.run,

@@ -18,8 +18,8 @@ from psycopg import sql
 
 from duckgres_admin.models import ReshardOperation
 from reshard.runner import stores
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 
 def run(env: StepEnv) -> None:

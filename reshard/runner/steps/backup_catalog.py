@@ -40,9 +40,9 @@ from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import backup
 from reshard.runner import stores, waits
 from reshard.runner.context import RunContext
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.steps import preflight
-from reshard.runner.steps.base import StepEnv
 from reshard.runner.steps.copying import StepHooks
 
 

@@ -21,9 +21,9 @@ from django.db.models.functions import Coalesce, Now
 from duckgres_admin import orglock as locks
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner import waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 from reshard.runner.steps import backup_catalog, record_source
-from reshard.runner.steps.base import StepEnv
 
 BLOCK_MESSAGE = "metadata-store reshard in progress"
 DEFAULT_WAIT_WHEN_UNSET = 10.0

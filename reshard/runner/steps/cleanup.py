@@ -16,10 +16,10 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
-from reshard import identity
-from reshard.runner import stores, testhooks
+from reshard import identity, testhooks
+from reshard.runner import stores
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 from reshard.runner.steps.copying import release_handle
 
 

@@ -14,8 +14,8 @@ from django.db.models import JSONField, Value
 from django.db.models.functions import Coalesce, Now
 
 from duckgres_admin.models import ReshardOperation, Warehouse
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 
 def prior_of(flag: bool | None) -> dict[str, bool]:

@@ -27,10 +27,10 @@ from django.conf import settings
 from reshard import copy as catalog_copy
 from reshard import verify
 from reshard.runner import stores, waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import RunnerHooks
 from reshard.runner.steps import preflight
-from reshard.runner.steps.base import StepEnv
 
 
 class StepHooks(RunnerHooks):

@@ -25,10 +25,10 @@ from psycopg import sql
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import Warehouse
-from reshard import identity
-from reshard.runner import binding, stores, testhooks, waits
+from reshard import identity, testhooks
+from reshard.runner import binding, stores, waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError
-from reshard.runner.steps.base import StepEnv
 
 
 def cutover_timeout(env: StepEnv) -> float:

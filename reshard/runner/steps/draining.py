@@ -16,8 +16,8 @@ from django.db.models.functions import Now
 from duckgres_admin import orglock as locks
 from duckgres_admin.models import ConnectionLease
 from reshard.runner import waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
-from reshard.runner.steps.base import StepEnv
 
 DEFAULT_DRAIN_SECONDS = 1800
 

@@ -25,10 +25,10 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
-from reshard import identity
-from reshard.runner import stores, testhooks, waits
+from reshard import identity, testhooks
+from reshard.runner import stores, waits
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 TERMINATE_POLL_SECONDS = 0.25
 

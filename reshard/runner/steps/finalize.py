@@ -17,8 +17,8 @@ from django.db.models.functions import Now
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome, Warehouse
 from reshard import uploads
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
-from reshard.runner.steps.base import StepEnv
 
 COMPLETE_MESSAGE = "metadata-store reshard complete"
 

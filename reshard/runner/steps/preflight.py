@@ -11,8 +11,8 @@ import psycopg
 
 from reshard import identity
 from reshard.runner import stores
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 PREFLIGHT_TIMEOUT = 8
 

@@ -18,8 +18,8 @@ import psycopg
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, Warehouse
 from reshard import identity
+from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps.base import StepEnv
 
 DRIFT = "metadata-store identity drift"
 

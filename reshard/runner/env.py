@@ -1,4 +1,7 @@
-"""What every step function receives, and the step-function signature."""
+"""What every step function receives (``StepEnv``), and the step-function signature.
+
+A module of the runner, below the steps: the steps, the binding, the hooks and the report import
+it, and it imports none of them."""
 
 from __future__ import annotations
 
