@@ -2,6 +2,7 @@
 #
 #   make demo     install + services + a reshard through the API, the worker and a runner
 #   make test     provision + install + services + migration checks + the FULL pytest suite
+#                 (xdist workers, then the pods suite alone)
 #                 (CI mode: a marked suite that cannot run fails; `make test CI=false` lets the
 #                 kube, rgw and browser suites skip when their service is missing)
 #   make lint     ruff, ruff format --check, mypy --strict, import-linter, makemigrations --check,
@@ -78,11 +79,19 @@ provision:
 # The full suite, as CI runs it: CI mode unless the caller says CI=false, so services installs
 # Ceph and starts the kube-apiserver, and a marked suite that cannot run fails instead of
 # skipping. pytest exits 5 when it collected no tests: that is a failure, never a pass.
+# Two phases: every suite but the pods one on TEST_WORKERS pytest-xdist workers (each worker is
+# its own process, with its own test database and broker db, like concurrent runs), then the
+# pods suite alone (one namespace on the one-node cluster; its timings are the janitor's, so it
+# runs on an otherwise quiet machine). PYTEST_ARGS given: one plain pytest run with them.
+TEST_WORKERS ?= 2
 test: export CI ?= true
 test: provision install image services migrate-check
-	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; \
-	exit $$rc
+	@run() { rc=0; $(PY) -m pytest "$$@" || rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; \
+	  [ $$rc -eq 0 ] || exit $$rc; }; \
+	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); exit 0; fi; \
+	run -n $(TEST_WORKERS) --ignore=tests/pods; \
+	run tests/pods
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -104,8 +113,17 @@ clean:
 # Where the machine's pip is told to trust an extra CA (a TLS-inspecting egress proxy), that
 # bundle is mounted read-only into the build steps and named by PIP_CERT; it never reaches a
 # layer of the final image.
+# The build is skipped when the image and its archive were made from exactly this tree (a stamp
+# of every tracked file's content, the uncommitted changes and the untracked files): .ci/run
+# needs the image for image-smoke and again for `make test`, and a fresh clone builds it once.
 image:
 	.ci/base-image.sh
+	@stamp=var/image/.tree-$$( { git ls-files -s; git diff HEAD; git ls-files -o --exclude-standard -z | xargs -0 -r sha256sum; buildah images -q --no-trunc $(IMAGE_BASE) 2>/dev/null; } | sha256sum | cut -c1-16 ); \
+	if [ -f "$$stamp" ] && [ -f $(IMAGE_ARCHIVE) ] && buildah inspect --type image $(IMAGE):$(VERSION) >/dev/null 2>&1; then \
+	  echo "image: $(IMAGE):$(VERSION) is up to date with this tree ($$stamp): not rebuilt"; exit 0; fi; \
+	$(MAKE) --no-print-directory image-build && rm -f var/image/.tree-* && touch "$$stamp"
+
+image-build:
 	@ca=$${PIP_CERT:-$$(python3 -m pip config get global.cert 2>/dev/null || true)}; \
 	ca_args=(); if [ -n "$$ca" ] && [ -s "$$ca" ]; then \
 	  ca_args=(-v "$$ca:/run/duckgres-build-ca.pem:ro" --build-arg PIP_CERT=/run/duckgres-build-ca.pem); \
