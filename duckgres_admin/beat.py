@@ -114,6 +114,17 @@ ROWS: tuple[BeatRow, ...] = (
         description="Outbox scan (docs/notifications.md): a row for every terminal reshard "
         "operation, deliveries of due rows enqueued; a no-op without DUCKGRES_WEBHOOK_URL.",
     ),
+    BeatRow(
+        name="duckgres: backup retention (every hour)",
+        task=TaskName.BACKUP_RETENTION,
+        interval_seconds=3600,
+        queue=QueueName.DEFAULT,
+        expire_seconds=3600,
+        migration="0013",
+        description="Catalog backup retention (docs/backup.md): deletes backups of terminal "
+        "operations beyond the newest N and older than D days, bounded, under an advisory "
+        "lock; a no-op until DUCKGRES_BACKUP_RETENTION_ENABLED=true.",
+    ),
 )
 
 

@@ -13,6 +13,14 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     Taken by: ``reshard.copy`` (``_fence_target``), in the reshard runner's copy step, on the
     **target metadata store**.
 
+``BACKUP_RETENTION_LOCK_KEY`` = 824461
+    Guards: one backup-retention run at a time (docs/backup.md "Retention"), so two runs never
+    delete concurrently. Session-level ``pg_try_advisory_lock`` on the **config store**
+    connection of the run, held for the whole run (checked before every deletion) and released
+    at its end or when that connection closes; a second run finds it taken and does nothing.
+    Taken by: ``reshard.backups`` (``apply_retention``), in the ``reshard.backup_retention``
+    task on ``duckgres.default``.
+
 Derived keys (one key per value, in a space no fixed key is meant to share):
 
 ``org_lock_key(org_id)``: the per-org connections lock (spec reshard §4.4 A)
@@ -32,9 +40,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 COPY_TARGET_LOCK_KEY = 824460
+BACKUP_RETENTION_LOCK_KEY = 824461
 
 FIXED_KEYS: Mapping[str, int] = {
     "COPY_TARGET_LOCK_KEY": COPY_TARGET_LOCK_KEY,
+    "BACKUP_RETENTION_LOCK_KEY": BACKUP_RETENTION_LOCK_KEY,
 }
 
 ORG_LOCK_PREFIX = "duckgres:org-connections:"

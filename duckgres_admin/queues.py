@@ -52,6 +52,7 @@ class TaskName(StrEnum):
     TRINO_RECONCILE_ORG = "trino.reconcile_org"
     NOTIFICATIONS_SCAN = "notifications.scan"
     NOTIFICATIONS_DELIVER = "notifications.deliver"
+    BACKUP_RETENTION = "reshard.backup_retention"
 
 
 # The queue each task is sent to when the sender names none. The Trino tasks all go to the
@@ -60,6 +61,7 @@ ROUTES: dict[str, QueueName] = {
     TaskName.LAUNCH_RUNNER: QueueName.DEFAULT,
     TaskName.NOTIFICATIONS_SCAN: QueueName.DEFAULT,
     TaskName.NOTIFICATIONS_DELIVER: QueueName.DEFAULT,
+    TaskName.BACKUP_RETENTION: QueueName.DEFAULT,
     TaskName.RECONCILE: QueueName.CONTROL,
     "trino.*": QueueName.TRINO,
 }

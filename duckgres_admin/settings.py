@@ -18,6 +18,7 @@ from duckgres_admin import queues
 from duckgres_admin.config import EnvReader, environ
 from duckgres_admin.lib import secretrefs
 from duckgres_admin.notifications import config as webhook_config
+from reshard import retention
 
 django_stubs_ext.monkeypatch()
 
@@ -326,6 +327,9 @@ _secure_cookies = env.boolean("DUCKGRES_SECURE_COOKIES", not DEBUG)
 # Sent only on requests Django sees as HTTPS (through the proxy header), never on plain HTTP.
 _hsts_seconds = env.integer("DUCKGRES_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 _hsts_include_subdomains = env.boolean("DUCKGRES_HSTS_INCLUDE_SUBDOMAINS", False)
+
+# --- backup retention (docs/backup.md "Retention"): off until an operator opts in -------------
+DUCKGRES_BACKUP_RETENTION = retention.policy_from_env(env)
 
 # --- notifications: the webhook (docs/notifications.md) ---------------------------------------
 DUCKGRES_WEBHOOK = webhook_config.from_env(env, shared_secrets=tuple(_secrets.values()))

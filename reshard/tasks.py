@@ -16,7 +16,11 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from duckgres_admin.queues import TaskName
-from reshard import janitor, launch, worker
+from reshard import backup_tasks, janitor, launch, worker
+
+# Celery's autodiscovery imports reshard.tasks only: importing backup_tasks registers
+# reshard.backup_retention in every worker and beat.
+assert backup_tasks
 
 
 @shared_task(

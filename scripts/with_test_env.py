@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Run a command with the test suite's environment defaults (tests/testenv.py) applied.
 
 Used by the Makefile for `manage.py` checks outside pytest, so that `make lint` and `make test`

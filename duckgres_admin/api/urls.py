@@ -19,6 +19,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("warehouses/<str:org>", views.WarehouseDetailView.as_view(), name="warehouse-detail"),
     path("warehouses/<str:org>/reshards", views.ReshardStartView.as_view(), name="reshard-start"),
     path(
+        "warehouses/<str:org>/backups",
+        views.WarehouseBackupsView.as_view(),
+        name="warehouse-backups",
+    ),
+    path(
         "warehouses/<str:org>/trino",
         trino_views.WarehouseTrinoView.as_view(),
         name="warehouse-trino",

@@ -28,7 +28,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import dryrun, leases, operations, selectors, warehouses
+from reshard import backups, dryrun, leases, operations, selectors, warehouses
 from reshard.binding_catalog import FORCE_FLAG
 from reshard.preflight import StartRequest, TargetRequest
 from trino_pools import config
@@ -578,6 +578,25 @@ def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
         if key in body:
             out[key] = v.string(body, key, max_length=1024)
     return out
+
+
+class WarehouseBackupsView(ApiView):
+    @extend_schema(
+        operation_id="warehouse_backups",
+        parameters=[OpenApiParameter("retention", str, required=False, enum=["plan"])],
+        responses={200: OBJ, 404: OBJ, 502: OBJ, 503: OBJ, **READ_ERRORS},
+        description=(
+            "The warehouse's pre-flip catalog backups in its data bucket, newest first "
+            '(docs/api.md "Backups"): only objects of this org\'s reshard operations; a bounded '
+            "listing (`truncated`). `?retention=plan`: the retention dry run, keep or delete "
+            "with the reason per key; nothing is deleted. 502/503: S3 refused or unreachable."
+        ),
+    )
+    def get(self, request: Request, org: str) -> Response:
+        retention = request.query_params.get("retention")
+        if retention not in (None, "plan"):
+            raise ServiceError(400, "invalid query: retention: must be plan")
+        return Response(backups.backups_for_org(org, with_plan=retention == "plan"))
 
 
 class MetadataStoreListView(ApiView):

@@ -447,10 +447,46 @@ def backups() -> None:
 
 @backups.command("list")
 @click.argument("org")
+@click.option(
+    "--retention-plan",
+    is_flag=True,
+    help="Add the retention dry run: keep or delete, and why, per backup (deletes nothing).",
+)
 @output_option
-def backups_list(org: str) -> int:
-    """List an org's backups (GET /warehouses/<org>/backups)."""
-    return _simple("GET", f"warehouses/{_seg(org)}/backups", "backups list")
+def backups_list(org: str, retention_plan: bool) -> int:
+    """List an org's backups, newest first (GET /warehouses/<org>/backups)."""
+
+    def action() -> int:
+        query: dict[str, str | int] = {"retention": "plan"} if retention_plan else {}
+        doc = (
+            _state()
+            .client()
+            .call("GET", f"warehouses/{_seg(org)}/backups", query=query, what="backups list")
+            .body
+            or {}
+        )
+        if _state().output == "json":
+            _emit_json(doc)
+            return EXIT_OK
+        header = "key\tsize\tlast_modified\top\tstate\tverified"
+        _emit(header + ("\tretention" if retention_plan else ""))
+        for b in doc.get("backups", []):
+            verified = "-" if b.get("verified") is None else str(b.get("verified")).lower()
+            line = (
+                f"{b.get('key')}\t{b.get('size')}\t{b.get('last_modified')}\t{b.get('op_id')}\t"
+                f"{b.get('op_state')}\t{verified}"
+            )
+            if retention_plan:
+                decision = b.get("retention") or {}
+                line += f"\t{decision.get('action')}: {decision.get('reason')}"
+            _emit(line)
+        if doc.get("truncated"):
+            _emit(f"(listing truncated at {doc.get('max_listed_objects')} objects)")
+        if retention_plan and doc.get("retention"):
+            _emit(f"retention: {doc['retention'].get('note')}")
+        return EXIT_OK
+
+    return _run(action)
 
 
 @cli.group()

@@ -66,6 +66,15 @@ def _wrap(what: str, exc: BaseException) -> S3Error:
 
 
 @dataclass(frozen=True)
+class ListedObject:
+    """One object of a bounded listing (:meth:`S3.list_objects`)."""
+
+    key: str
+    size: int
+    last_modified: dt.datetime
+
+
+@dataclass(frozen=True)
 class Uploaded:
     """An uploaded part: what ``complete`` needs."""
 
@@ -261,6 +270,35 @@ class S3:
             self.client.delete_object(Bucket=bucket, Key=key)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _wrap(f"delete s3://{bucket}/{key}", exc) from exc
+
+    def list_objects(
+        self, bucket: str, prefix: str, *, limit: int
+    ) -> tuple[list[ListedObject], bool]:
+        """At most ``limit`` objects under ``prefix`` (S3's key order) and whether more exist:
+        the listing stops paging there (a hard cap, whatever the bucket holds)."""
+        out: list[ListedObject] = []
+        token: str | None = None
+        try:
+            while len(out) <= limit:
+                kwargs: dict[str, Any] = {
+                    "Bucket": bucket,
+                    "Prefix": prefix,
+                    "MaxKeys": max(1, min(1000, limit + 1 - len(out))),
+                }
+                if token:
+                    kwargs["ContinuationToken"] = token
+                page = self.client.list_objects_v2(**kwargs)
+                for item in page.get("Contents", []) or []:
+                    modified = item["LastModified"]
+                    if modified.tzinfo is None:
+                        modified = modified.replace(tzinfo=dt.UTC)
+                    out.append(ListedObject(str(item["Key"]), int(item["Size"]), modified))
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    break
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"list s3://{bucket}/{prefix}", exc) from exc
+        return out[:limit], len(out) > limit
 
     def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         """Every object key under ``prefix`` (tests, cleanup checks)."""

@@ -1,0 +1,64 @@
+"""``duckgres backups list`` against the live API and a real S3 server (moto's): the table,
+``--retention-plan`` and ``--output json`` (docs/cli.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from reshard.backup import backup_key
+from tests.cli.test_cli import Cli, cli  # noqa: F401  (the fixture)
+from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
+from tests.fixtures.s3 import S3Bucket
+
+
+@pytest.mark.safeguard("reshard-93")
+def test_backups_list_prints_this_orgs_backups(
+    cli: Cli,  # noqa: F811
+    transactional_db: None,
+    s3_bucket: S3Bucket,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The live server runs in this process: it reaches moto as the API would.
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
+    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    name = unique("cat")
+    wh = new_warehouse(
+        store=new_store(),
+        data_bucket=s3_bucket.bucket,
+        metadata_store_database=name,
+        metadata_store_user=name,
+        metadata_store_password_ref=f"env:DUCKGRES_TEST_PW_{name}",
+    )
+    op = new_op(wh, to_store=new_store(), state="succeeded", finished_at=timezone.now())
+    key = backup_key(op.id)
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"dump")
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=backup_key(99_999_999), Body=b"x")
+
+    listed = cli("backups", "list", wh.org_id)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == "key\tsize\tlast_modified\top\tstate\tverified"
+    assert len(lines) == 2
+    assert lines[1].startswith(f"{key}\t4\t")
+    assert lines[1].endswith(f"\t{op.id}\tsucceeded\t-")
+
+    planned = cli("backups", "list", wh.org_id, "--retention-plan")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.splitlines()[1].endswith("\tkeep: among the newest 5 (0.0 days old)")
+    assert "retention: retention is disabled" in planned.stdout
+
+    as_json = json.loads(cli("backups", "list", wh.org_id, "-o", "json").stdout)
+    assert [(b["key"], b["verified"]) for b in as_json["backups"]] == [(key, None)]
+
+    missing = cli("backups", "list", "no-such-org-x")
+    assert missing.returncode == 1
+    assert "HTTP 404: org has no managed warehouse" in missing.stderr
+    cli.assert_no_secret()
