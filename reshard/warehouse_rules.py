@@ -21,27 +21,6 @@ from reshard import identity
 from reshard.selectors import LIVE_WAREHOUSE_EXCLUDED
 from reshard.vetting import check_host, hostport
 
-GUARDED_WAREHOUSE_FIELDS = frozenset(
-    {
-        "state",
-        "compaction_enabled",
-        "metadata_store_kind",
-        "metadata_store",
-        "metadata_store_host",
-        "metadata_store_port",
-        "metadata_store_sslmode",
-        "metadata_store_database",
-        "metadata_store_user",
-        "metadata_store_password_ref",
-    }
-)
-WAREHOUSE_RESHARDING = ServiceError(
-    409,
-    "a metadata-store reshard owns this warehouse until it finishes",
-    code="warehouse_resharding",
-)
-
-
 BINDING_FIELDS = (
     "metadata_store_kind",
     "metadata_store",
@@ -52,6 +31,15 @@ BINDING_FIELDS = (
     "metadata_store_user",
     "metadata_store_password_ref",
 )
+# The columns a running reshard owns: its binding, its state and its compaction switch.
+GUARDED_WAREHOUSE_FIELDS = frozenset({"state", "compaction_enabled", *BINDING_FIELDS})
+WAREHOUSE_RESHARDING = ServiceError(
+    409,
+    "a metadata-store reshard owns this warehouse until it finishes",
+    code="warehouse_resharding",
+)
+
+
 BINDING_IN_USE = "binding_in_use"
 
 
