@@ -46,7 +46,7 @@ from duckgres_admin.models import (
     WarehouseTrino,
 )
 from reshard import dryrun, operations, selectors
-from reshard.preflight import StartRequest, TargetRequest
+from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
 

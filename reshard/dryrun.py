@@ -1,6 +1,6 @@
 """The start API's dry run (spec reshard §5.1 "Dry run", §6 ``pg_dump_client``).
 
-Walks the start's whole preflight (``reshard.preflight.CHECKS``: every check of start steps
+Walks the start's whole preflight (``reshard.start_checks.CHECKS``: every check of start steps
 2-6, the target identity checks included, the pg_dump client choice and a read of the source
 catalog's size), then stops. Unlike the start, a failed check does not stop the others (a check
 whose inputs are missing is reported ``not run: <reason>``). Nothing is created: no op row, no
@@ -20,8 +20,8 @@ from django.conf import settings
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse
-from reshard import backup, preflight, steps
-from reshard.preflight import CnpgTarget, ExternalTarget, StartRequest
+from reshard import backup, start_checks, steps
+from reshard.start_checks import CnpgTarget, ExternalTarget, StartRequest
 from reshard.vetting import hostport
 
 
@@ -95,8 +95,8 @@ def _direction(source_kind: str, target_type: str) -> str | None:
 def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
     """The §5.1 dry-run answer (200 body). 404 when the org has no warehouse."""
     target = request.target
-    with preflight.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
-        entries = preflight.report(pf)
+    with start_checks.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
+        entries = start_checks.report(pf)
     direction = _direction(pf.source_kind, target.type)
     size = pf.catalog["database_size_bytes"]
     return {

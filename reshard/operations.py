@@ -1,7 +1,7 @@
 """Reshard operations called by the API and the admin: start (spec reshard §5.1), cancel
 (§5.2) and the password handoff (§5.3).
 
-Start runs the preflight fail-fast (``reshard.preflight``: first failure wins, and every
+Start runs the preflight fail-fast (``reshard.start_checks``: first failure wins, and every
 rejection before the insert creates nothing: no op row, no stash entry, no Celery message).
 After the insert, failures mark the op ``failed`` by a CAS on ``pending``. The runner launch is
 enqueued on commit with the op id as its only argument; the password never leaves this process
@@ -23,8 +23,8 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
 from duckgres_admin.models import TERMINAL_STATES, OpState, ReshardOperation, StoreKind
 from duckgres_admin.queues import QueueName, TaskName
-from reshard import oplog, preflight, stash
-from reshard.preflight import ACTIVE_OP_MESSAGE, StartRequest
+from reshard import oplog, start_checks, stash
+from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest
 
 LAUNCH_TASK = TaskName.LAUNCH_RUNNER
 LAUNCH_QUEUE = QueueName.DEFAULT
@@ -61,7 +61,7 @@ def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> Start
     stash.prune()
     scrubber = process_scrubber(request.target.password)
     try:
-        plan = preflight.validate_start(org_id, request, scrubber)
+        plan = start_checks.validate_start(org_id, request, scrubber)
     except ServiceError as exc:
         raise exc.scrubbed(scrubber) from None
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)

@@ -1,6 +1,6 @@
 """Direct op-log appends for the API, the janitor and recovery (spec reshard §2.7).
 
-The runner uses its own buffered writer (``reshard.runner.oplog``) because its appends must
+The runner uses its own buffered writer (``reshard.runner.logwriter``) because its appends must
 never fail a step. Every message passes through a scrubber here, the one place this sink is
 written from these processes. An exception passed as ``exc`` is rendered with its traceback and
 scrubbed as part of the line (safeguard reshard-70).

@@ -55,7 +55,7 @@ from reshard.runner.errors import Fenced, StepError
 from reshard.runner.execute import commit_point_passed, reconstruct
 from reshard.runner.fencing import Fencer
 from reshard.runner.heartbeat import Heartbeat
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 from reshard.runner.rollback import target_known, target_where
 
 TAKEOVER_MINUTES = 30

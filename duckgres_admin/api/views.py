@@ -30,7 +30,7 @@ from duckgres_admin.models import (
 )
 from reshard import backups, dryrun, leases, operations, selectors, warehouses
 from reshard.binding_catalog import FORCE_FLAG
-from reshard.preflight import StartRequest, TargetRequest
+from reshard.start_checks import StartRequest, TargetRequest
 from trino_pools import config
 
 OBJ = OpenApiTypes.OBJECT

@@ -13,7 +13,7 @@ from duckgres_admin.models import ReshardOperation
 from duckgres_admin.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.fencing import Fencer
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 
 
 class Stoppable(Protocol):

@@ -60,7 +60,7 @@ from reshard.runner.errors import (
 )
 from reshard.runner.fencing import Fencer, claim
 from reshard.runner.heartbeat import Heartbeat, log_fenced_once
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 from reshard.runner.password import (
     PasswordPullError,
     PullRequest,

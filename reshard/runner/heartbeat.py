@@ -25,7 +25,7 @@ from django.db import DatabaseError, InterfaceError, connection
 
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Fenced
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 
 FENCED_MESSAGE = "operation fenced: another runner took over; this runner abandons it"
 

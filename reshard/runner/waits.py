@@ -26,7 +26,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from duckgres_admin.models import ReshardOperation
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Cancelled, Interrupted, StepError
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 
 OBSERVATION_INTERVAL = 15.0
 

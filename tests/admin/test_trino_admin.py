@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from duckgres_admin.models import AuditRecord, Operator, WarehouseTrino
-from tests.api.conftest import trino  # noqa: F401 - the Trino configuration fixture
+from tests.fixtures.api import trino  # noqa: F401 - the Trino configuration fixture
 from tests.fixtures.rows import new_warehouse
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import ReshardLogEntry
 from reshard import backup_tasks, backups, retention
 from reshard.backup import KEY_PREFIX, backup_key
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
 

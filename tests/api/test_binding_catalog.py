@@ -14,7 +14,7 @@ import pytest
 
 from duckgres_admin.models import AuditRecord, MetadataStore, Warehouse
 from reshard import warehouse_rules
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse, unique
 from tests.fixtures.stores import StoreClusters, TenantCatalog
 

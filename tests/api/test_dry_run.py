@@ -10,14 +10,11 @@ import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
 from reshard import pgclients, stash, steps
-from tests.api import test_reshard_start as start_tests
-from tests.api.conftest import error
-from tests.api.test_reshard_start import Setup, external_target_body
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, unique
+from tests.fixtures.start import Setup, external_target_body
 
 MIB = 1 << 20
-cnpg_source = start_tests.cnpg_source
-external_source = start_tests.external_source
 
 
 def assert_nothing(published: Any) -> None:

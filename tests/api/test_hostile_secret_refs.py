@@ -19,12 +19,9 @@ import pytest
 
 from duckgres_admin.lib import secretrefs
 from duckgres_admin.models import AuditRecord, MetadataStore, ReshardOperation
-from tests.api import test_reshard_start as start_tests
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse, unique
 from tests.test_settings import start as start_process
-
-cnpg_source = start_tests.cnpg_source
 
 STORE = {
     "kind": "cnpg",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 OPERATOR_GETS = [

@@ -21,7 +21,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from duckgres_admin.models import ConnectionLease, Warehouse
-from tests.api.test_leases import make_org, post
+from tests.fixtures.leases import make_org, post
 from tests.fixtures.processes import child_config_store_dsn, process_env
 from tests.test_static_files import Gunicorn, run_gunicorn
 

@@ -13,49 +13,14 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import AuditRecord, ConnectionLease, Warehouse
 from duckgres_admin.orglock import lock_org
 from reshard import leases
-from tests.api.conftest import error
-from tests.fixtures.rows import new_store, new_warehouse
-
-
-def make_org(
-    org: str, *, state: str = "ready", cap: int | None = None, pooler: bool = False
-) -> Warehouse:
-    extra: dict[str, Any] = {"pooler_host": "pool.example", "pooler_port": 6432} if pooler else {}
-    store = new_store(name=f"{org}-store", host="direct.example", port=5432, **extra)
-    return new_warehouse(
-        org_id=org,
-        state=state,
-        store=store,
-        metadata_store_database=f"{org}_db",
-        metadata_store_user=f"{org}_user",
-        metadata_store_password_ref="env:TENANT_PW",
-        max_connection_leases=cap,
-    )
+from tests.fixtures.api import error
+from tests.fixtures.leases import block, make_org, post, unblock
+from tests.fixtures.rows import new_warehouse
 
 
 def _dt(value: Any) -> Any:
     assert value is not None
     return value
-
-
-def post(clients: Any, org: str, **body: Any) -> Any:
-    payload = {"holder": "worker-1", "purpose": "query", **body}
-    return clients.dataplane.post(f"/api/v1/warehouses/{org}/leases", payload, format="json")
-
-
-def block(org: str) -> int:
-    """The runner's block step (§4.4 A): one transaction, per-org lock, CAS ready → resharding."""
-    with transaction.atomic():
-        lock_org(org)
-        return Warehouse.objects.filter(org_id=org, state="ready").update(
-            state="resharding", status_message="metadata-store reshard in progress"
-        )
-
-
-def unblock(org: str) -> int:
-    with transaction.atomic():
-        lock_org(org)
-        return Warehouse.objects.filter(org_id=org, state="resharding").update(state="ready")
 
 
 def test_grant_returns_the_binding_with_the_pooler(clients):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from duckgres_admin.models import AuditRecord
-from tests.api.conftest import error
+from tests.fixtures.api import error
 
 
 def _internal() -> dict[str, str]:

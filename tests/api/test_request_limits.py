@@ -21,7 +21,7 @@ from duckgres_admin.api import auth
 from duckgres_admin.api.base import BoundedJSONParser
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import AuditRecord, MetadataStore, ReshardLogEntry, Warehouse
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.api_client import ApiClient
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 

@@ -6,7 +6,7 @@ import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
 from reshard import stash
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 

@@ -4,68 +4,16 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from psycopg import sql
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
-from reshard import operations, preflight, stash
-from tests.api.conftest import error
+from reshard import operations, start_checks, stash
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
-
-
-@dataclass
-class Setup:
-    org: str
-    warehouse: Any
-    source_store: Any
-    target_store: Any
-    catalog: Any
-    clusters: Any
-
-    @property
-    def path(self) -> str:
-        return f"/api/v1/warehouses/{self.org}/reshards"
-
-
-@pytest.fixture
-def cnpg_source(db, store_clusters, tenant_catalog) -> Setup:
-    """A ready warehouse bound to a catalog on the source cluster; a cnpg store on the target."""
-    catalog = tenant_catalog(store_clusters.source)
-    source_store = new_store(store_clusters.source, name=unique("src"))
-    target_store = new_store(store_clusters.target, name=unique("tgt"))
-    warehouse = new_warehouse(store=source_store, catalog=catalog)
-    return Setup(warehouse.org_id, warehouse, source_store, target_store, catalog, store_clusters)
-
-
-@pytest.fixture
-def external_source(db, store_clusters, tenant_catalog) -> Setup:
-    catalog = tenant_catalog(store_clusters.source)
-    target_store = new_store(store_clusters.target, name=unique("tgt"))
-    warehouse = new_warehouse(catalog=catalog, metadata_store_kind="external")
-    return Setup(warehouse.org_id, warehouse, None, target_store, catalog, store_clusters)
-
-
-def external_target_body(catalog: Any, **target: Any) -> dict[str, Any]:
-    body = {
-        "type": "external",
-        "endpoint": f"{catalog.cluster.host}:{catalog.cluster.port}",
-        "user": catalog.role,
-        "database": catalog.database,
-        "password_secret_ref": catalog.password_ref,
-        "password": catalog.password,
-    }
-    body.update(target)
-    return {"target": {k: v for k, v in body.items() if v is not None}}
-
-
-def assert_nothing_created(published) -> None:
-    assert ReshardOperation.objects.count() == 0
-    assert stash.held_ids() == []
-    assert published.messages == []
-
+from tests.fixtures.start import assert_nothing_created, external_target_body
 
 # --- step 1: the body ----------------------------------------------------------------------
 
@@ -640,14 +588,14 @@ def test_pod_launcher_image_failure_fails_the_op(
     clients, published, cnpg_source, settings, monkeypatch
 ):
     """Step 9: the image cannot be read (no own pod here) → op failed, 500, nothing enqueued."""
-    real_validate = preflight.validate_start
+    real_validate = start_checks.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"  # env: refs resolved above with local
         return plan
 
-    monkeypatch.setattr(preflight, "validate_start", validate_then_switch)
+    monkeypatch.setattr(start_checks, "validate_start", validate_then_switch)
     settings.POD_NAME = ""
     response = clients.internal.post(
         cnpg_source.path,
@@ -667,14 +615,14 @@ def test_no_advertise_address_fails_the_op(
 ):
     """Step 8: no own address → op failed "control plane could not determine…", 500."""
     target = tenant_catalog(cnpg_source.clusters.target)
-    real_validate = preflight.validate_start
+    real_validate = start_checks.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"
         return plan
 
-    monkeypatch.setattr(preflight, "validate_start", validate_then_switch)
+    monkeypatch.setattr(start_checks, "validate_start", validate_then_switch)
     monkeypatch.setattr(stash, "_first_global_unicast", lambda: "")
     settings.DUCKGRES_ADVERTISE_ADDRESS = ""
     settings.POD_IP = ""

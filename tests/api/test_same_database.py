@@ -10,9 +10,9 @@ import pytest
 
 from duckgres_admin.lib.pgadmin import Endpoint
 from reshard import identity
-from tests.api.conftest import error
-from tests.api.test_reshard_start import assert_nothing_created, cnpg_source  # noqa: F401
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, unique
+from tests.fixtures.start import assert_nothing_created, cnpg_source  # noqa: F401
 
 pytestmark = pytest.mark.safeguard("reshard-46")
 

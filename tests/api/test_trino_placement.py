@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from duckgres_admin.models import AuditRecord, Warehouse, WarehouseTrino
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_warehouse
 
 SELECTION_CLOSED = (

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from duckgres_admin.models import AuditRecord, TrinoPool, TrinoPoolInstance, WarehouseTrino
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_warehouse
 
 CELL_SCOPED = ["/api/v1/trino/orgs", "/api/v1/trino/instances"]

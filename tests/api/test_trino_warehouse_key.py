@@ -10,7 +10,7 @@ import pytest
 
 from duckgres_admin.api import views
 from duckgres_admin.models import AuditRecord, Warehouse, WarehouseTrino
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_warehouse
 
 

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from duckgres_admin.models import AuditRecord, MetadataStore, Warehouse
 from duckgres_admin.orglock import lock_org
-from tests.api.conftest import error
+from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse
 
 CNPG_BINDING = {

@@ -16,10 +16,10 @@ from moto.server import ThreadedMotoServer
 from duckgres_admin.lib.s3 import S3
 from reshard import pgclients
 from reshard.backup import KEY_PREFIX, BackupSource
-from tests.fixtures.stores import StoreClusters, TenantCatalog
 
 # The runner's in-process step fixtures (tests/backup/test_prepared.py).
-from tests.reshard.runner_fixtures import claimed_env, cnpg_world, runner_moto_server, runner_s3
+from tests.fixtures.runner import claimed_env, cnpg_world, runner_moto_server, runner_s3
+from tests.fixtures.stores import StoreClusters, TenantCatalog
 
 __all__ = ["claimed_env", "cnpg_world", "runner_moto_server", "runner_s3"]
 

@@ -8,7 +8,6 @@ import os
 import re
 import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from reshard import backup as backup_mod
@@ -35,65 +33,10 @@ from tests.backup.conftest import (
     RecordingHooks,
     add_blob_table,
     catalog_source,
-    pid_gone,
 )
+from tests.fixtures.backup import PG15_BIN, assert_nothing_left, restore_into_scratch
 
-PG15_BIN = "/usr/lib/postgresql/15/bin"
 KEY_RE = re.compile(r"^_reshard_catalog_backups/op-(\d+)-\d{8}T\d{6}Z\.dump$")
-
-
-def assert_nothing_left(moto: MotoS3, hooks: RecordingHooks) -> None:
-    assert moto.open_uploads() == []
-    assert moto.keys() == []
-    for proc in hooks.processes:
-        assert pid_gone(proc), f"pg_dump {proc.pid} still running or unreaped"
-        assert proc in hooks.unregistered
-
-
-def restore_into_scratch(cluster: Any, dump: bytes) -> dict[str, int]:
-    name = f"scratch_{os.getpid()}_{time.monotonic_ns() % 10**9}"
-    with cluster.superuser_conn() as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        with tempfile.NamedTemporaryFile(suffix=".dump") as f:
-            f.write(dump)
-            f.flush()
-            out = subprocess.run(
-                [
-                    f"{PG15_BIN}/pg_restore",
-                    "--no-owner",
-                    "--clean",
-                    "--if-exists",
-                    "--format=custom",
-                    f"--host={cluster.host}",
-                    f"--port={cluster.port}",
-                    "--username=postgres",
-                    f"--dbname={name}",
-                    "--exit-on-error",
-                    f.name,
-                ],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PGSSLMODE": "require"},
-                check=False,
-            )
-            assert out.returncode == 0, out.stderr
-        counts: dict[str, int] = {}
-        with cluster.superuser_conn(name) as conn:
-            for (table,) in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
-            ).fetchall():
-                row = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(str(table)))
-                ).fetchone()
-                assert row is not None
-                counts[str(table)] = int(str(row[0]))
-        return counts
-    finally:
-        with cluster.superuser_conn() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 @pytest.mark.safeguard("reshard-11")

@@ -17,7 +17,7 @@ from reshard.backup import BackupDestination, run_backup
 from reshard.launchers.envcontract import ALLOWLIST
 from reshard.launchers.local import runner_env
 from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
-from tests.backup.test_backup import PG15_BIN, restore_into_scratch
+from tests.fixtures.backup import PG15_BIN, restore_into_scratch
 from tests.test_settings import start
 
 VARIABLE = "DUCKGRES_RESHARD_BACKUP_COMPRESSION"

@@ -24,9 +24,9 @@ from reshard.backup import (
     run_backup,
 )
 from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.backup.test_backup import restore_into_scratch
+from tests.fixtures.backup import restore_into_scratch
+from tests.fixtures.store_tls import PgWireStub
 from tests.fixtures.stores import DUCKLAKE_DDL, _populate
-from tests.reshard.test_store_tls_support import PgWireStub
 
 pytestmark = pytest.mark.safeguard("reshard-65")
 

@@ -29,7 +29,7 @@ from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import ReshardLogEntry
 from reshard import oplog as direct_oplog
 from reshard.backup import BackupDestination, RestoreTarget, restore_command, run_backup
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
 from tests.fixtures.rows import new_op, new_warehouse
 

@@ -17,8 +17,8 @@ import pytest
 
 from reshard.backup import BackupDestination, BackupError, BackupSource, run_backup
 from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.backup.test_backup import assert_nothing_left
-from tests.copy.test_hostile_catalog import evil_calls, plant_policy, role_exists
+from tests.fixtures.backup import assert_nothing_left
+from tests.fixtures.hostile import evil_calls, plant_policy, role_exists
 from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-60")

@@ -14,7 +14,7 @@ from duckgres_admin.models import Warehouse
 from reshard import backup as backup_mod
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import backup_catalog, blocking, record_source
-from tests.reshard.runner_fixtures import CnpgWorld, RunnerS3
+from tests.fixtures.runner import CnpgWorld, RunnerS3
 
 pytestmark = pytest.mark.safeguard("reshard-86")
 

@@ -31,8 +31,7 @@ from reshard.backup import (
     restore_prerequisites,
     restored_database_name,
 )
-from tests.fixtures.stores import StoreCluster
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     RunnerS3,
     catalog_checksums,
@@ -46,6 +45,7 @@ from tests.reshard.runner_fixtures import (
     runner_s3,
     runner_state_dir,
 )
+from tests.fixtures.stores import StoreCluster
 
 __all__ = ["cnpg_world", "runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures
 

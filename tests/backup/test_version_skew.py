@@ -30,9 +30,9 @@ import pytest
 
 from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
 from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.backup.test_backup import assert_nothing_left
+from tests.fixtures.backup import assert_nothing_left
 from tests.fixtures.pg18 import pg18_bin
-from tests.reshard.test_store_tls_support import PgWireStub, issue_cert, pg18_client_rig
+from tests.fixtures.store_tls import PgWireStub, issue_cert, pg18_client_rig
 
 DEBIAN_BINS = "/usr/lib/postgresql/*/bin"
 

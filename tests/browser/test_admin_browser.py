@@ -32,14 +32,14 @@ from duckgres_admin.models import (
 from reshard import operations
 from tests.browser.conftest import ARTIFACTS
 from tests.fixtures.rows import new_store, new_warehouse
-from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     RunnerProcess,
     RunnerS3,
     runner_moto_server,
     runner_s3,
     start_runner,
 )
+from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 
 __all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
 

@@ -4,62 +4,13 @@ show, follow, cancel, ``--output json``, exit codes, and no secret in any output
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.utils import timezone
 
 from duckgres_admin.models import LogSource, ReshardLogEntry, ReshardOperation
-
-SCRIPT = Path(sys.executable).parent / "duckgres"
-WRONG_SECRET = "wrong-internal-secret-0123456789abcdefghij"
-
-
-class Cli:
-    def __init__(self, url: str, secret: str) -> None:
-        self.url = url
-        self.secret = secret
-        self.outputs: list[str] = []
-
-    def env(self, **extra: str) -> dict[str, str]:
-        # Only what a shell user has: no Django settings, no config store, no broker.
-        env = {"PATH": os.environ.get("PATH", ""), "DUCKGRES_API_URL": self.url}
-        if self.secret:
-            env["DUCKGRES_INTERNAL_SECRET"] = self.secret
-        env.update(extra)
-        return env
-
-    def popen(self, *args: str, **extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [str(SCRIPT), *args], env=self.env(**extra), text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-
-    def __call__(
-        self, *args: str, stdin: str = "", **extra: str
-    ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(SCRIPT), *args], env=self.env(**extra), input=stdin, text=True,
-            capture_output=True, timeout=120,
-        )  # fmt: skip
-        self.outputs += [proc.stdout, proc.stderr]
-        return proc
-
-    def assert_no_secret(self) -> None:
-        for text in self.outputs:
-            for secret in (self.secret, WRONG_SECRET, django_settings.DUCKGRES_RUNNER_SECRET):
-                assert secret not in text
-
-
-@pytest.fixture
-def cli(live_server) -> Cli:
-    assert SCRIPT.exists(), "the console script is missing: run `make install`"
-    return Cli(live_server.url, django_settings.DUCKGRES_INTERNAL_SECRET)
+from tests.fixtures.cli import WRONG_SECRET, Cli
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ import pytest
 from django.utils import timezone
 
 from reshard.backup import backup_key
-from tests.cli.test_cli import Cli, cli  # noqa: F401  (the fixture)
+from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
 
 
 @pytest.mark.safeguard("reshard-93")
 def test_backups_list_prints_this_orgs_backups(
-    cli: Cli,  # noqa: F811
+    cli: Cli,
     transactional_db: None,
     s3_bucket: S3Bucket,
     settings: Any,

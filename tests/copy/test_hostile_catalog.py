@@ -26,17 +26,10 @@ from reshard import copy as catalog_copy
 from reshard.copy import ColumnRow, ConstraintRow, CopyError, IndexRow, TableRow, copy_catalog
 from reshard.verify import VerifyError, verify_ducklake
 from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
-from tests.fixtures.stores import StoreCluster, StoreClusters
+from tests.fixtures.hostile import evil_calls, plant_policy, role_exists
+from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-60")
-
-
-def role_exists(cluster: StoreCluster, role: str) -> bool:
-    with cluster.superuser_conn() as conn:
-        return (
-            conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-            is not None
-        )
 
 
 def _target_tables(pair: CatalogPair) -> list[str]:
@@ -273,42 +266,6 @@ def test_the_target_ddl_is_composed_from_checked_values(catalog_pair: CatalogPai
 
 
 # --- (b) a planted row-security policy -----------------------------------------------------------
-
-
-def plant_policy(cluster: StoreCluster, database: str, tenant: str, backdoor: str) -> None:
-    """As the tenant: a FORCE RLS policy on ducklake_metadata calling a SECURITY INVOKER
-    function that counts its calls (a sequence: survives any rollback), runs RESET ROLE, counts
-    again (then as whoever the session really is) and creates ``backdoor``."""
-    with cluster.superuser_conn(database) as conn:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(tenant)))
-        conn.execute("CREATE SEQUENCE public.evil_calls")
-        conn.execute("CREATE SEQUENCE public.evil_escalated")
-        conn.execute(
-            sql.SQL(
-                """CREATE FUNCTION public.evil() RETURNS boolean LANGUAGE plpgsql
-                   SECURITY INVOKER AS $f$
-                   BEGIN
-                     PERFORM pg_catalog.nextval('public.evil_calls');
-                     RESET ROLE;
-                     PERFORM pg_catalog.nextval('public.evil_escalated');
-                     EXECUTE {};
-                     RETURN true;
-                   END $f$"""
-            ).format(sql.Literal(f'CREATE ROLE "{backdoor}" LOGIN'))
-        )
-        conn.execute("CREATE POLICY p ON public.ducklake_metadata USING (public.evil())")
-        conn.execute("ALTER TABLE public.ducklake_metadata ENABLE ROW LEVEL SECURITY")
-        conn.execute("ALTER TABLE public.ducklake_metadata FORCE ROW LEVEL SECURITY")
-
-
-def evil_calls(cluster: StoreCluster, database: str) -> tuple[bool, bool]:
-    """(the function ran, it ran after RESET ROLE); sequences are not rolled back."""
-    with cluster.superuser_conn(database) as conn:
-        ran = conn.execute("SELECT is_called FROM public.evil_calls").fetchone()
-        escalated = conn.execute("SELECT is_called FROM public.evil_escalated").fetchone()
-    assert ran is not None
-    assert escalated is not None
-    return bool(ran[0]), bool(escalated[0])
 
 
 def test_a_planted_row_security_policy_never_runs_in_the_copy(

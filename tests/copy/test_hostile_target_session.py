@@ -19,7 +19,7 @@ from reshard import copy as catalog_copy
 from reshard.runner import stores
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import copying, cutover
-from tests.reshard.runner_fixtures import CnpgWorld, claimed_env, cnpg_world
+from tests.fixtures.runner import CnpgWorld, claimed_env, cnpg_world
 
 __all__ = ["claimed_env", "cnpg_world"]  # fixtures used here
 

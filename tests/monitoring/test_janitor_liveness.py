@@ -16,8 +16,7 @@ from django.db import DatabaseError
 
 from reshard import janitor as janitor_module
 from reshard import metrics
-from tests.fixtures.processes import CeleryWorker
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     FakeClock,
     FakeLauncher,
     janitor_env,
@@ -26,6 +25,7 @@ from tests.reshard.janitor_support import (
     sample,
     stale_pending,
 )
+from tests.fixtures.processes import CeleryWorker
 
 pytestmark = pytest.mark.usefixtures("janitor_env")
 assert janitor_env

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.pod_security import read_only_root, restricted_violations
+from tests.fixtures.runner import catalog_checksums
 from tests.fixtures.secrets_scan import scan, unique_password
 from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
 from tests.pods.conftest import (
@@ -30,7 +31,6 @@ from tests.pods.conftest import (
     kubectl_json,
     wait_until,
 )
-from tests.reshard.runner_fixtures import catalog_checksums
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(900)]
 

@@ -1,5 +1,5 @@
-"""Fixtures of the reshard tests. Runner fixtures live in ``runner_fixtures.py``."""
+"""Fixtures of the reshard tests. Runner fixtures live in ``tests/fixtures/runner.py``."""
 
-from tests.reshard.runner_fixtures import claimed_env, cnpg_world, runner_state_dir
+from tests.fixtures.runner import claimed_env, cnpg_world, runner_state_dir
 
 __all__ = ["claimed_env", "cnpg_world", "runner_state_dir"]

@@ -19,9 +19,9 @@ from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner.errors import StepError
 from reshard.runner.steps import access, blocking, cleanup, fence_source, record_source
-from tests.api.conftest import clients, published  # the API's identities and Celery capture
+from tests.fixtures.api import clients, published  # the API's identities and Celery capture
 from tests.fixtures.rows import new_store, new_warehouse, unique
-from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, role_can_login
+from tests.fixtures.runner import CnpgWorld, op_log, reload, role_can_login
 
 __all__ = ["clients", "published"]
 

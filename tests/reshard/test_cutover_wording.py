@@ -7,7 +7,7 @@ from typing import Any
 
 from reshard.runner import stores
 from reshard.runner.steps import cutover
-from tests.reshard.runner_fixtures import CnpgWorld, op_log
+from tests.fixtures.runner import CnpgWorld, op_log
 
 
 def test_render_target_logs_created_then_altered(cnpg_world: CnpgWorld, claimed_env: Any) -> None:

@@ -21,10 +21,9 @@ from django.db import connection
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation, Warehouse
 from reshard import uploads
 from reshard.backup import KEY_PREFIX
+from tests.fixtures.janitor import FakeLauncher, janitor_env, make_janitor
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
-from tests.fixtures.stores import StoreCluster, ducklake_tables
-from tests.reshard.janitor_support import FakeLauncher, janitor_env, make_janitor
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     ExternalTargetWorld,
     RunnerS3,
@@ -38,6 +37,7 @@ from tests.reshard.runner_fixtures import (
     runner_s3,
     warehouse_of,
 )
+from tests.fixtures.stores import StoreCluster, ducklake_tables
 
 __all__ = ["external_target_world", "janitor_env", "runner_moto_server", "runner_s3"]
 

@@ -12,7 +12,7 @@ from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
 from reshard.janitor import force_fail_message
 from reshard.launchers.capture import CAPTURE_HEADER
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     FakeClock,
     FakeLauncher,
     age_op,

@@ -17,8 +17,8 @@ import pytest
 
 from duckgres_admin import beat
 from duckgres_admin.leadership import read_lease
+from tests.fixtures.janitor import janitor_env, reset_leases
 from tests.fixtures.processes import CeleryWorker
-from tests.reshard.janitor_support import janitor_env, reset_leases
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("janitor_env")]
 assert janitor_env

@@ -13,7 +13,7 @@ import pytest
 from django.db import connections, transaction
 
 from reshard.janitor import TickReport
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     FakeLauncher,
     janitor_env,
     make_janitor,

@@ -17,7 +17,7 @@ from duckgres_admin.leadership import LeaderLease
 from reshard.janitor import Janitor
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     age_op,
     janitor_env,
     new_op,

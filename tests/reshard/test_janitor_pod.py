@@ -14,8 +14,8 @@ from duckgres_admin.lib import k8s
 from reshard.janitor import Janitor
 from reshard.launchers.base import SPAWNED_AT_ANNOTATION
 from reshard.launchers.pod import PodLauncher
-from tests.reshard.janitor_support import janitor_env, op_log, refresh, stale_running
-from tests.reshard.test_launcher_pod import (
+from tests.fixtures.janitor import janitor_env, op_log, refresh, stale_running
+from tests.fixtures.kube_pods import (
     OWN_POD,
     bind_to_node,
     control_plane_pod,
@@ -106,7 +106,7 @@ def test_a_deleted_runner_pod_with_a_fresh_heartbeat_is_relaunched_at_once(
 ) -> None:
     """The pod is gone (deleted, evicted) while the heartbeat is still fresh: the next tick
     relaunches without waiting for staleness (one pod listing per tick, not one read per op)."""
-    from tests.reshard.janitor_support import age_op, new_op
+    from tests.fixtures.janitor import age_op, new_op
 
     kube = kube_world
     op = new_op("running", step="copying", launcher="pod", runner_epoch=1)

@@ -16,9 +16,9 @@ from duckgres_admin.leadership import LeaderLease
 from reshard.janitor import Janitor
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
+from tests.fixtures.janitor import age_op, janitor_env, op_log, refresh
 from tests.fixtures.processes import child_config_store_dsn
-from tests.reshard.janitor_support import age_op, janitor_env, op_log, refresh
-from tests.reshard.runner_fixtures import CnpgWorld, wait_until, warehouse_of
+from tests.fixtures.runner import CnpgWorld, wait_until, warehouse_of
 
 pytestmark = pytest.mark.usefixtures("janitor_env")
 assert janitor_env

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.reshard.janitor_support import FakeLauncher, janitor_env, make_janitor, new_op
+from tests.fixtures.janitor import FakeLauncher, janitor_env, make_janitor, new_op
 from tests.reshard.scale_support import clone
 
 assert janitor_env  # a fixture, used by name below

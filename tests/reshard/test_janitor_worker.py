@@ -15,8 +15,8 @@ from django.conf import settings
 
 from duckgres_admin.leadership import read_lease
 from duckgres_admin.models import ReshardStepTiming
+from tests.fixtures.janitor import janitor_env, new_op, refresh, reset_leases, sql
 from tests.fixtures.processes import CeleryWorker
-from tests.reshard.janitor_support import janitor_env, new_op, refresh, reset_leases, sql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("janitor_env")]
 assert janitor_env

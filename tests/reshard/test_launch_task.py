@@ -17,7 +17,7 @@ from reshard.launch import launch_runner
 from reshard.launchers.base import StillTerminating
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.tasks import launch_runner_task, reconcile_task
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     FakeLauncher,
     age_op,
     janitor_env,

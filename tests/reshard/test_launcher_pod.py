@@ -17,79 +17,17 @@ from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
 from reshard.launchers.base import LauncherError, StillTerminating
 from reshard.launchers.pod import PodLauncher, resolve_control_plane_image
+from tests.fixtures.kube_pods import (
+    OWN_IMAGE,
+    OWN_POD,
+    bind_to_node,
+    control_plane_env,
+    control_plane_pod,
+    read,
+    set_status,
+)
 
 pytestmark = pytest.mark.kube
-
-OWN_POD = "duckgres-admin-worker-7d9f-abcde"
-OWN_IMAGE = "registry.example/duckgres-admin:1.2.3"
-
-
-def ref(secret: str, key: str) -> dict[str, Any]:
-    return {"valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-
-
-def control_plane_env() -> list[dict[str, Any]]:
-    return [
-        {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
-        {"name": "DJANGO_SECRET_KEY", **ref("duckgres-admin", "django-secret-key")},
-        {"name": "DUCKGRES_CONFIG_STORE", **ref("duckgres-admin", "config-store-dsn")},
-        {"name": "DUCKGRES_INTERNAL_SECRET", **ref("duckgres-admin", "internal-secret")},
-        {"name": "DUCKGRES_RUNNER_SECRET", **ref("duckgres-admin", "runner-secret")},
-        {"name": "DUCKGRES_DATAPLANE_SECRET", **ref("duckgres-admin", "dataplane-secret")},
-        {"name": "DUCKGRES_BROKER_URL", "value": "redis://redis:6379/0"},
-        {"name": "AWS_ACCESS_KEY_ID", **ref("duckgres-aws", "access-key-id")},
-        {"name": "AWS_SECRET_ACCESS_KEY", **ref("duckgres-aws", "secret-access-key")},
-        {"name": "DUCKGRES_AWS_REGION", "value": "us-east-1"},
-        {"name": "DUCKGRES_RESHARD_POD_MEMORY", "value": "16Gi"},
-        {"name": "TRINO_SOMETHING", "value": "x"},
-        {
-            "name": "DUCKGRES_LOG_LEVEL",
-            "valueFrom": {"configMapKeyRef": {"name": "duckgres-admin", "key": "log-level"}},
-        },
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-
-
-def control_plane_pod(env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": OWN_POD, "labels": {"app": "duckgres-admin"}},
-        "spec": {
-            "serviceAccountName": "duckgres-admin",
-            "nodeSelector": {"duckgres.posthog.com/pool": "control"},
-            "tolerations": [
-                {
-                    "key": "dedicated",
-                    "operator": "Equal",
-                    "value": "control",
-                    "effect": "NoSchedule",
-                },
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 30,
-                },
-                {
-                    "key": "node.kubernetes.io/unreachable",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 30,
-                },
-                {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists"},
-            ],
-            "containers": [
-                {
-                    "name": "worker",
-                    "image": OWN_IMAGE,
-                    "imagePullPolicy": "IfNotPresent",
-                    "env": control_plane_env() if env is None else env,
-                },
-                {"name": "sidecar", "image": "registry.example/sidecar:1"},
-            ],
-        },
-    }
 
 
 @pytest.fixture
@@ -114,47 +52,9 @@ def new_op(**fields: Any) -> ReshardOperation:
     return ReshardOperation(id=secrets.randbelow(10**9) + 1, launcher="pod", **fields)
 
 
-def read(kube, name: str) -> dict[str, Any]:
-    pod = kube.core.read_namespaced_pod(name=name, namespace=kube.namespace)
-    data: dict[str, Any] = kube.api_client.sanitize_for_serialization(pod)
-    return data
-
-
 def runner_pods(kube) -> list[str]:
     pods = kube.core.list_namespaced_pod(kube.namespace, label_selector="app=duckgres-reshard")
     return sorted(p.metadata.name for p in pods.items)
-
-
-def set_status(kube, name: str, phase: str, reason: str = "", code: int | None = None) -> None:
-    status: dict[str, Any] = {"phase": phase}
-    if code is not None:
-        terminated: dict[str, Any] = {"exitCode": code}
-        if reason:
-            terminated["reason"] = reason
-        status["containerStatuses"] = [
-            {
-                "name": "reshard-runner",
-                "image": OWN_IMAGE,
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": terminated},
-            }
-        ]
-    kube.core.patch_namespaced_pod_status(name, kube.namespace, {"status": status})
-
-
-def bind_to_node(kube, name: str) -> None:
-    """Schedule the pod (by hand): deleting a bound pod honours its grace period."""
-    kube.core.create_namespaced_pod_binding(
-        name=name,
-        namespace=kube.namespace,
-        body={
-            "metadata": {"name": name},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"},
-        },
-        _preload_content=False,
-    )
 
 
 @pytest.mark.safeguard("reshard-26")

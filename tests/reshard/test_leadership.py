@@ -13,7 +13,7 @@ from django.db import connection, connections
 
 from duckgres_admin import leadership
 from duckgres_admin.leadership import LeaderLease, holder_identity, read_lease
-from tests.reshard.janitor_support import FakeClock, expire_lease, janitor_env, reset_leases, sql
+from tests.fixtures.janitor import FakeClock, expire_lease, janitor_env, reset_leases, sql
 
 pytestmark = pytest.mark.usefixtures("janitor_env")
 assert janitor_env

@@ -35,8 +35,8 @@ from django.conf import settings
 from django.db import connection
 
 from duckgres_admin.models import ConnectionLease, ReshardOperation, Warehouse
-from tests.api.test_leases import make_org
 from tests.fixtures.api_client import ApiClient
+from tests.fixtures.leases import make_org
 from tests.fixtures.processes import process_env
 from tests.test_static_files import run_gunicorn
 

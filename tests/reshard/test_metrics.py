@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from duckgres_admin.models import ReshardStepTiming
 from reshard import metrics
-from tests.reshard.janitor_support import (
+from tests.fixtures.janitor import (
     FakeLauncher,
     age_op,
     expire_lease,

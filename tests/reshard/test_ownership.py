@@ -16,7 +16,7 @@ from duckgres_admin.models import ReshardOperation
 from reshard import janitor, ownership, recovery
 from reshard.launch import launch_runner
 from reshard.runner import fencing
-from tests.reshard.janitor_support import FakeLauncher, age_op, janitor_env, make_janitor, new_op
+from tests.fixtures.janitor import FakeLauncher, age_op, janitor_env, make_janitor, new_op
 
 pytestmark = pytest.mark.usefixtures("janitor_env")
 assert janitor_env

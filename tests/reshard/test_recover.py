@@ -20,9 +20,9 @@ from reshard.runner import rollback as rb
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
+from tests.fixtures.janitor import FakeLauncher, age_op, janitor_env, make_janitor
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
-from tests.reshard.janitor_support import FakeLauncher, age_op, janitor_env, make_janitor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 assert janitor_env  # a fixture, used by name below

@@ -26,10 +26,10 @@ from reshard.runner.errors import StepError
 from reshard.runner.execute import reconstruct
 from reshard.runner.rollback import rollback
 from reshard.runner.steps import access, blocking, cutover, fence_source, record_source
-from tests.api.conftest import clients, published  # the API's identities and Celery capture
+from tests.fixtures.api import clients, published  # the API's identities and Celery capture
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
+from tests.fixtures.runner import CnpgWorld, op_log, reload, role_can_login
 from tests.fixtures.stores import StoreCluster, drop_tenant
-from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, role_can_login
 
 __all__ = ["clients", "published"]
 

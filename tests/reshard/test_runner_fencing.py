@@ -21,25 +21,17 @@ from reshard.runner.heartbeat import Heartbeat
 from reshard.runner.rollback import unblock
 from reshard.runner.steps.blocking import block_warehouse
 from tests.fixtures.processes import child_config_store_dsn
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     op_log,
     reload,
     start_runner,
+    takeover_bump,
     wait_until,
     warehouse_of,
 )
 
 FENCED_LINE = "operation fenced: another runner took over; this runner abandons it"
-
-
-def takeover_bump(op_id: int) -> None:
-    """What a takeover's claim does to the old runner: the epoch moves on (second connection)."""
-    with psycopg.connect(child_config_store_dsn(), autocommit=True) as conn:
-        conn.execute(
-            "UPDATE duckgres_reshard_operations SET runner_epoch = runner_epoch + 1 WHERE id = %s",
-            (op_id,),
-        )
 
 
 @pytest.mark.safeguard("reshard-47")
@@ -258,7 +250,7 @@ def test_a_beat_hanging_on_the_network_cannot_delay_the_self_fence(
 def test_a_runner_cut_off_from_the_config_store_self_fences_and_writes_nothing(
     cnpg_world: CnpgWorld, runner_state_dir
 ):
-    from tests.reshard.runner_fixtures import TcpProxy
+    from tests.fixtures.runner import TcpProxy
 
     op = cnpg_world.op
     proxy = TcpProxy("127.0.0.1", int(connection.settings_dict["PORT"] or 5432))

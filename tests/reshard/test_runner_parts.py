@@ -10,14 +10,14 @@ from django.db import connection
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import steps as sequences
-from reshard.runner import oplog as oplog_module
+from reshard.runner import logwriter as oplog_module
 from reshard.runner.errors import StepError
 from reshard.runner.execute import before_cancel_cutoff, reconstruct
-from reshard.runner.oplog import OpLogWriter
+from reshard.runner.logwriter import OpLogWriter
 from reshard.runner.steps import REGISTRY
 from reshard.runner.steps.blocking import block_warehouse
 from tests.fixtures.rows import new_op, new_store, new_warehouse
-from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, run_runner, warehouse_of
+from tests.fixtures.runner import CnpgWorld, op_log, reload, run_runner, warehouse_of
 
 
 def test_op_log_buffers_failed_appends_bounded_and_flushes_later(transactional_db, monkeypatch):

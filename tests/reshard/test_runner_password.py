@@ -182,7 +182,7 @@ def test_an_error_never_quotes_the_body(password_server):
 def test_a_runner_pulls_after_its_claim_and_never_logs_the_value(
     password_server, cnpg_world, runner_state_dir
 ):
-    from tests.reshard.runner_fixtures import op_log, reload, run_runner
+    from tests.fixtures.runner import op_log, reload, run_runner
 
     url, script = password_server
     script.responses = [(200, json.dumps({"password": SECRET}).encode())]
@@ -203,7 +203,7 @@ def test_a_runner_pulls_after_its_claim_and_never_logs_the_value(
 def test_a_failed_pull_is_a_warning_not_an_infrastructure_error(
     password_server, cnpg_world, runner_state_dir
 ):
-    from tests.reshard.runner_fixtures import op_log, reload, run_runner
+    from tests.fixtures.runner import op_log, reload, run_runner
 
     url, script = password_server
     script.responses = [(404, b"{}")]

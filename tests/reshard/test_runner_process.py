@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, Warehouse
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     op_log,
     reload,

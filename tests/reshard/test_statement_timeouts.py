@@ -24,8 +24,7 @@ from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.runner import stores
 from reshard.runner.context import MIN_STATEMENT_SECONDS
 from reshard.runner.errors import Interrupted
-from tests.fixtures.stores import StoreCluster, TenantCatalogFactory
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     RunnerS3,
     claimed_env,
@@ -40,6 +39,7 @@ from tests.reshard.runner_fixtures import (
     wait_until,
     warehouse_of,
 )
+from tests.fixtures.stores import StoreCluster, TenantCatalogFactory
 
 __all__ = ["claimed_env", "cnpg_world", "runner_moto_server", "runner_s3"]  # fixtures used here
 

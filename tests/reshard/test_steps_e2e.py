@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import Warehouse
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     ExternalSourceWorld,
     ExternalTargetWorld,

@@ -4,16 +4,15 @@ takeover backdates ``heartbeat_at`` past the stale window and starts a new runne
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from duckgres_admin.models import MetadataStore, ReshardLogEntry, ReshardOperation, Warehouse
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from tests.fixtures.faults import backdate, killed_at, lines_of_epoch, with_bucket
 from tests.fixtures.rows import new_warehouse
-from tests.fixtures.stores import StoreCluster
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.runner import (
     CnpgWorld,
     ExternalSourceWorld,
     ExternalTargetWorld,
@@ -33,6 +32,7 @@ from tests.reshard.runner_fixtures import (
     wait_until,
     warehouse_of,
 )
+from tests.fixtures.stores import StoreCluster
 
 __all__ = [
     "external_source_world",
@@ -46,44 +46,12 @@ pytestmark = pytest.mark.faults
 LATE_CANCEL = "cancel requested after the point of no return; the operation will complete"
 
 
-def hooks(point: str, **extra: str) -> dict[str, str]:
-    return {"DUCKGRES_RESHARD_TEST_HOOKS": "1", "DUCKGRES_RESHARD_TEST_KILL_AT": point, **extra}
-
-
 def pause(point: str, seconds: float = 4) -> dict[str, str]:
     return {
         "DUCKGRES_RESHARD_TEST_HOOKS": "1",
         "DUCKGRES_RESHARD_TEST_PAUSE_AT": point,
         "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": str(seconds),
     }
-
-
-def with_bucket(org_id: str, s3: RunnerS3) -> dict[str, str]:
-    """Give the warehouse a bucket (cnpg→external needs its backup); the runner's S3 env."""
-    Warehouse.objects.filter(org_id=org_id).update(data_bucket=s3.bucket)
-    return s3.env()
-
-
-def killed_at(op_id: int, state_dir: Any, point: str, **extra: str) -> None:
-    runner = run_runner(op_id, state_dir, env_extra=hooks(point, **extra))
-    assert runner.proc.returncode == -signal.SIGKILL, runner.output()
-
-
-def backdate(op_id: int) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE duckgres_reshard_operations SET heartbeat_at = now() - interval '10 minutes' "
-            "WHERE id = %s",
-            [op_id],
-        )
-
-
-def lines_of_epoch(op_id: int, epoch: int) -> list[str]:
-    return list(
-        ReshardLogEntry.objects.filter(operation_id=op_id, runner_epoch=epoch)
-        .order_by("id")
-        .values_list("message", flat=True)
-    )
 
 
 def target_cluster(world: CnpgWorld) -> StoreCluster:

@@ -29,8 +29,14 @@ from reshard.runner.steps import (
     fence_source,
     record_source,
 )
-from tests.reshard.runner_fixtures import CnpgWorld, op_log, reload, role_can_login, warehouse_of
-from tests.reshard.test_runner_fencing import takeover_bump
+from tests.fixtures.runner import (
+    CnpgWorld,
+    op_log,
+    reload,
+    role_can_login,
+    takeover_bump,
+    warehouse_of,
+)
 
 
 def _blocked(env: StepEnv) -> StepEnv:

@@ -36,9 +36,9 @@ from reshard.backup import (
 from reshard.runner import stores
 from reshard.runner.context import RunContext
 from tests.fixtures.pg18 import pg18_bin
+from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3
+from tests.fixtures.store_tls import CA_DIR, PgWireStub, issue_cert, pg18_client_rig
 from tests.fixtures.stores import StoreClusters
-from tests.reshard.runner_fixtures import RunnerS3, runner_moto_server, runner_s3
-from tests.reshard.test_store_tls_support import CA_DIR, PgWireStub, issue_cert, pg18_client_rig
 
 __all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
 

@@ -21,8 +21,8 @@ from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import backup
 from reshard.runner.errors import StepError
 from reshard.runner.steps import access, blocking, compaction, record_source
-from tests.fixtures.stores import StoreCluster
-from tests.reshard.runner_fixtures import (
+from tests.fixtures.faults import backdate, killed_at, lines_of_epoch, with_bucket
+from tests.fixtures.runner import (
     CnpgWorld,
     ExternalSourceWorld,
     ExternalTargetWorld,
@@ -41,7 +41,7 @@ from tests.reshard.runner_fixtures import (
     step_rows,
     warehouse_of,
 )
-from tests.reshard.test_steps_faults import backdate, killed_at, lines_of_epoch, with_bucket
+from tests.fixtures.stores import StoreCluster
 
 __all__ = [
     "external_source_world",
