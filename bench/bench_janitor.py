@@ -39,7 +39,7 @@ def seed(finished: int, active: int, prefix: str, launcher: Any) -> None:
     from django.db import connection
 
     from reshard.launchers.base import RunnerStatus
-    from tests.reshard.janitor_support import new_op
+    from tests.fixtures.janitor import new_op
     from tests.reshard.scale_support import clone
 
     template = new_op("succeeded")
@@ -67,7 +67,7 @@ def measure(finished: int, active: int, prefix: str) -> tuple[float, int, float,
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from tests.reshard.janitor_support import FakeLauncher, make_janitor, reset_leases
+    from tests.fixtures.janitor import FakeLauncher, make_janitor, reset_leases
 
     reset_leases()
     launcher = FakeLauncher()
