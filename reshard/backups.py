@@ -36,14 +36,13 @@ from django.db import DatabaseError, connection
 from django.db.models import Q
 
 from duckgres_admin.base.errors import ServiceError
-from duckgres_admin.config import EnvReader, environ
 from duckgres_admin.lib.s3 import S3, ListedObject, S3Error
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import ReshardOperation, Warehouse
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from reshard import oplog
 from reshard.backup import KEY_PREFIX
-from reshard.retention import ENABLED_VAR, RetentionPolicy, policy_from_env
+from reshard.retention import ENABLED_VAR, RetentionPolicy
 
 _log = logging.getLogger("duckgres.reshard.backups")
 
@@ -60,14 +59,8 @@ _KEY = re.compile(r"^op-([1-9]\d{0,17})-(\d{8}T\d{6}Z)\.dump$")
 
 
 def retention_policy() -> RetentionPolicy:
-    """``settings.DUCKGRES_BACKUP_RETENTION`` when the settings define it, else read from the
-    environment now (a bad value raises ``ImproperlyConfigured`` naming the variable)."""
-    configured = getattr(settings, "DUCKGRES_BACKUP_RETENTION", None)
-    if isinstance(configured, RetentionPolicy):
-        return configured
-    reader = EnvReader(environ())
-    policy = policy_from_env(reader)
-    reader.raise_if_errors()
+    """The policy the settings parsed at start (``DUCKGRES_BACKUP_RETENTION``)."""
+    policy: RetentionPolicy = settings.DUCKGRES_BACKUP_RETENTION
     return policy
 
 
