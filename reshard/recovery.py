@@ -48,7 +48,7 @@ from duckgres_admin.names import MILESTONES, runner_name
 from reshard import steps as sequences
 from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
@@ -180,7 +180,7 @@ def _binding_line(org_id: str) -> str:
 
 
 def _binding_names(op: ReshardOperation) -> str:
-    if stores.binding_names_source(op):
+    if connections.binding_names_source(op):
         return "the source"
     wh = Warehouse.objects.filter(org_id=op.org_id).first()
     if wh is None:
@@ -202,10 +202,10 @@ def fence_state(op: ReshardOperation, scrubber: Scrubber) -> str:
         return "external source: never fenced (external stores are never modified)"
     ctx = RunContext(op_id=op.id, runner_id="reshard-recover", scrubber=scrubber)
     try:
-        prov = stores.provisioner(ctx, op.from_shard)
-        with stores.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
-            login = stores.role_state(conn, op.source_user)
-            present = stores.database_exists(conn, op.source_database)
+        prov = connections.provisioner(ctx, op.from_shard)
+        with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+            login = connections.role_state(conn, op.source_user)
+            present = connections.database_exists(conn, op.source_database)
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename = %s",
                 [op.source_database, op.source_user],
@@ -454,7 +454,7 @@ def execute(
             # submit). Best effort: without it the external partial tables are left in place.
             with contextlib.suppress(StepError):
                 ctx.set_target_password(
-                    stores.resolve_secret(
+                    connections.resolve_secret(
                         ctx, op.target_password_secret_ref, "the target tenant password"
                     )
                 )

@@ -41,7 +41,7 @@ from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import copy as catalog_copy
 from reshard import identity, uploads
 from reshard import steps as sequences
-from reshard.runner import binding, stores, waits
+from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
@@ -173,7 +173,7 @@ def _drop_partial_target(env: StepEnv) -> None:
     if op.target_kind == "cnpg" and op.target_rendered_at is None:
         log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
         return
-    if ctx.progress.flipped and not stores.binding_names_source(op):
+    if ctx.progress.flipped and not connections.binding_names_source(op):
         log.error("rollback: binding may still point at the target — its tables are kept")
         return
     if sequences.at_or_past(op.step or "", "copying", op.target_kind):
@@ -183,8 +183,8 @@ def _drop_partial_target(env: StepEnv) -> None:
         left = "empty (the copy never started), as cruft"
     if op.target_kind == "cnpg":
         try:
-            prov = stores.provisioner(ctx, op.to_shard)
-            with stores.provisioner_conn(ctx, prov) as conn:
+            prov = connections.provisioner(ctx, op.to_shard)
+            with connections.provisioner_conn(ctx, prov) as conn:
                 refusal = identity.op_role_refusal(conn, op, "target", prov.store)
                 if refusal:
                     raise StepError(f"{refusal}; not setting it NOLOGIN")
@@ -218,7 +218,7 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
         # the op's durable reference names the same password (the start API checked that).
         try:
             ctx.set_target_password(
-                stores.resolve_secret(
+                connections.resolve_secret(
                     ctx, op.target_password_secret_ref,
                     f"the external target password {op.target_password_secret_ref}",
                 )
@@ -232,8 +232,8 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
         )
         return "with whatever tables it holds (not read: password unavailable)"
     try:
-        side = stores.target_side(ctx, op)
-        with side.connect(ctx) as conn, stores.registered(ctx, conn):
+        side = connections.target_side(ctx, op)
+        with side.connect(ctx) as conn, connections.registered(ctx, conn):
             # A table another session holds locked must not hold the rollback (and the blocked
             # warehouse) for the step's whole deadline: give up on it after a few seconds.
             conn.execute(
@@ -262,7 +262,7 @@ def _tenant_probe(
     """A tenant-credential ``SELECT 1`` on the source; failures are classified (§4.11)."""
     op = env.op
     try:
-        stores.tenant_probe(
+        connections.tenant_probe(
             env.ctx,
             endpoint,
             database=op.source_database,
@@ -270,7 +270,7 @@ def _tenant_probe(
             password=password,
         )
     except psycopg.Error as exc:
-        return False, stores.classify(
+        return False, connections.classify(
             exc, role=op.source_user, ref=op.source_password_secret_ref, where=where
         )
     return True, success
@@ -285,7 +285,7 @@ def _restore_source_access(env: StepEnv) -> bool:
     if op.source_kind == "cnpg" and not fenced_source:
         return True
     if op.source_kind == "external" and not ctx.progress.flipped:
-        if stores.binding_names_source(op):
+        if connections.binding_names_source(op):
             return True
         log.error(
             "source tenant access recovery failed: the binding names "
@@ -294,7 +294,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         return False
     timeout = waits.full_source_timeout()
     try:
-        source_password = stores.resolve_secret(
+        source_password = connections.resolve_secret(
             ctx, op.source_password_secret_ref, "the source tenant password"
         )
     except StepError as exc:
@@ -302,8 +302,8 @@ def _restore_source_access(env: StepEnv) -> bool:
         return False
     if op.source_kind == "cnpg":
         try:
-            prov = stores.provisioner(ctx, op.from_shard)
-            with stores.provisioner_conn(ctx, prov) as conn:
+            prov = connections.provisioner(ctx, op.from_shard)
+            with connections.provisioner_conn(ctx, prov) as conn:
                 refusal = identity.op_role_refusal(conn, op, "source", prov.store)
                 if refusal:
                     raise StepError(f"{refusal}; not sending ALTER ROLE … LOGIN")
@@ -318,14 +318,14 @@ def _restore_source_access(env: StepEnv) -> bool:
             return False
 
         def observe() -> tuple[bool, str]:
-            if not stores.binding_names_source(op):
+            if not connections.binding_names_source(op):
                 return False, f"binding names {describe_binding(op.org_id)}, not the source"
             try:
-                with stores.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
-                    login = stores.role_state(conn, op.source_user)
-                    present = stores.database_exists(conn, op.source_database)
+                with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+                    login = connections.role_state(conn, op.source_user)
+                    present = connections.database_exists(conn, op.source_database)
             except psycopg.Error as exc:
-                return False, stores.classify(
+                return False, connections.classify(
                     exc,
                     role=prov.store.provisioner_user,
                     ref=prov.store.provisioner_password_ref,
@@ -352,7 +352,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         )
 
         def observe() -> tuple[bool, str]:
-            if not stores.binding_names_source(op):
+            if not connections.binding_names_source(op):
                 return False, f"binding names {describe_binding(op.org_id)}, not the source"
             return _tenant_probe(
                 env,
@@ -363,7 +363,7 @@ def _restore_source_access(env: StepEnv) -> bool:
             )
 
         where = f"on external source {op.source_endpoint}:{op.source_port}"
-    if not stores.binding_names_source(op):
+    if not connections.binding_names_source(op):
         # A login that works against the target is never source recovery: no point waiting.
         log.error(
             "source tenant access recovery failed: the binding names "

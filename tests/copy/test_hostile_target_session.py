@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from reshard import copy as catalog_copy
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import copying, cutover
 from tests.fixtures.runner import CnpgWorld, claimed_env, cnpg_world
@@ -43,7 +43,7 @@ def _ready_for_copying(world: CnpgWorld, env: StepEnv) -> None:
         source_endpoint=source.host, source_port=source.port, source_sslmode=source.sslmode
     )
     env.op.refresh_from_db()
-    prov = stores.provisioner(env.ctx, world.target_store.name)
+    prov = connections.provisioner(env.ctx, world.target_store.name)
     cutover.render_target(env, prov, world.catalog.password)
 
 
@@ -55,7 +55,7 @@ def test_the_copying_step_uses_a_tenant_login_on_the_target(
     tenant = cnpg_world.catalog.role
     provisioner = cnpg_world.source_store.provisioner_user
 
-    side = stores.target_side(env.ctx, env.op)
+    side = connections.target_side(env.ctx, env.op)
     assert (side.user, side.role) == (tenant, "")
     with side.connect(env.ctx) as conn:
         assert _sessions(conn) == (tenant, tenant, "", "off")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.steps import cutover
 from tests.fixtures.runner import CnpgWorld, op_log
 
 
 def test_render_target_logs_created_then_altered(cnpg_world: CnpgWorld, claimed_env: Any) -> None:
     env = claimed_env(cnpg_world.op)
-    prov = stores.provisioner(env.ctx, cnpg_world.target_store.name)
+    prov = connections.provisioner(env.ctx, cnpg_world.target_store.name)
     role, database, store = (
         cnpg_world.catalog.role,
         cnpg_world.catalog.database,

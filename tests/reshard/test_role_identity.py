@@ -21,7 +21,7 @@ from psycopg import sql
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard import identity
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.errors import StepError
 from reshard.runner.execute import reconstruct
 from reshard.runner.rollback import rollback
@@ -345,7 +345,7 @@ def test_cutover_never_adopts_a_role_that_became_privileged(
     make_role(store_clusters.target, "CREATEDB", name=role)
     before = password_hash(store_clusters.target, role)
     env = claimed_env(cnpg_world.op)
-    prov = stores.provisioner(env.ctx, cnpg_world.target_store.name)
+    prov = connections.provisioner(env.ctx, cnpg_world.target_store.name)
     with pytest.raises(StepError, match=rf"target tenant role {role} on store .* has createdb"):
         cutover.render_target(env, prov, cnpg_world.catalog.password)
     assert password_hash(store_clusters.target, role) == before
@@ -365,7 +365,7 @@ def test_cutover_never_touches_the_provisioner_named_by_an_old_operation(
     ReshardOperation.objects.filter(id=cnpg_world.op.id).update(target_user="provisioner")
     before = password_hash(store_clusters.target, "provisioner")
     env = claimed_env(cnpg_world.op)
-    prov = stores.provisioner(env.ctx, cnpg_world.target_store.name)
+    prov = connections.provisioner(env.ctx, cnpg_world.target_store.name)
     with pytest.raises(StepError, match="is the provisioner of store"):
         cutover.render_target(env, prov, "the-requesters-password")
     assert password_hash(store_clusters.target, "provisioner") == before

@@ -21,7 +21,7 @@ import pytest
 from psycopg import sql
 
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.context import MIN_STATEMENT_SECONDS
 from reshard.runner.errors import Interrupted
 from tests.fixtures.runner import (
@@ -95,23 +95,23 @@ def test_store_connections_carry_timeouts_sized_from_the_step_deadline(
     settings.DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS = 20
     env = claimed_env(cnpg_world.op)
     ctx = env.ctx
-    prov = stores.provisioner(ctx, cnpg_world.source_store.name)
+    prov = connections.provisioner(ctx, cnpg_world.source_store.name)
     ctx.current_step = "copying"
-    with stores.provisioner_conn(ctx, prov) as conn:
+    with connections.provisioner_conn(ctx, prov) as conn:
         statement, lock = _timeouts(conn)
     assert 35_000 < statement <= 40_000
     assert lock == int(statement * 0.9) or abs(lock - statement * 0.9) < 5
     # A wait with a later deadline inside the step gives its statements that time.
     ctx.extend_deadline(time.monotonic() + 100)
-    with stores.provisioner_conn(ctx, prov, dbname=cnpg_world.catalog.database) as conn:
+    with connections.provisioner_conn(ctx, prov, dbname=cnpg_world.catalog.database) as conn:
         assert 95_000 < _timeouts(conn)[0] <= 100_000
     # After SIGTERM everything is capped by the SIGTERM budget (the rollback must end in time).
     ctx.request_stop("SIGTERM")
-    with stores.provisioner_conn(ctx, prov) as conn:
+    with connections.provisioner_conn(ctx, prov) as conn:
         assert 15_000 < _timeouts(conn)[0] <= 20_000
     # Past the deadline a statement still gets a bounded, non-zero timeout (0 means none).
     ctx.sigterm_at = time.monotonic() - 3600
-    with stores.provisioner_conn(ctx, prov) as conn:
+    with connections.provisioner_conn(ctx, prov) as conn:
         assert _timeouts(conn) == (int(MIN_STATEMENT_SECONDS * 1000),
                                    int(MIN_STATEMENT_SECONDS * 900))  # fmt: skip
 
@@ -122,15 +122,15 @@ def test_request_stop_from_another_thread_cancels_a_running_statement(
     settings.DUCKGRES_RESHARD_FLIP_TIMEOUT = 120
     env = claimed_env(cnpg_world.op)
     ctx = env.ctx
-    prov = stores.provisioner(ctx, cnpg_world.source_store.name)
+    prov = connections.provisioner(ctx, cnpg_world.source_store.name)
     ctx.current_step = "fencing_source"
     threading.Timer(0.5, ctx.request_stop, ("SIGTERM",)).start()
     started = time.monotonic()
-    with pytest.raises(Interrupted), stores.provisioner_conn(ctx, prov) as conn:
+    with pytest.raises(Interrupted), connections.provisioner_conn(ctx, prov) as conn:
         conn.execute("SELECT pg_sleep(60)")
     assert time.monotonic() - started < 5
     # The rollback's own statements (connections opened after the stop) are not cancelled.
-    with stores.provisioner_conn(ctx, prov) as conn:
+    with connections.provisioner_conn(ctx, prov) as conn:
         conn.execute("SELECT pg_sleep(0.5)")
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import ConnectionLease, MetadataStore, ReshardOperation, Warehouse
-from reshard.runner import binding, stores
+from reshard.runner import binding, connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.execute import reconstruct
@@ -231,7 +231,7 @@ def _copied_target(world: CnpgWorld, env: StepEnv) -> None:
     """Render the tenant on the target with one ducklake table, flip, record a copy."""
     from reshard.runner.steps import cutover
 
-    prov = stores.provisioner(env.ctx, world.target_store.name)
+    prov = connections.provisioner(env.ctx, world.target_store.name)
     cutover.render_target(env, prov, world.catalog.password)
     with psycopg.connect(
         host=world.target_store.host,
@@ -319,11 +319,11 @@ def test_working_flip_back_drops_the_target_tables_and_unblocks(
 
 def test_classified_auth_failure_names_the_remedy_with_a_placeholder() -> None:
     exc = psycopg.OperationalError('FATAL:  password authentication failed for user "t"')
-    text = stores.classify(exc, role="t", ref="env:X", where="store s")
+    text = connections.classify(exc, role="t", ref="env:X", where="store s")
     assert "ALTER ROLE t WITH PASSWORD '<the password in secret env:X>'" in text
     assert pgadmin.is_auth_failure(exc)
     refused = psycopg.OperationalError("connection refused")
-    assert stores.classify(refused, role="t", ref="env:X", where="s").startswith("probe of s")
+    assert connections.classify(refused, role="t", ref="env:X", where="s").startswith("probe of s")
 
 
 @pytest.mark.safeguard("reshard-48")

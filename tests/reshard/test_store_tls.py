@@ -33,7 +33,7 @@ from reshard.backup import (
     run_backup,
     source_conninfo,
 )
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.context import RunContext
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3
@@ -119,11 +119,11 @@ def test_a_cleartext_password_request_gets_no_password_from_the_product(stub: St
     )  # fmt: skip
     with (
         pytest.raises(psycopg.OperationalError),
-        stores.provisioner_conn(_ctx(), stores.Provisioner(store, PASSWORD)),
+        connections.provisioner_conn(_ctx(), connections.Provisioner(store, PASSWORD)),
     ):
         pass
     with pytest.raises(psycopg.OperationalError):
-        stores.tenant_probe(
+        connections.tenant_probe(
             _ctx(), pgadmin.Endpoint("127.0.0.1", stub.port, stub.sslmode),
             database="catalog", user="tenant", password=PASSWORD,
         )  # fmt: skip
@@ -192,7 +192,7 @@ def test_sslmodes_that_can_run_in_clear_are_refused_before_any_packet(mode: str)
         )  # fmt: skip
         with (
             pytest.raises(pgadmin.InsecureSSLMode),
-            stores.provisioner_conn(_ctx(), stores.Provisioner(store, PASSWORD)),
+            connections.provisioner_conn(_ctx(), connections.Provisioner(store, PASSWORD)),
         ):
             pass
         op = ReshardOperation(
@@ -204,7 +204,7 @@ def test_sslmodes_that_can_run_in_clear_are_refused_before_any_packet(mode: str)
         ctx = _ctx()
         ctx.set_source_password(PASSWORD)
         ctx.set_target_password(PASSWORD)
-        for side in (stores.source_side(ctx, op), stores.target_side(ctx, op)):
+        for side in (connections.source_side(ctx, op), connections.target_side(ctx, op)):
             with pytest.raises(pgadmin.InsecureSSLMode):
                 side.connect(ctx)
         with pytest.raises(pgadmin.InsecureSSLMode):

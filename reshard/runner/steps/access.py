@@ -17,18 +17,18 @@ from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
 from duckgres_admin.models import ReshardOperation
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 
 
 def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
-    prov = stores.provisioner(ctx, op.from_shard)
+    prov = connections.provisioner(ctx, op.from_shard)
     user, tenant = prov.store.provisioner_user, op.source_user
     where = prov.direct.redacted(op.source_database, user)
     try:
-        with stores.provisioner_conn(ctx, prov, dbname=op.source_database) as conn:
+        with connections.provisioner_conn(ctx, prov, dbname=op.source_database) as conn:
             row = conn.execute(
                 "SELECT pg_has_role(current_user, %s, 'MEMBER')", [tenant]
             ).fetchone()
@@ -38,7 +38,7 @@ def run(env: StepEnv) -> None:
                     f"{prov.store.name}: GRANT {tenant} TO {user}"
                 )
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(tenant)))
-            login = stores.role_state(conn, tenant)
+            login = connections.role_state(conn, tenant)
     except psycopg.Error as exc:
         raise StepError(f"cannot prepare source access at {where}: {exc}") from None
     own_fence = login is False and _fence_requested(op.id)

@@ -38,7 +38,7 @@ from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import backup
-from reshard.runner import stores, waits
+from reshard.runner import connections, waits
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
@@ -63,7 +63,7 @@ def _submitted_source(ctx: RunContext, op: ReshardOperation) -> backup.BackupSou
     if op.source_kind == "cnpg":
         if not (op.from_shard and op.source_database and op.source_user):
             return None
-        prov = stores.provisioner(ctx, op.from_shard)
+        prov = connections.provisioner(ctx, op.from_shard)
         return backup.BackupSource(
             host=prov.store.host,
             port=prov.store.port,
@@ -75,7 +75,9 @@ def _submitted_source(ctx: RunContext, op: ReshardOperation) -> backup.BackupSou
         )
     password = ctx.source_password
     if not password and op.source_password_secret_ref:
-        password = stores.resolve_secret(ctx, op.source_password_secret_ref, "the source password")
+        password = connections.resolve_secret(
+            ctx, op.source_password_secret_ref, "the source password"
+        )
     if not (op.source_endpoint and op.source_database and op.source_user and password):
         return None
     return backup.BackupSource(
@@ -143,7 +145,7 @@ def take_prepared(ctx: RunContext) -> PreparedBackup | None:
 
 
 def _source(env: StepEnv) -> backup.BackupSource:
-    side = stores.source_side(env.ctx, env.op)
+    side = connections.source_side(env.ctx, env.op)
     return backup.BackupSource(
         host=side.endpoint.host,
         port=side.endpoint.port,

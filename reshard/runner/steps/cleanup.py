@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
 from reshard import identity, testhooks
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 from reshard.runner.steps.copying import release_handle
@@ -51,7 +51,7 @@ def drop_source(env: StepEnv) -> None:
         )
         return
     try:
-        prov = stores.provisioner(ctx, op.from_shard)
+        prov = connections.provisioner(ctx, op.from_shard)
         shared = identity.shared_catalog_message(
             org_id=op.org_id, database=database, store=prov.store
         )
@@ -62,13 +62,13 @@ def drop_source(env: StepEnv) -> None:
                 "warehouse owns it before dropping anything"
             )
             return
-        with stores.provisioner_conn(ctx, prov, role=op.source_user) as conn:
+        with connections.provisioner_conn(ctx, prov, role=op.source_user) as conn:
             env.fence.pre_statement_heartbeat()
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
             )
             testhooks.kill_point("after_source_drop")
-            gone = not stores.database_exists(conn, database)
+            gone = not connections.database_exists(conn, database)
     except (psycopg.Error, StepError) as exc:
         env.log.error(
             f"source database must be dropped manually: DROP DATABASE {database} on store "
@@ -92,10 +92,10 @@ def drop_source(env: StepEnv) -> None:
 def run_orphaning(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     try:
-        prov = stores.provisioner(ctx, op.from_shard)
-        with stores.provisioner_conn(ctx, prov) as conn:
-            present = stores.database_exists(conn, op.source_database)
-            login = stores.role_state(conn, op.source_user)
+        prov = connections.provisioner(ctx, op.from_shard)
+        with connections.provisioner_conn(ctx, prov) as conn:
+            present = connections.database_exists(conn, op.source_database)
+            login = connections.role_state(conn, op.source_user)
     except psycopg.Error as exc:
         raise StepError(f"cannot observe the source on store {op.from_shard}: {exc}") from None
     if not present or login is not False:

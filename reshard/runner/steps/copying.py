@@ -2,7 +2,7 @@
 reshard-60, reshard-67).
 
 Source and target are built from the op's durable fields (never the binding: after a →cnpg
-cutover it names the target). The target is reached logged in as the tenant (``stores``), the
+cutover it names the target). The target is reached logged in as the tenant (``connections``), the
 source as the provisioner with ``SET ROLE`` (cnpg) or as the tenant (external); every session is
 pinned (``search_path``, ``row_security``, timeouts sized from the step's deadline). Both are
 probed; the target identity checks (§4.18) run before any target write, takeovers included;
@@ -26,7 +26,7 @@ from django.conf import settings
 
 from reshard import copy as catalog_copy
 from reshard import verify
-from reshard.runner import stores, waits
+from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import RunnerHooks
@@ -54,9 +54,9 @@ class StepHooks(RunnerHooks):
         return super().stopped() or self.cancelled.is_set()
 
 
-def _probe(env: StepEnv, side: stores.Side) -> None:
+def _probe(env: StepEnv, side: connections.Side) -> None:
     try:
-        with side.connect(env.ctx) as conn, stores.registered(env.ctx, conn):
+        with side.connect(env.ctx) as conn, connections.registered(env.ctx, conn):
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         raise StepError(
@@ -66,8 +66,8 @@ def _probe(env: StepEnv, side: stores.Side) -> None:
 
 def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
-    source = stores.source_side(ctx, op)
-    target = stores.target_side(ctx, op)
+    source = connections.source_side(ctx, op)
+    target = connections.target_side(ctx, op)
     _probe(env, source)
     _probe(env, target)
     preflight.check_target_identity(env)
@@ -136,9 +136,9 @@ def run_verify(env: StepEnv) -> None:
     handle: Any = ctx.release_handle
     if handle is None or handle.released:
         raise StepError("the copy's source snapshot is gone; cannot verify (re-run the copy)")
-    target = stores.target_side(ctx, op)
+    target = connections.target_side(ctx, op)
     try:
-        with target.connect(ctx) as conn, stores.registered(ctx, conn):
+        with target.connect(ctx) as conn, connections.registered(ctx, conn):
             result = verify.verify_ducklake(handle.connection, conn)
     except verify.VerifyError as exc:
         raise StepError(str(exc)) from None

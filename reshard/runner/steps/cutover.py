@@ -26,7 +26,7 @@ from psycopg import sql
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import Warehouse
 from reshard import identity, testhooks
-from reshard.runner import binding, stores, waits
+from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError
 
@@ -44,10 +44,10 @@ def run(env: StepEnv) -> None:
 
 
 # --- H2 -------------------------------------------------------------------------------------
-def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None:
+def render_target(env: StepEnv, prov: connections.Provisioner, password: str) -> None:
     op, ctx = env.op, env.ctx
     role, database = op.target_user, op.target_database
-    with stores.provisioner_conn(ctx, prov) as conn:
+    with connections.provisioner_conn(ctx, prov) as conn:
         refusal = identity.op_role_refusal(conn, op, "target", prov.store)
         if refusal:
             raise StepError(f"{refusal}; refusing to create or adopt it")
@@ -55,7 +55,7 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
             password.encode(), role.encode(), b"scram-sha-256"
         ).decode()
         ctx.scrubber.add(verifier)
-        exists = stores.role_state(conn, role) is not None
+        exists = connections.role_state(conn, role) is not None
         verb = "ALTER" if exists else "CREATE"
         conn.execute(
             sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(
@@ -74,14 +74,14 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
         )
         if owner:
             raise StepError(owner)
-        if not stores.database_exists(conn, database):
+        if not connections.database_exists(conn, database):
             conn.execute(
                 sql.SQL("CREATE DATABASE {} OWNER {}").format(
                     sql.Identifier(database), sql.Identifier(role)
                 )
             )
-        state = stores.role_state(conn, role)
-        present = stores.database_exists(conn, database)
+        state = connections.role_state(conn, role)
+        present = connections.database_exists(conn, database)
     if state is not True or not present:
         raise StepError(
             f"target tenant not rendered on store {prov.store.name}: role {role} "
@@ -96,8 +96,8 @@ def render_target(env: StepEnv, prov: stores.Provisioner, password: str) -> None
 
 def run_cnpg(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
-    prov = stores.provisioner(ctx, op.to_shard)
-    password = stores.resolve_secret(
+    prov = connections.provisioner(ctx, op.to_shard)
+    password = connections.resolve_secret(
         ctx,
         op.target_password_secret_ref,
         f"the target password secret {op.target_password_secret_ref}",
@@ -127,10 +127,10 @@ def run_cnpg(env: StepEnv) -> None:
 
     def ready() -> tuple[bool, str]:
         try:
-            with stores.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
-                state = stores.role_state(conn, role)
+            with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+                state = connections.role_state(conn, role)
         except psycopg.Error as exc:
-            return False, stores.classify(
+            return False, connections.classify(
                 exc,
                 role=prov.store.provisioner_user,
                 ref=prov.store.provisioner_password_ref,
@@ -139,7 +139,7 @@ def run_cnpg(env: StepEnv) -> None:
         if state is not True:
             return False, f"target role {role} is {'NOLOGIN' if state is False else 'missing'}"
         try:
-            stores.tenant_probe(
+            connections.tenant_probe(
                 ctx,
                 prov.tenant_endpoint,
                 database=op.target_database,
@@ -147,7 +147,7 @@ def run_cnpg(env: StepEnv) -> None:
                 password=password,
             )
         except psycopg.Error as exc:
-            return False, stores.classify(
+            return False, connections.classify(
                 exc,
                 role=role,
                 ref=op.target_password_secret_ref,
@@ -172,7 +172,7 @@ def run_cnpg(env: StepEnv) -> None:
 def run_external(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     if not ctx.progress.flipped:
-        resolved = stores.resolve_secret(
+        resolved = connections.resolve_secret(
             ctx,
             op.target_password_secret_ref,
             f"the target password secret {op.target_password_secret_ref}",
@@ -203,13 +203,13 @@ def run_external(env: StepEnv) -> None:
             wh.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
         try:
-            password = stores.resolve_secret(
+            password = connections.resolve_secret(
                 ctx, wh.metadata_store_password_ref, "the binding's password"
             )
         except StepError as exc:
             return False, str(exc)
         try:
-            stores.tenant_probe(
+            connections.tenant_probe(
                 ctx,
                 endpoint,
                 database=wh.metadata_store_database,
@@ -217,7 +217,7 @@ def run_external(env: StepEnv) -> None:
                 password=password,
             )
         except psycopg.Error as exc:
-            return False, stores.classify(
+            return False, connections.classify(
                 exc,
                 role=wh.metadata_store_user,
                 ref=wh.metadata_store_password_ref,

@@ -26,7 +26,7 @@ from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
 from reshard import identity, testhooks
-from reshard.runner import stores, waits
+from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 
@@ -38,11 +38,13 @@ _BACKENDS = (
 )
 
 
-def alter_nologin(conn: stores.PgConn, tenant: str) -> None:
+def alter_nologin(conn: connections.PgConn, tenant: str) -> None:
     conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(tenant)))
 
 
-def check_source_identity(env: StepEnv, conn: stores.PgConn, prov: stores.Provisioner) -> None:
+def check_source_identity(
+    env: StepEnv, conn: connections.PgConn, prov: connections.Provisioner
+) -> None:
     """The fence's preconditions on the catalog and the role (StepError, nothing sent)."""
     op = env.op
     shared = identity.shared_catalog_message(
@@ -62,15 +64,15 @@ def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     if op.source_access_verified_at is None and not ctx.progress.source_access_verified:
         raise StepError("source access was never verified; refusing to fence the source")
-    prov = stores.provisioner(ctx, op.from_shard)  # fail closed before anything is sent
+    prov = connections.provisioner(ctx, op.from_shard)  # fail closed before anything is sent
     tenant, database = op.source_user, op.source_database
     timeout = waits.full_source_timeout()
     try:
-        with stores.provisioner_conn(ctx, prov) as conn:
+        with connections.provisioner_conn(ctx, prov) as conn:
             check_source_identity(env, conn, prov)
             earlier = op.source_fence_requested_at is not None
             env.fence.update(source_fence_requested_at=Coalesce("source_fence_requested_at", Now()))
-            if earlier and stores.role_state(conn, tenant) is False:
+            if earlier and connections.role_state(conn, tenant) is False:
                 env.log.info(
                     f"tenant role {tenant} is already NOLOGIN on store {prov.store.name} (this "
                     "operation's earlier fence); fencing again"
@@ -82,7 +84,7 @@ def run(env: StepEnv) -> None:
             testhooks.kill_point("after_nologin")
 
             def nologin() -> tuple[bool, str]:
-                state = stores.role_state(conn, tenant)
+                state = connections.role_state(conn, tenant)
                 shown = {None: "missing", True: "LOGIN", False: "NOLOGIN"}[state]
                 return state is False, f"tenant role {tenant} is {shown} in pg_roles"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import psycopg
 
 from reshard import identity
-from reshard.runner import stores
+from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 
@@ -20,8 +20,8 @@ PREFLIGHT_TIMEOUT = 8
 def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     try:
-        prov = stores.provisioner(ctx, op.to_shard)
-        with stores.provisioner_conn(ctx, prov, connect_timeout=PREFLIGHT_TIMEOUT) as conn:
+        prov = connections.provisioner(ctx, op.to_shard)
+        with connections.provisioner_conn(ctx, prov, connect_timeout=PREFLIGHT_TIMEOUT) as conn:
             conn.execute("SELECT 1")
     except (psycopg.Error, StepError) as exc:
         raise StepError(
@@ -32,7 +32,9 @@ def run(env: StepEnv) -> None:
     check_target_identity(env)
 
 
-def _target_role_refusal(env: StepEnv, conn: stores.PgConn, prov: stores.Provisioner) -> str | None:
+def _target_role_refusal(
+    env: StepEnv, conn: connections.PgConn, prov: connections.Provisioner
+) -> str | None:
     """→cnpg: the target role may be created or adopted (tenant role identity)."""
     return identity.op_role_refusal(conn, env.op, "target", prov.store)
 
@@ -40,18 +42,18 @@ def _target_role_refusal(env: StepEnv, conn: stores.PgConn, prov: stores.Provisi
 def check_target_identity(env: StepEnv) -> None:
     """§4.18 checks 1-3 in the runner (before the →cnpg flip and before any copy write)."""
     op, ctx = env.op, env.ctx
-    source = stores.source_side(ctx, op)
-    target = stores.target_side(ctx, op)
+    source = connections.source_side(ctx, op)
+    target = connections.target_side(ctx, op)
     src_ident = tgt_ident = None
     try:
-        with source.connect(ctx) as conn, stores.registered(ctx, conn):
+        with source.connect(ctx) as conn, connections.registered(ctx, conn):
             src_ident = identity.read_server_identity(conn, source.endpoint)
     except psycopg.Error as exc:
         raise StepError(f"cannot reach the source for the identity check: {exc}") from None
     try:
         if target.store:
-            prov = stores.provisioner(ctx, target.store)
-            with stores.provisioner_conn(ctx, prov) as conn:
+            prov = connections.provisioner(ctx, target.store)
+            with connections.provisioner_conn(ctx, prov) as conn:
                 tgt_ident = identity.read_server_identity(conn, target.endpoint)
                 owner = identity.database_owner_message(
                     conn,
@@ -62,7 +64,7 @@ def check_target_identity(env: StepEnv) -> None:
                 if owner:
                     raise StepError(owner)
         else:
-            with target.connect(ctx) as conn, stores.registered(ctx, conn):
+            with target.connect(ctx) as conn, connections.registered(ctx, conn):
                 tgt_ident = identity.read_server_identity(conn, target.endpoint)
     except psycopg.Error as exc:
         raise StepError(f"cannot reach the target for the identity check: {exc}") from None
@@ -79,7 +81,7 @@ def check_target_identity(env: StepEnv) -> None:
     if verdict.same:
         raise StepError(identity.SAME_DATABASE_MESSAGE)
     if target.store:
-        endpoints = identity.store_endpoints(stores.cnpg_store(target.store))
+        endpoints = identity.store_endpoints(connections.cnpg_store(target.store))
         label = f"store {target.store}"
     else:
         endpoints = {(target.endpoint.host, target.endpoint.port)}
