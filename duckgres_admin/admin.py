@@ -45,7 +45,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseTrino,
 )
-from reshard import dryrun, operations, selectors
+from reshard import backups, dryrun, operations, selectors
 from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
@@ -419,6 +419,7 @@ class WarehouseAdmin(ReadOnlyAdmin):
         "max_connection_leases",
         "status_message",
         "reshard_link",
+        "backups_link",
     )
     list_filter = ("state", "metadata_store_kind", "compaction_enabled")
     search_fields = ("org_id", "database_name", "metadata_store_host")
@@ -452,6 +453,41 @@ class WarehouseAdmin(ReadOnlyAdmin):
     def reshard_link(self, w: Warehouse) -> str:
         url = reverse("admin:duckgres_reshard_start") + f"?org={w.org_id}"
         return format_html('<a href="{}">reshard…</a>', url)
+
+    @admin.display(description="")
+    def backups_link(self, w: Warehouse) -> str:
+        url = reverse("admin:duckgres_warehouse_backups", args=[w.org_id])
+        return format_html('<a href="{}">backups</a>', url)
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "<str:org>/backups/",
+                self.admin_site.admin_view(self.backups_view),
+                name="duckgres_warehouse_backups",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def backups_view(self, request: HttpRequest, org: str) -> HttpResponse:
+        """The warehouse's backups with the retention plan: the API's listing, read-only."""
+        if not roles.can_read(request):
+            raise PermissionDenied
+        listing: dict[str, Any] | None = None
+        error = ""
+        try:
+            listing = backups.backups_for_org(org, with_plan=True)
+        except ServiceError as exc:
+            error = exc.message
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Backups of {org}",
+            "org": org,
+            "listing": listing,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/duckgres_admin/warehouse/backups.html", context)
 
 
 @admin.register(MetadataStore)

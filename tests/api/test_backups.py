@@ -5,14 +5,12 @@ the dry-run plan, and the retention task deletes exactly the planned keys (docs/
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.utils import timezone
 
 from duckgres_admin.config import EnvReader
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
@@ -20,44 +18,12 @@ from duckgres_admin.models import ReshardLogEntry
 from reshard import backup_tasks, backups, retention
 from reshard.backup import KEY_PREFIX, backup_key
 from tests.fixtures.api import error
-from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
+from tests.fixtures.backups_listing import op_in_state as _op
+from tests.fixtures.backups_listing import put_object as _put
+from tests.fixtures.backups_listing import warehouse_with_bucket as _wh
 from tests.fixtures.s3 import S3Bucket
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def bucket(s3_bucket: S3Bucket, settings: Any, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
-    """This process reaches the moto server as the API and the default worker would."""
-    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
-    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
-    settings.DUCKGRES_AWS_REGION = s3_bucket.region
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    return s3_bucket
-
-
-def _put(bucket: S3Bucket, key: str, size: int = 3) -> str:
-    bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=b"x" * size)
-    time.sleep(0.05)  # distinct LastModified (moto: milliseconds)
-    return key
-
-
-def _wh(bucket: str) -> Any:
-    """A cnpg-bound warehouse row with a data bucket (nothing connects to its store)."""
-    name = unique("cat")
-    return new_warehouse(
-        store=new_store(),
-        data_bucket=bucket,
-        metadata_store_database=name,
-        metadata_store_user=name,
-        metadata_store_password_ref=f"env:DUCKGRES_TEST_PW_{name}",
-    )
-
-
-def _op(wh: Any, state: str) -> Any:
-    finished = timezone.now() if state in ("succeeded", "failed", "cancelled") else None
-    return new_op(wh, to_store=new_store(), state=state, finished_at=finished)
 
 
 def _policy(settings: Any, **values: Any) -> None:

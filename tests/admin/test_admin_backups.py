@@ -1,0 +1,86 @@
+"""The admin's backups page (issue 13 item 2): a warehouse's own backups from a real S3 server
+(moto's, over HTTP), newest first, with the retention plan; readable by every viewer, refused
+to a disabled operator; an unreachable store is a clear message, not a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from duckgres_admin.models import Operator
+from reshard import retention
+from reshard.backup import backup_key
+from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
+from tests.fixtures.rows import unique
+from tests.fixtures.s3 import S3Bucket
+
+pytestmark = pytest.mark.django_db
+
+
+def _viewer(client: Any, *, disabled: bool = False) -> Any:
+    name = unique("viewer")
+    user = get_user_model().objects.create_user(
+        name, f"{name}@example.com", "pw-for-tests", is_staff=True
+    )
+    if disabled:
+        Operator.objects.create(email=f"{name}@example.com", role="viewer", disabled=True)
+    client.force_login(user)
+    return client
+
+
+def _page(org: str) -> str:
+    return f"/admin/duckgres_admin/warehouse/{org}/backups/"
+
+
+@pytest.mark.safeguard("reshard-93")
+def test_a_viewer_sees_only_this_warehouses_backups_with_the_plan(
+    client: Any, bucket: S3Bucket, settings: Any
+) -> None:
+    settings.DUCKGRES_BACKUP_RETENTION = retention.RetentionPolicy(keep_last=1, min_age_days=0)
+    mine, other = warehouse_with_bucket(bucket.bucket), warehouse_with_bucket(bucket.bucket)
+    old, new = op_in_state(mine, "succeeded"), op_in_state(mine, "failed")
+    old_key = put_object(bucket, backup_key(old.id), size=1234)
+    new_key = put_object(bucket, backup_key(new.id), size=5678)
+    foreign_key = put_object(bucket, backup_key(op_in_state(other, "succeeded").id))
+
+    resp = _viewer(client).get(_page(mine.org_id))
+    assert resp.status_code == 200
+    html = resp.content.decode()
+    assert foreign_key not in html, "another warehouse's backup in the same bucket is not listed"
+    assert html.index(new_key) < html.index(old_key), "newest first"
+    assert "5678" in html
+    assert "1234" in html
+    assert "2 of this warehouse; 3 object(s) listed, 1 not this warehouse" in html
+    assert f"/admin/duckgres_admin/reshardoperation/{old.id}/change/" in html
+    assert "keep: among the newest 1" in html
+    assert "delete: not among the newest 1" in html
+    assert "1 marked delete" in html
+    assert "retention is disabled" in html
+    assert "not tested" in html
+
+    listing = client.get("/admin/duckgres_admin/warehouse/")
+    assert _page(mine.org_id) in listing.content.decode(), "the warehouse list links the page"
+
+
+def test_a_disabled_operator_is_refused_and_an_unknown_org_is_explained(
+    client: Any, bucket: S3Bucket
+) -> None:
+    mine = warehouse_with_bucket(bucket.bucket)
+    refused = _viewer(client, disabled=True).get(_page(mine.org_id))
+    assert refused.status_code == 403
+    client.logout()
+    missing = _viewer(client).get(_page("no-such-org"))
+    assert missing.status_code == 200
+    assert 'id="backups-error">org has no managed warehouse<' in missing.content.decode()
+
+
+def test_an_unreachable_storage_is_a_message_not_an_error_page(
+    client: Any, bucket: S3Bucket, settings: Any
+) -> None:
+    mine = warehouse_with_bucket(bucket.bucket)
+    settings.DUCKGRES_S3_ENDPOINT_URL = "http://127.0.0.1:9"  # nothing listens there
+    resp = _viewer(client).get(_page(mine.org_id))
+    assert resp.status_code == 200
+    assert f"cannot list the backups in s3://{bucket.bucket}/" in resp.content.decode()
