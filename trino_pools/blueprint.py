@@ -50,6 +50,7 @@ MAX_FILES_TOTAL_BYTES = 768 * 1024
 MAX_SHARED_NAMES = 32
 MAX_CONTAINERS = 8
 MAX_WORKER_REPLICAS = 100
+MAX_NAMESPACE_LENGTH = 63
 
 # Labels the operator injects (spec §4.13); pod templates may not set them.
 INSTANCE_LABEL = "posthog.com/trino-instance"
@@ -252,9 +253,60 @@ def _check_identity(check: _Checker, raw: object) -> IdentityBinding | None:
     return IdentityBinding(**values)
 
 
+def _check_config_file(check: _Checker, where: str, name: str, content: object) -> int | None:
+    """Check one file's name, content type, size and characters; its size, or None if unusable."""
+    if not FILE_NAME_RE.match(name) or len(name) > 253:
+        check.fail(
+            where,
+            f"{name!r} is not a plain file name",
+            "use letters, digits, '.', '_' and '-' only (no directories)",
+        )
+        return None
+    if not isinstance(content, str):
+        check.fail(where, "the file content must be a string", "write the file as a JSON string")
+        return None
+    size = len(content.encode("utf-8"))
+    if size > MAX_FILE_BYTES:
+        check.fail(where, f"the file is {size} bytes", "keep each file at most 256 KiB")
+    bad = next(
+        (c for c in content if (ord(c) < 32 or ord(c) == 127) and c not in _ALLOWED_CONTROL),
+        None,
+    )
+    if bad is not None:
+        check.fail(
+            where,
+            f"the file contains the control character U+{ord(bad):04X}",
+            "remove it (only newlines, tabs and carriage returns are allowed)",
+        )
+    return size
+
+
+def _check_file_references(
+    check: _Checker, role: str, files: Mapping[str, Any], identity: IdentityBinding
+) -> None:
+    """Check the role's config.properties and node.properties reference the injected env."""
+    required = (
+        ("config.properties", identity.discovery_uri_env),
+        ("node.properties", identity.node_environment_env),
+    )
+    for name, env in required:
+        reference = "${ENV:" + env + "}"
+        content = files.get(name)
+        where = f"$.config_files.{role}[{json.dumps(name)}]"
+        if not isinstance(content, str):
+            check.fail(where, f"the {role} needs {name}", f"add it, referencing {reference}")
+        elif reference not in content:
+            check.fail(
+                where,
+                f"{name} does not reference {reference}",
+                f"take the value from {reference} (the operator injects {env})",
+            )
+
+
 def _check_config_files(
     check: _Checker, raw: object, identity: IdentityBinding | None
 ) -> dict[str, dict[str, str]]:
+    """Check both roles' configuration files and their total size; returns the usable files."""
     path = "$.config_files"
     obj = check.obj(raw, path)
     if obj is None:
@@ -279,58 +331,12 @@ def _check_config_files(
             continue
         result[role] = {}
         for name, content in files.items():
-            where = f"{role_path}[{json.dumps(name)}]"
-            if not FILE_NAME_RE.match(name) or len(name) > 253:
-                check.fail(
-                    where,
-                    f"{name!r} is not a plain file name",
-                    "use letters, digits, '.', '_' and '-' only (no directories)",
-                )
-                continue
-            if not isinstance(content, str):
-                check.fail(
-                    where, "the file content must be a string", "write the file as a JSON string"
-                )
-                continue
-            size = len(content.encode("utf-8"))
-            total += size
-            if size > MAX_FILE_BYTES:
-                check.fail(where, f"the file is {size} bytes", "keep each file at most 256 KiB")
-            bad = next(
-                (
-                    c
-                    for c in content
-                    if (ord(c) < 32 or ord(c) == 127) and c not in _ALLOWED_CONTROL
-                ),
-                None,
-            )
-            if bad is not None:
-                check.fail(
-                    where,
-                    f"the file contains the control character U+{ord(bad):04X}",
-                    "remove it (only newlines, tabs and carriage returns are allowed)",
-                )
-            result[role][name] = content
+            size = _check_config_file(check, f"{role_path}[{json.dumps(name)}]", name, content)
+            if size is not None:
+                total += size
+                result[role][name] = content
         if identity is not None:
-            required = (
-                ("config.properties", identity.discovery_uri_env),
-                ("node.properties", identity.node_environment_env),
-            )
-            for name, env in required:
-                reference = "${ENV:" + env + "}"
-                content = files.get(name)
-                if not isinstance(content, str):
-                    check.fail(
-                        f"{role_path}[{json.dumps(name)}]",
-                        f"the {role} needs {name}",
-                        f"add it, referencing {reference}",
-                    )
-                elif reference not in content:
-                    check.fail(
-                        f"{role_path}[{json.dumps(name)}]",
-                        f"{name} does not reference {reference}",
-                        f"take the value from {reference} (the operator injects {env})",
-                    )
+            _check_file_references(check, role, files, identity)
     if total > MAX_FILES_TOTAL_BYTES:
         check.fail(
             path, f"the files total {total} bytes", "keep all files together at most 768 KiB"
@@ -386,25 +392,19 @@ def _images(spec: Mapping[str, Any], key: str) -> list[tuple[int, dict[str, Any]
     return [(i, c) for i, c in enumerate(items) if isinstance(c, dict)]
 
 
-def _check_template(
-    check: _Checker,
-    role: str,
-    raw: object,
-    *,
-    identity: IdentityBinding | None,
-    image: str,
-    service_account: str,
-) -> dict[str, Any]:
-    path = f"$.{role}.pod_template"
-    template = check.obj(raw, path)
-    if template is None:
-        return {}
-    check.keys(template, path, frozenset({"metadata", "spec"}))
+_OPERATOR_METADATA = ("name", "namespace", "ownerReferences", "generateName")
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def _check_template_metadata(
+    check: _Checker, path: str, template: Mapping[str, Any], identity: IdentityBinding | None
+) -> None:
+    """Check the pod template's metadata: no operator-owned fields, string maps, no own labels."""
     metadata = template.get("metadata", {})
     if not isinstance(metadata, dict):
         check.fail(f"{path}.metadata", "must be an object", "write it as a JSON object")
         metadata = {}
-    for key in ("name", "namespace", "ownerReferences", "generateName"):
+    for key in _OPERATOR_METADATA:
         if key in metadata:
             check.fail(
                 f"{path}.metadata.{key}",
@@ -412,11 +412,7 @@ def _check_template(
                 "remove it: the operator names and places every instance object",
             )
     check.keys(
-        {
-            k: v
-            for k, v in metadata.items()
-            if k not in ("name", "namespace", "ownerReferences", "generateName")
-        },
+        {k: v for k, v in metadata.items() if k not in _OPERATOR_METADATA},
         f"{path}.metadata",
         frozenset({"labels", "annotations"}),
     )
@@ -438,10 +434,10 @@ def _check_template(
                     f"the label {label} is set by the operator",
                     "remove it from the pod template",
                 )
-    spec = template.get("spec")
-    if not isinstance(spec, dict):
-        check.fail(f"{path}.spec", "the pod spec is required", "add spec with the containers")
-        return template
+
+
+def _check_pod_fields(check: _Checker, path: str, template: dict[str, Any]) -> None:
+    """Report every field Kubernetes would reject in the pod template."""
     for problem in k8s.pod_template_problems(template):
         where, _, message = problem.partition(": ")
         check.fail(
@@ -449,6 +445,12 @@ def _check_template(
             f"not a valid Kubernetes pod template field ({message})",
             "fix or remove it (field names are camelCase as in Kubernetes manifests)",
         )
+
+
+def _check_pod_placement(
+    check: _Checker, path: str, spec: Mapping[str, Any], service_account: str
+) -> None:
+    """Check host namespaces, node pinning, the service account and the reserved volume name."""
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(key) not in (None, False):
             check.fail(f"{path}.spec.{key}", f"{key} is not allowed", f"remove {key}")
@@ -472,6 +474,10 @@ def _check_template(
                 f"the volume name {CONFIG_VOLUME} is reserved",
                 "rename the volume (the operator mounts the instance's ConfigMap under it)",
             )
+
+
+def _pod_containers(check: _Checker, path: str, spec: Mapping[str, Any]) -> list[Any]:
+    """The pod's containers, reporting a list that is missing or not 1 to 8 long."""
     containers = spec.get("containers")
     if not isinstance(containers, list) or not 1 <= len(containers) <= MAX_CONTAINERS:
         check.fail(
@@ -480,40 +486,64 @@ def _check_template(
             "fix the container list",
         )
         containers = containers if isinstance(containers, list) else []
-    for key in ("containers", "initContainers", "ephemeralContainers"):
+    return containers
+
+
+def _check_container(
+    check: _Checker, where: str, container: object, identity: IdentityBinding | None
+) -> None:
+    """Check one container: an object with a name, a digest-pinned image, no injected env."""
+    if not isinstance(container, dict):
+        check.fail(where, "must be an object", "write the container as a JSON object")
+        return
+    if not isinstance(container.get("name"), str) or not container.get("name"):
+        check.fail(f"{where}.name", "every container needs a name", "set name")
+    ref = container.get("image")
+    if not isinstance(ref, str) or not DIGEST_PINNED_RE.match(ref):
+        check.fail(
+            f"{where}.image",
+            f"{ref!r} is not digest-pinned",
+            "pin it as <repository>@sha256:<64 hex>",
+        )
+    env = container.get("env", [])
+    if not isinstance(env, list):
+        check.fail(f"{where}.env", "must be a list", "write env as a JSON list")
+        return
+    if identity is None:
+        return
+    for env_index, item in enumerate(env):
+        name = item.get("name") if isinstance(item, dict) else None
+        if name in identity.injected_env:
+            check.fail(
+                f"{where}.env[{env_index}]",
+                f"{name} is injected by the operator",
+                "remove it from the pod template",
+            )
+
+
+def _check_container_lists(
+    check: _Checker, path: str, spec: Mapping[str, Any], identity: IdentityBinding | None
+) -> None:
+    """Check every container of the regular, init and ephemeral container lists."""
+    for key in _CONTAINER_LISTS:
         items = spec.get(key)
         if items is not None and not isinstance(items, list):
             check.fail(f"{path}.spec.{key}", "must be a list", "write it as a JSON list")
             continue
         for index, container in enumerate(items or []):
-            where = f"{path}.spec.{key}[{index}]"
-            if not isinstance(container, dict):
-                check.fail(where, "must be an object", "write the container as a JSON object")
-                continue
-            if not isinstance(container.get("name"), str) or not container.get("name"):
-                check.fail(f"{where}.name", "every container needs a name", "set name")
-            ref = container.get("image")
-            if not isinstance(ref, str) or not DIGEST_PINNED_RE.match(ref):
-                check.fail(
-                    f"{where}.image",
-                    f"{ref!r} is not digest-pinned",
-                    "pin it as <repository>@sha256:<64 hex>",
-                )
-            env = container.get("env", [])
-            if not isinstance(env, list):
-                check.fail(f"{where}.env", "must be a list", "write env as a JSON list")
-                continue
-            if identity is not None:
-                for env_index, item in enumerate(env):
-                    name = item.get("name") if isinstance(item, dict) else None
-                    if name in identity.injected_env:
-                        check.fail(
-                            f"{where}.env[{env_index}]",
-                            f"{name} is injected by the operator",
-                            "remove it from the pod template",
-                        )
-    if identity is None:
-        return template
+            _check_container(check, f"{path}.spec.{key}[{index}]", container, identity)
+
+
+def _check_main_container(
+    check: _Checker,
+    role: str,
+    path: str,
+    containers: list[Any],
+    *,
+    identity: IdentityBinding,
+    image: str,
+) -> None:
+    """Check the role's single main container: release image, mounts and coordinator port."""
     main_name = identity.main_container(role)
     mains = [
         (i, c)
@@ -526,7 +556,7 @@ def _check_template(
             f"exactly one main container named {main_name!r} is required (found {len(mains)})",
             f"name the Trino container {main_name!r} (identity_binding.{role}_container_name)",
         )
-        return template
+        return
     index, main = mains[0]
     where = f"{path}.spec.containers[{index}]"
     if image and main.get("image") != image:
@@ -543,16 +573,49 @@ def _check_template(
                 f"mount it elsewhere or below {CONFIG_MOUNT_PATH}/",
             )
     if role == "coordinator":
-        ports = main.get("ports") or []
-        names = (
-            [p.get("name") for p in ports if isinstance(p, dict)] if isinstance(ports, list) else []
+        _check_coordinator_port(check, where, main, identity)
+
+
+def _check_coordinator_port(
+    check: _Checker, where: str, main: Mapping[str, Any], identity: IdentityBinding
+) -> None:
+    """Check the coordinator's main container declares the HTTP port the Service targets."""
+    ports = main.get("ports") or []
+    names = [p.get("name") for p in ports if isinstance(p, dict)] if isinstance(ports, list) else []
+    if identity.coordinator_http_port_name not in names:
+        check.fail(
+            f"{where}.ports",
+            f"the coordinator has no port named {identity.coordinator_http_port_name!r}",
+            "declare the HTTP containerPort with that name (the Service targets it)",
         )
-        if identity.coordinator_http_port_name not in names:
-            check.fail(
-                f"{where}.ports",
-                f"the coordinator has no port named {identity.coordinator_http_port_name!r}",
-                "declare the HTTP containerPort with that name (the Service targets it)",
-            )
+
+
+def _check_template(
+    check: _Checker,
+    role: str,
+    raw: object,
+    *,
+    identity: IdentityBinding | None,
+    image: str,
+    service_account: str,
+) -> dict[str, Any]:
+    """Check one role's pod template against the rules of §6.3; returns it (``{}`` if absent)."""
+    path = f"$.{role}.pod_template"
+    template = check.obj(raw, path)
+    if template is None:
+        return {}
+    check.keys(template, path, frozenset({"metadata", "spec"}))
+    _check_template_metadata(check, path, template, identity)
+    spec = template.get("spec")
+    if not isinstance(spec, dict):
+        check.fail(f"{path}.spec", "the pod spec is required", "add spec with the containers")
+        return template
+    _check_pod_fields(check, path, template)
+    _check_pod_placement(check, path, spec, service_account)
+    containers = _pod_containers(check, path, spec)
+    _check_container_lists(check, path, spec, identity)
+    if identity is not None:
+        _check_main_container(check, role, path, containers, identity=identity, image=image)
     return template
 
 
@@ -595,15 +658,26 @@ def parse_blueprint(text: str, *, source: str, cell_namespace: str) -> Blueprint
     return validate_blueprint(document, source=source, cell_namespace=cell_namespace)
 
 
-def validate_blueprint(document: object, *, source: str, cell_namespace: str) -> Blueprint:
-    """Validate an already-decoded blueprint (for instance a stored snapshot)."""
-    check = _Checker(source)
-    top = check.obj(document, "$")
-    if top is None:
-        raise BlueprintError(source, check.problems)
+_RELEASE_WHAT = "[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}"
+# (top-level field, pattern, what it must be), checked in this order.
+_TOP_STRINGS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("release_id", RELEASE_RE, _RELEASE_WHAT),
+    ("chart_version", RELEASE_RE, _RELEASE_WHAT),
+    ("image", DIGEST_PINNED_RE, "a digest-pinned image (<repository>@sha256:<64 hex>)"),
+    ("namespace", DNS_LABEL_RE, "a DNS-1123 label"),
+    ("service_account_name", DNS_SUBDOMAIN_RE, "a service account name"),
+)
+
+
+def _check_top_fields(check: _Checker, top: Mapping[str, Any]) -> None:
+    """Check the top level has only known fields and every required one."""
     check.keys(top, "$", TOP_FIELDS)
     for key in sorted(REQUIRED_TOP - set(top)):
         check.fail(f"$.{key}", f"{key} is required", "add it (see docs/trino-instances.md)")
+
+
+def _check_generation(check: _Checker, top: Mapping[str, Any]) -> int:
+    """Check blueprint_version is 1; returns the generation (0 unless an integer >= 0)."""
     version = top.get("blueprint_version")
     if "blueprint_version" in top and (not strictjson.is_int(version) or version != 1):
         check.fail(
@@ -618,23 +692,46 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
             f"generation must be an integer >= 0 (got {json.dumps(generation)})",
             "fix it",
         )
-        generation = 0
-    release = check.string(top, "$", "release_id", RELEASE_RE, "[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}")
-    chart = check.string(
-        top, "$", "chart_version", RELEASE_RE, "[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}"
-    )
-    image = check.string(
-        top, "$", "image", DIGEST_PINNED_RE, "a digest-pinned image (<repository>@sha256:<64 hex>)"
-    )
-    namespace = check.string(top, "$", "namespace", DNS_LABEL_RE, "a DNS-1123 label")
-    if namespace and len(namespace) > 63:
-        check.fail("$.namespace", "namespace is longer than 63 characters", "shorten it")
-    account = check.string(
-        top, "$", "service_account_name", DNS_SUBDOMAIN_RE, "a service account name"
-    )
-    identity = (
-        _check_identity(check, top.get("identity_binding")) if "identity_binding" in top else None
-    )
+        return 0
+    return int(generation)
+
+
+def _top_strings(check: _Checker, top: Mapping[str, Any]) -> dict[str, str]:
+    """The top-level string fields (``""`` when invalid), each checked against its pattern."""
+    values: dict[str, str] = {}
+    for key, pattern, what in _TOP_STRINGS:
+        values[key] = check.string(top, "$", key, pattern, what)
+        if key == "namespace" and len(values[key]) > MAX_NAMESPACE_LENGTH:
+            check.fail("$.namespace", "namespace is longer than 63 characters", "shorten it")
+    return values
+
+
+def _worker_replicas(check: _Checker, block: Mapping[str, Any]) -> int:
+    """The worker replica count; one outside 1..100 is reported (and counts as 0)."""
+    value = block.get("replicas")
+    if (
+        not isinstance(value, int)
+        or not strictjson.is_int(value)
+        or not 1 <= value <= MAX_WORKER_REPLICAS
+    ):
+        check.fail(
+            "$.worker.replicas",
+            f"replicas must be 1..100 (got {json.dumps(value)})",
+            "fix it",
+        )
+        return 0
+    return int(value)
+
+
+def _check_roles(
+    check: _Checker,
+    top: Mapping[str, Any],
+    *,
+    identity: IdentityBinding | None,
+    image: str,
+    service_account: str,
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Check the coordinator and worker blocks; returns their pod templates and worker replicas."""
     templates: dict[str, dict[str, Any]] = {}
     replicas = 0
     for role in ROLES:
@@ -654,22 +751,30 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
             block["pod_template"],
             identity=identity,
             image=image,
-            service_account=account,
+            service_account=service_account,
         )
         if role == "worker":
-            value = block.get("replicas")
-            if (
-                not isinstance(value, int)
-                or not strictjson.is_int(value)
-                or not 1 <= value <= MAX_WORKER_REPLICAS
-            ):
-                check.fail(
-                    "$.worker.replicas",
-                    f"replicas must be 1..100 (got {json.dumps(value)})",
-                    "fix it",
-                )
-            else:
-                replicas = int(value)
+            replicas = _worker_replicas(check, block)
+    return templates, replicas
+
+
+def validate_blueprint(document: object, *, source: str, cell_namespace: str) -> Blueprint:
+    """Validate an already-decoded blueprint (for instance a stored snapshot)."""
+    check = _Checker(source)
+    top = check.obj(document, "$")
+    if top is None:
+        raise BlueprintError(source, check.problems)
+    _check_top_fields(check, top)
+    generation = _check_generation(check, top)
+    strings = _top_strings(check, top)
+    image, namespace = strings["image"], strings["namespace"]
+    account = strings["service_account_name"]
+    identity = (
+        _check_identity(check, top.get("identity_binding")) if "identity_binding" in top else None
+    )
+    templates, replicas = _check_roles(
+        check, top, identity=identity, image=image, service_account=account
+    )
     files = (
         _check_config_files(check, top["config_files"], identity) if "config_files" in top else {}
     )
@@ -692,9 +797,9 @@ def validate_blueprint(document: object, *, source: str, cell_namespace: str) ->
     assert identity is not None
     return Blueprint(
         blueprint_version=1,
-        generation=int(generation),
-        release_id=release,
-        chart_version=chart,
+        generation=generation,
+        release_id=strings["release_id"],
+        chart_version=strings["chart_version"],
         image=image,
         namespace=namespace,
         service_account_name=account,

@@ -286,49 +286,56 @@ def _kube_client_loadable(environ: Mapping[str, str], service_account_token: str
     ) and os.path.isfile(service_account_token)
 
 
-def load(
-    environ: Mapping[str, str], *, service_account_token: str = SERVICE_ACCOUNT_TOKEN
-) -> TrinoSettings:
-    """Validate the Trino environment; raises ``ImproperlyConfigured`` listing every problem."""
-    reader = _Reader(environ)
-
-    # 1. Retired variables.
+def _check_retired(reader: _Reader) -> None:
+    """Report retired variables: current names are errors, older names only warnings."""
     for name, step in RETIRED_VARIABLES.items():
-        if environ.get(name, "") != "":
+        if reader.environ.get(name, "") != "":
             reader.errors.append(f"{name} is retired and must not be set: {step}")
     for name in OLDER_RETIRED_VARIABLES:
-        if environ.get(name, "") != "":
+        if reader.environ.get(name, "") != "":
             reader.warnings.append(f"{name} is retired and ignored; remove it")
 
-    # 2. Booleans, before any dependency check.
+
+def _parse_flags(reader: _Reader) -> dict[str, bool]:
+    """Parse every boolean variable; any problem so far is fatal before a dependency check."""
     flags = {name: reader.boolean(name) for name in BOOLEAN_VARIABLES}
     if reader.errors:
         _raise(reader.errors)
+    return flags
 
-    pool_enabled = flags["DUCKGRES_TRINO_POOL_ENABLED"]
-    operator = flags["DUCKGRES_TRINO_POOL_OPERATOR_ENABLED"]
-    writer = flags["DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED"]
 
-    metrics_port = DEFAULT_METRICS_PORT
+def _metrics_port(reader: _Reader) -> int:
+    """The metrics port; a value that is not a port number is reported."""
     raw_port = reader.text("DUCKGRES_TRINO_METRICS_PORT")
-    if raw_port:
-        if raw_port.isdigit() and int(raw_port) <= 65535:
-            metrics_port = int(raw_port)
-        else:
-            reader.errors.append(
-                f"DUCKGRES_TRINO_METRICS_PORT: {raw_port!r} is not a port number (0..65535)"
-            )
-    s3_max = DEFAULT_S3_MAX_CONNECTIONS
-    raw_s3 = reader.text("DUCKGRES_TRINO_S3_MAX_CONNECTIONS")
-    if raw_s3.isdigit():  # blank, invalid or negative -> the default (spec §6.1)
-        s3_max = int(raw_s3)
+    if not raw_port:
+        return DEFAULT_METRICS_PORT
+    if raw_port.isdigit() and int(raw_port) <= 65535:
+        return int(raw_port)
+    reader.errors.append(
+        f"DUCKGRES_TRINO_METRICS_PORT: {raw_port!r} is not a port number (0..65535)"
+    )
+    return DEFAULT_METRICS_PORT
 
+
+def _s3_max_connections(reader: _Reader) -> int:
+    """The S3 connection cap; blank, invalid or negative -> the default (spec §6.1)."""
+    raw_s3 = reader.text("DUCKGRES_TRINO_S3_MAX_CONNECTIONS")
+    return int(raw_s3) if raw_s3.isdigit() else DEFAULT_S3_MAX_CONNECTIONS
+
+
+def _publisher_image(reader: _Reader) -> str:
+    """The publisher image; one that is not digest-pinned is reported."""
     publisher_image = reader.text("DUCKGRES_TRINO_POOL_PUBLISHER_IMAGE")
     if publisher_image and not DIGEST_PINNED_RE.match(publisher_image):
         reader.errors.append(
             f"DUCKGRES_TRINO_POOL_PUBLISHER_IMAGE={publisher_image!r} is not digest-pinned; "
             "use <image>@sha256:<64 hex>"
         )
+    return publisher_image
+
+
+def _hoglake(reader: _Reader) -> dict[str, str]:
+    """The managed Hoglake variables; URI and data path are required once any is set."""
     hoglake = {
         name: reader.text(name)
         for name in (
@@ -341,31 +348,190 @@ def load(
         for name in ("DUCKGRES_TRINO_MANAGED_HOGLAKE_URI", "DUCKGRES_TRINO_HOGLAKE_DATA_PATH"):
             if not hoglake[name]:
                 reader.errors.append(f"{name} is required when any managed Hoglake variable is set")
-    service_auth_file = reader.text("DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE")
-    if service_auth_file:
-        token = reader.read_file(
-            "DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE", service_auth_file, MAX_TOKEN_FILE_BYTES
-        )
-        if token is not None:
-            if len(token) < MIN_TOKEN_LENGTH:
-                reader.errors.append(
-                    "DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE: the secret is shorter than "
-                    f"{MIN_TOKEN_LENGTH} characters"
-                )
-            for other in _SHARED_SECRETS:
-                if token and token == _shared_secret(environ, other):
-                    reader.errors.append(
-                        f"DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE must differ from {other}"
-                    )
+    return hoglake
 
-    gateway_url = reader.text("DUCKGRES_TRINO_POOL_GATEWAY_URL") or reader.text(
-        "DUCKGRES_TRINO_MANAGED_GATEWAY_URL"
-    )
-    gateway_var = (
-        "DUCKGRES_TRINO_POOL_GATEWAY_URL"
-        if reader.text("DUCKGRES_TRINO_POOL_GATEWAY_URL")
-        else "DUCKGRES_TRINO_MANAGED_GATEWAY_URL"
-    )
+
+def _service_auth_file(reader: _Reader) -> str:
+    """The service-auth secret file; its secret must be long enough and unlike shared ones."""
+    variable = "DUCKGRES_TRINO_SERVICE_AUTH_SECRET_FILE"
+    service_auth_file = reader.text(variable)
+    if not service_auth_file:
+        return service_auth_file
+    token = reader.read_file(variable, service_auth_file, MAX_TOKEN_FILE_BYTES)
+    if token is None:
+        return service_auth_file
+    if len(token) < MIN_TOKEN_LENGTH:
+        reader.errors.append(
+            f"{variable}: the secret is shorter than {MIN_TOKEN_LENGTH} characters"
+        )
+    for other in _SHARED_SECRETS:
+        if token and token == _shared_secret(reader.environ, other):
+            reader.errors.append(f"{variable} must differ from {other}")
+    return service_auth_file
+
+
+def _gateway_url(reader: _Reader) -> tuple[str, str]:
+    """The Gateway URL and the variable it comes from (the pool variable wins)."""
+    pool_url = reader.text("DUCKGRES_TRINO_POOL_GATEWAY_URL")
+    if pool_url:
+        return pool_url, "DUCKGRES_TRINO_POOL_GATEWAY_URL"
+    return reader.text("DUCKGRES_TRINO_MANAGED_GATEWAY_URL"), "DUCKGRES_TRINO_MANAGED_GATEWAY_URL"
+
+
+def _warn_unwired(reader: _Reader, flags: Mapping[str, bool]) -> None:
+    """Warn about pool flags set to true while Trino is not wired."""
+    for name in POOL_FLAGS:
+        if flags[name]:
+            reader.warnings.append(
+                f"{name} is true but Trino is not wired (neither DUCKGRES_TRINO_CELLS_FILE "
+                "nor DUCKGRES_TRINO_DEFAULT_CELL is set): Trino stays off"
+            )
+
+
+def _check_configmap_names(reader: _Reader, prefix: str, cells: tuple[Cell, ...]) -> None:
+    """Check the ConfigMap prefix is set and yields a DNS-1123 name for every pool."""
+    if not prefix:
+        reader.errors.append(
+            "DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP is required when a Trino pool is "
+            "configured: set the name prefix of each pool's ConfigMap (<prefix>-<pool>)"
+        )
+        return
+    for cell in cells:
+        name = f"{prefix}-{cell.id}"
+        if len(name) > 253 or not DNS_SUBDOMAIN_RE.match(name):
+            reader.errors.append(
+                f"DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP={prefix!r}: the ConfigMap name "
+                f"{name!r} of pool {cell.id!r} is not a DNS-1123 subdomain "
+                "(lowercase letters, digits, '-' and '.', at most 253 characters)"
+            )
+            return
+
+
+def _wired_pools(
+    reader: _Reader,
+    flags: Mapping[str, bool],
+    *,
+    cells_file: str,
+    default_cell: str,
+    prefix: str,
+    service_account_token: str,
+) -> tuple[Cell, ...]:
+    """The registered pools, each checked (§4.1 steps 3-5); none while Trino is not wired."""
+    if not (cells_file or default_cell):
+        _warn_unwired(reader, flags)
+        return ()
+    if not cells_file:
+        reader.errors.append("DUCKGRES_TRINO_CELLS_FILE is required for Trino provisioning")
+        return ()
+    cells: tuple[Cell, ...] = ()
+    try:
+        cells = load_registry(cells_file)
+    except RegistryError as exc:
+        reader.errors.extend(exc.problems)
+    for cell in cells:
+        if not flags["DUCKGRES_TRINO_POOL_ENABLED"]:
+            reader.errors.append(
+                f"DUCKGRES_TRINO_CELLS_FILE: cell {cell.id!r} declares shared-pool mode but "
+                "DUCKGRES_TRINO_POOL_ENABLED is not enabled; set it to true or remove the cell"
+            )
+    if cells:
+        _check_configmap_names(reader, prefix, cells)
+        if not _kube_client_loadable(reader.environ, service_account_token):
+            reader.errors.append(
+                "no Kubernetes client configuration for the Trino pools: set "
+                "DUCKGRES_KUBE_API_URL or run in a pod with a service-account token"
+            )
+    return cells
+
+
+def _check_operator_chain(
+    reader: _Reader, flags: Mapping[str, bool], gateway_url: str, gateway_var: str, token_file: str
+) -> None:
+    """Check the operator's writer and Gateway requirements and the Gateway's token file."""
+    operator = flags["DUCKGRES_TRINO_POOL_OPERATOR_ENABLED"]
+    if operator and not flags["DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED"]:
+        reader.errors.append(
+            "DUCKGRES_TRINO_POOL_OPERATOR_ENABLED requires "
+            "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED=true"
+        )
+    if operator and not gateway_url:
+        reader.errors.append(
+            "DUCKGRES_TRINO_POOL_OPERATOR_ENABLED requires DUCKGRES_TRINO_POOL_GATEWAY_URL "
+            "(or DUCKGRES_TRINO_MANAGED_GATEWAY_URL)"
+        )
+    if not gateway_url:
+        return
+    _check_gateway_url(reader, gateway_var, gateway_url)
+    if not token_file:
+        reader.errors.append(
+            f"{gateway_var} requires DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE "
+            "(the Gateway admin token file)"
+        )
+    else:
+        _check_token_file(reader, token_file)
+
+
+def _check_writer(reader: _Reader, schema: str, dsn_file: str) -> None:
+    """Check the catalog writer's schema name and DSN file."""
+    if not schema:
+        reader.errors.append(
+            "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED requires DUCKGRES_TRINO_POOL_CATALOG_SCHEMA"
+        )
+    elif not SCHEMA_RE.match(schema):
+        reader.errors.append(
+            f"DUCKGRES_TRINO_POOL_CATALOG_SCHEMA={schema!r} is not a valid schema name "
+            "(^[a-z_][a-z0-9_]{0,62}$)"
+        )
+    if not dsn_file:
+        reader.errors.append(
+            "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED requires "
+            "DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE"
+        )
+    else:
+        _check_dsn_file(reader, dsn_file, schema if SCHEMA_RE.match(schema) else "")
+
+
+def _check_default_cell(
+    reader: _Reader,
+    flags: Mapping[str, bool],
+    default_cell: str,
+    cells_file: str,
+    cells: tuple[Cell, ...],
+) -> None:
+    """Check the default cell's flags and that it names an admitting registered cell (§6.1)."""
+    for name in POOL_FLAGS:
+        if not flags[name]:
+            reader.errors.append(f"DUCKGRES_TRINO_DEFAULT_CELL requires {name}=true")
+    if not (cells_file and cells):
+        return
+    chosen = next((c for c in cells if c.id == default_cell), None)
+    if chosen is None:
+        reader.errors.append(
+            f"DUCKGRES_TRINO_DEFAULT_CELL={default_cell!r} does not name a "
+            f"registered cell (registered: {', '.join(c.id for c in cells)})"
+        )
+    elif not chosen.pool.tenant_admission:
+        reader.errors.append(
+            f"DUCKGRES_TRINO_DEFAULT_CELL={default_cell!r} requires a registered "
+            "shared-pool cell with tenant_admission enabled"
+        )
+
+
+def load(
+    environ: Mapping[str, str], *, service_account_token: str = SERVICE_ACCOUNT_TOKEN
+) -> TrinoSettings:
+    """Validate the Trino environment; raises ``ImproperlyConfigured`` listing every problem."""
+    reader = _Reader(environ)
+    # 1. Retired variables.  2. Booleans, before any dependency check.
+    _check_retired(reader)
+    flags = _parse_flags(reader)
+    pool_enabled = flags["DUCKGRES_TRINO_POOL_ENABLED"]
+    metrics_port = _metrics_port(reader)
+    s3_max = _s3_max_connections(reader)
+    publisher_image = _publisher_image(reader)
+    hoglake = _hoglake(reader)
+    service_auth_file = _service_auth_file(reader)
+    gateway_url, gateway_var = _gateway_url(reader)
     token_file = reader.text("DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE")
     dsn_file = reader.text("DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE")
     schema = reader.text("DUCKGRES_TRINO_POOL_CATALOG_SCHEMA")
@@ -373,109 +539,24 @@ def load(
     cells_file = reader.text("DUCKGRES_TRINO_CELLS_FILE")
     prefix = reader.text("DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP")
 
-    # 3. Wiring.
+    # 3. Wiring; 4. registry, then per pool.
     wired = bool(cells_file or default_cell)
-    cells: tuple[Cell, ...] = ()
-    if not wired:
-        for name in POOL_FLAGS:
-            if flags[name]:
-                reader.warnings.append(
-                    f"{name} is true but Trino is not wired (neither DUCKGRES_TRINO_CELLS_FILE "
-                    "nor DUCKGRES_TRINO_DEFAULT_CELL is set): Trino stays off"
-                )
-    elif not cells_file:
-        reader.errors.append("DUCKGRES_TRINO_CELLS_FILE is required for Trino provisioning")
-    else:
-        # 4. Registry, then per pool.
-        try:
-            cells = load_registry(cells_file)
-        except RegistryError as exc:
-            reader.errors.extend(exc.problems)
-        for cell in cells:
-            if not pool_enabled:
-                reader.errors.append(
-                    f"DUCKGRES_TRINO_CELLS_FILE: cell {cell.id!r} declares shared-pool mode but "
-                    "DUCKGRES_TRINO_POOL_ENABLED is not enabled; set it to true or remove the cell"
-                )
-        if cells:
-            if not prefix:
-                reader.errors.append(
-                    "DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP is required when a Trino pool is "
-                    "configured: set the name prefix of each pool's ConfigMap (<prefix>-<pool>)"
-                )
-            else:
-                for cell in cells:
-                    name = f"{prefix}-{cell.id}"
-                    if len(name) > 253 or not DNS_SUBDOMAIN_RE.match(name):
-                        reader.errors.append(
-                            f"DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP={prefix!r}: the ConfigMap name "
-                            f"{name!r} of pool {cell.id!r} is not a DNS-1123 subdomain "
-                            "(lowercase letters, digits, '-' and '.', at most 253 characters)"
-                        )
-                        break
-            if not _kube_client_loadable(environ, service_account_token):
-                reader.errors.append(
-                    "no Kubernetes client configuration for the Trino pools: set "
-                    "DUCKGRES_KUBE_API_URL or run in a pod with a service-account token"
-                )
+    cells = _wired_pools(
+        reader,
+        flags,
+        cells_file=cells_file,
+        default_cell=default_cell,
+        prefix=prefix,
+        service_account_token=service_account_token,
+    )
 
-    # 6. Operator, writer, Gateway (checked whenever Trino is wired).
+    # 6. Operator, writer, Gateway (checked whenever Trino is wired), then the default cell.
     if wired:
-        if operator and not writer:
-            reader.errors.append(
-                "DUCKGRES_TRINO_POOL_OPERATOR_ENABLED requires "
-                "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED=true"
-            )
-        if operator and not gateway_url:
-            reader.errors.append(
-                "DUCKGRES_TRINO_POOL_OPERATOR_ENABLED requires DUCKGRES_TRINO_POOL_GATEWAY_URL "
-                "(or DUCKGRES_TRINO_MANAGED_GATEWAY_URL)"
-            )
-        if gateway_url:
-            _check_gateway_url(reader, gateway_var, gateway_url)
-            if not token_file:
-                reader.errors.append(
-                    f"{gateway_var} requires DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE "
-                    "(the Gateway admin token file)"
-                )
-            else:
-                _check_token_file(reader, token_file)
-        if writer:
-            if not schema:
-                reader.errors.append(
-                    "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED requires "
-                    "DUCKGRES_TRINO_POOL_CATALOG_SCHEMA"
-                )
-            elif not SCHEMA_RE.match(schema):
-                reader.errors.append(
-                    f"DUCKGRES_TRINO_POOL_CATALOG_SCHEMA={schema!r} is not a valid schema name "
-                    "(^[a-z_][a-z0-9_]{0,62}$)"
-                )
-            if not dsn_file:
-                reader.errors.append(
-                    "DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED requires "
-                    "DUCKGRES_TRINO_POOL_CATALOG_DSN_FILE"
-                )
-            else:
-                _check_dsn_file(reader, dsn_file, schema if SCHEMA_RE.match(schema) else "")
-
-        # Default cell (§6.1).
+        _check_operator_chain(reader, flags, gateway_url, gateway_var, token_file)
+        if flags["DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED"]:
+            _check_writer(reader, schema, dsn_file)
         if default_cell:
-            for name in POOL_FLAGS:
-                if not flags[name]:
-                    reader.errors.append(f"DUCKGRES_TRINO_DEFAULT_CELL requires {name}=true")
-            if cells_file and cells:
-                chosen = next((c for c in cells if c.id == default_cell), None)
-                if chosen is None:
-                    reader.errors.append(
-                        f"DUCKGRES_TRINO_DEFAULT_CELL={default_cell!r} does not name a "
-                        f"registered cell (registered: {', '.join(c.id for c in cells)})"
-                    )
-                elif not chosen.pool.tenant_admission:
-                    reader.errors.append(
-                        f"DUCKGRES_TRINO_DEFAULT_CELL={default_cell!r} requires a registered "
-                        "shared-pool cell with tenant_admission enabled"
-                    )
+            _check_default_cell(reader, flags, default_cell, cells_file, cells)
 
     if reader.errors:
         _raise(reader.errors)
@@ -485,8 +566,8 @@ def load(
         cells=cells,
         default_cell=default_cell,
         pool_enabled=pool_enabled,
-        operator_enabled=operator and wired,
-        catalog_writer_enabled=writer and wired,
+        operator_enabled=flags["DUCKGRES_TRINO_POOL_OPERATOR_ENABLED"] and wired,
+        catalog_writer_enabled=flags["DUCKGRES_TRINO_POOL_CATALOG_WRITER_ENABLED"] and wired,
         catalog_bootstrap=flags["DUCKGRES_TRINO_POOL_CATALOG_BOOTSTRAP"],
         node_disruption_enabled=flags["DUCKGRES_TRINO_POOL_NODE_DISRUPTION_ENABLED"],
         filesystem_cache_enabled=flags["DUCKGRES_TRINO_FILESYSTEM_CACHE_ENABLED"],

@@ -186,6 +186,80 @@ def _pod_template(
     return template
 
 
+def _cell_values(
+    snapshot: Mapping[str, Any], coordinator_service_port: int | None, node_environment: str | None
+) -> tuple[int, str]:
+    """The coordinator Service port and node environment, from the snapshot or the keywords."""
+    port = snapshot.get("coordinator_service_port", coordinator_service_port)
+    node_env = snapshot.get("node_environment", node_environment)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise InstanceSpecError(
+            "the instance snapshot has no coordinator_service_port; store snapshot_for(...)"
+        )
+    if not isinstance(node_env, str) or not node_env:
+        raise InstanceSpecError(
+            "the instance snapshot has no node_environment; store snapshot_for(...)"
+        )
+    return port, node_env
+
+
+def _injected_env(
+    blueprint: Blueprint, instance_id: str, port: int, node_env: str
+) -> list[dict[str, str]]:
+    """The discovery URI, node environment and instance id variables of every container."""
+    identity = blueprint.identity
+    uri = discovery_uri(instance_id, blueprint.namespace, port)
+    return [
+        {"name": identity.discovery_uri_env, "value": uri},
+        {"name": identity.node_environment_env, "value": node_env},
+        {"name": identity.instance_id_env, "value": instance_id},
+    ]
+
+
+def _service_object(
+    metadata: dict[str, Any], blueprint: Blueprint, instance_id: str, port: int
+) -> dict[str, Any]:
+    """The instance's ClusterIP Service, selecting its coordinator pod's HTTP port."""
+    identity = blueprint.identity
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {
+                identity.instance_label: instance_id,
+                identity.component_label: "coordinator",
+            },
+            "ports": [
+                {
+                    "name": identity.coordinator_http_port_name,
+                    "port": port,
+                    "targetPort": identity.coordinator_http_port_name,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def _deployment_object(
+    metadata: dict[str, Any], selector: dict[str, str], replicas: int, template: dict[str, Any]
+) -> dict[str, Any]:
+    """One role's Deployment (``Recreate`` strategy) of the given pod template."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": template,
+        },
+    }
+
+
 def instance_objects(
     instance_id: str,
     pool_public_id: str,
@@ -202,17 +276,7 @@ def instance_objects(
     """
     del routing_group
     blueprint = snapshot_blueprint(snapshot)
-    port = snapshot.get("coordinator_service_port", coordinator_service_port)
-    node_env = snapshot.get("node_environment", node_environment)
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise InstanceSpecError(
-            "the instance snapshot has no coordinator_service_port; store snapshot_for(...)"
-        )
-    if not isinstance(node_env, str) or not node_env:
-        raise InstanceSpecError(
-            "the instance snapshot has no node_environment; store snapshot_for(...)"
-        )
-    namespace = blueprint.namespace
+    port, node_env = _cell_values(snapshot, coordinator_service_port, node_environment)
     identity = blueprint.identity
     labels = {
         INSTANCE_LABEL: instance_id,
@@ -224,68 +288,35 @@ def instance_objects(
         EPOCH_ANNOTATION: str(epoch),
         RELEASE_ANNOTATION: blueprint.release_id,
     }
-    env = [
-        {"name": identity.discovery_uri_env, "value": discovery_uri(instance_id, namespace, port)},
-        {"name": identity.node_environment_env, "value": node_env},
-        {"name": identity.instance_id_env, "value": instance_id},
-    ]
+    env = _injected_env(blueprint, instance_id, port, node_env)
 
     def metadata(name: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
         return {
             "name": name,
-            "namespace": namespace,
+            "namespace": blueprint.namespace,
             "labels": {**labels, **(extra or {})},
             "annotations": dict(annotations),
         }
 
-    docs: list[dict[str, Any]] = []
-    for role in ("coordinator", "worker"):
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": metadata(f"{instance_id}-{role}-config"),
-                "data": dict(blueprint.config_files[role]),
-            }
-        )
-    docs.append(
+    docs: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(instance_id),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": {
-                    identity.instance_label: instance_id,
-                    identity.component_label: "coordinator",
-                },
-                "ports": [
-                    {
-                        "name": identity.coordinator_http_port_name,
-                        "port": port,
-                        "targetPort": identity.coordinator_http_port_name,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
+            "kind": "ConfigMap",
+            "metadata": metadata(f"{instance_id}-{role}-config"),
+            "data": dict(blueprint.config_files[role]),
         }
-    )
+        for role in ("coordinator", "worker")
+    ]
+    docs.append(_service_object(metadata(instance_id), blueprint, instance_id, port))
     for role in ("coordinator", "worker"):
         selector = {identity.instance_label: instance_id, identity.component_label: role}
         docs.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": metadata(f"{instance_id}-{role}", selector),
-                "spec": {
-                    "replicas": 1 if role == "coordinator" else blueprint.worker_replicas,
-                    "strategy": {"type": "Recreate"},
-                    "selector": {"matchLabels": selector},
-                    "template": _pod_template(
-                        blueprint, role, instance_id, labels, annotations, env
-                    ),
-                },
-            }
+            _deployment_object(
+                metadata(f"{instance_id}-{role}", selector),
+                selector,
+                1 if role == "coordinator" else blueprint.worker_replicas,
+                _pod_template(blueprint, role, instance_id, labels, annotations, env),
+            )
         )
     return docs
 
