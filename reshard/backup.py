@@ -885,49 +885,25 @@ def run_backup(
     key = backup_key(op_id, now)
     uri = f"s3://{destination.bucket}/{key}"
 
-    def make_s3() -> S3:
-        try:
-            return S3(
-                region=destination.region,
-                role_arn=destination.role_arn,
-                session_name=session_name_for_op(op_id),
-            )
-        except S3Error as exc:
-            raise BackupError(f"S3 credentials for the backup: {exc}") from exc
-
     if s3 is None and destination.role_arn:
-        s3 = make_s3()  # STS AssumeRole before pg_dump starts: credential problems fail fast
+        # STS AssumeRole before pg_dump starts: credential problems fail fast
+        s3 = _make_s3(destination, op_id)
     given = s3
 
     # One helper thread, in order: the client (with ambient credentials building it costs
     # ~0.1 s of CPU, overlapped with the version query and pg_dump's start), the multipart
     # upload, then the cleanup of uploads an earlier, killed attempt of this op left open.
     def prepare() -> _Prepared:
-        client = given or make_s3()
+        client = given or _make_s3(destination, op_id)
         try:
             return _Prepared(client, client.create_multipart_upload(destination.bucket, key))
         except S3Error as exc:
             raise BackupError(f"upload backup to {uri}: {exc}") from exc
 
     stale_lines = _Lines()
-
-    def stale() -> None:
-        try:
-            client = prepared.result().s3
-        except BackupError:
-            return
-        try:
-            abort_stale_uploads(client, destination.bucket, op_id, stale_lines, skip_key=key)
-        except S3Error as exc:
-            # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
-            # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
-            stale_lines.log(
-                "warn", f"could not clean up earlier backup uploads of this operation: {exc}"
-            )
-
     helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backup-prepare")
     prepared = helper.submit(prepare)
-    stale_done = helper.submit(stale)
+    stale_done = helper.submit(_abort_stale, prepared, destination.bucket, op_id, key, stale_lines)
     handed_over: list[bool] = []
     try:
         return _run(op_id, source, destination, hooks, prepared, handed_over, key,
@@ -954,6 +930,36 @@ class _Lines:
         self.lines.append((level, message))
 
 
+def _make_s3(destination: BackupDestination, op_id: int) -> S3:
+    """The S3 client of the backup, assuming the destination's role for this operation."""
+    try:
+        return S3(
+            region=destination.region,
+            role_arn=destination.role_arn,
+            session_name=session_name_for_op(op_id),
+        )
+    except S3Error as exc:
+        raise BackupError(f"S3 credentials for the backup: {exc}") from exc
+
+
+def _abort_stale(
+    prepared: Future[_Prepared], bucket: str, op_id: int, key: str, stale_lines: _Lines
+) -> None:
+    """Abort the uploads an earlier, killed attempt of this op left open (best effort)."""
+    try:
+        client = prepared.result().s3
+    except BackupError:
+        return
+    try:
+        abort_stale_uploads(client, bucket, op_id, stale_lines, skip_key=key)
+    except S3Error as exc:
+        # Best effort: s3:ListBucketMultipartUploads is not a required permission, and the
+        # bucket's AbortIncompleteMultipartUpload rule is the backstop (docs/backup.md).
+        stale_lines.log(
+            "warn", f"could not clean up earlier backup uploads of this operation: {exc}"
+        )
+
+
 def _run(
     op_id: int,
     source: BackupSource,
@@ -971,26 +977,11 @@ def _run(
     pg_bin_dirs: str | None,
     lock_wait_seconds: float,
 ) -> BackupResult:
+    """Dump the source into the prepared multipart upload, complete and verify it."""
     facts = facts or read_source_facts(source)
-    try:
-        client = choose_client(facts.server_major, pg_bin_dirs)
-    except NoPgClient as exc:
-        raise BackupError(str(exc)) from exc
-    app = pg_dump_application_name(op_id)
-    try:
-        argv = pg_dump_argv(
-            client, source, lock_wait_seconds=lock_wait_seconds, application_name=app
-        )
-    except Exception as exc:  # an sslmode refused by the policy, an unparsable value
-        raise BackupError(f"cannot build the pg_dump connection: {exc}") from exc
-    mode = effective_sslmode(source.sslmode)
-    if not knows_require_auth(client) and mode != "verify-full":
-        hooks.log(
-            "warn",
-            f"pg_dump {client.version} uses a libpq that cannot refuse a cleartext password "
-            f"request (require_auth): with sslmode {mode} a server impersonating the source "
-            "could obtain the password; configure the source with sslmode verify-full",
-        )
+    client, app, argv = _pg_dump_command(
+        op_id, source, hooks, facts, pg_bin_dirs, lock_wait_seconds
+    )
     if part_size is None:
         part_size = part_size_for(facts.db_size, limit)
         if facts.db_size is None:
@@ -1022,31 +1013,10 @@ def _run(
     upload = prepared.result()  # done: run() waited for it
     s3 = upload.s3
 
-    try:
-        s3.complete_multipart_upload(destination.bucket, key, upload.upload_id, parts)
-    except S3Error as exc:
-        backup.abort_upload()
-        _delete_quietly(s3, destination.bucket, key, hooks)  # in case it completed after all
-        raise BackupError(f"upload backup to {uri}: {exc}") from exc
-    try:
-        stored = s3.head_size(destination.bucket, key)
-    except S3Error as exc:
-        _delete_quietly(s3, destination.bucket, key, hooks)
-        raise BackupError(f"verify uploaded backup {uri}: {exc}") from exc
-    if stored != produced:
-        _delete_quietly(s3, destination.bucket, key, hooks)
-        shown = "missing" if stored is None else str(stored)
-        raise BackupError(
-            f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
-        )
-    target = restore_to or RestoreTarget(
-        source.host, source.port, restored_database_name(source.database, op_id), source.sslmode
+    _complete_and_verify(backup, upload, parts, destination.bucket, key, uri, produced, hooks)
+    command, prerequisites = _restore_instructions(
+        op_id, uri, source, restore_to, client, s3, facts
     )
-    command = restore_command(
-        uri, target, client.major, s3.endpoint_url or "",
-        region=s3.region or "", server_major=facts.server_major,
-    )  # fmt: skip
-    prerequisites = restore_prerequisites(target, client.major, server_major=facts.server_major)
     return BackupResult(
         uri=uri,
         bytes=produced,
@@ -1058,3 +1028,86 @@ def _run(
         pg_dump_version=client.version,
         restore_prerequisites=prerequisites,
     )
+
+
+def _pg_dump_command(
+    op_id: int,
+    source: BackupSource,
+    hooks: BackupHooks,
+    facts: SourceFacts,
+    pg_bin_dirs: str | None,
+    lock_wait_seconds: float,
+) -> tuple[PgClient, str, list[str]]:
+    """The pg_dump client, its application_name and argv; warns when it lacks require_auth."""
+    try:
+        client = choose_client(facts.server_major, pg_bin_dirs)
+    except NoPgClient as exc:
+        raise BackupError(str(exc)) from exc
+    app = pg_dump_application_name(op_id)
+    try:
+        argv = pg_dump_argv(
+            client, source, lock_wait_seconds=lock_wait_seconds, application_name=app
+        )
+    except Exception as exc:  # an sslmode refused by the policy, an unparsable value
+        raise BackupError(f"cannot build the pg_dump connection: {exc}") from exc
+    mode = effective_sslmode(source.sslmode)
+    if not knows_require_auth(client) and mode != "verify-full":
+        hooks.log(
+            "warn",
+            f"pg_dump {client.version} uses a libpq that cannot refuse a cleartext password "
+            f"request (require_auth): with sslmode {mode} a server impersonating the source "
+            "could obtain the password; configure the source with sslmode verify-full",
+        )
+    return client, app, argv
+
+
+def _complete_and_verify(
+    backup: _Backup,
+    upload: _Prepared,
+    parts: list[Uploaded],
+    bucket: str,
+    key: str,
+    uri: str,
+    produced: int,
+    hooks: BackupHooks,
+) -> None:
+    """Complete the multipart upload and check its stored size; on failure nothing is left."""
+    s3 = upload.s3
+    try:
+        s3.complete_multipart_upload(bucket, key, upload.upload_id, parts)
+    except S3Error as exc:
+        backup.abort_upload()
+        _delete_quietly(s3, bucket, key, hooks)  # in case it completed after all
+        raise BackupError(f"upload backup to {uri}: {exc}") from exc
+    try:
+        stored = s3.head_size(bucket, key)
+    except S3Error as exc:
+        _delete_quietly(s3, bucket, key, hooks)
+        raise BackupError(f"verify uploaded backup {uri}: {exc}") from exc
+    if stored != produced:
+        _delete_quietly(s3, bucket, key, hooks)
+        shown = "missing" if stored is None else str(stored)
+        raise BackupError(
+            f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
+        )
+
+
+def _restore_instructions(
+    op_id: int,
+    uri: str,
+    source: BackupSource,
+    restore_to: RestoreTarget | None,
+    client: PgClient,
+    s3: S3,
+    facts: SourceFacts,
+) -> tuple[str, str]:
+    """The restore command for the op log and its prerequisites."""
+    target = restore_to or RestoreTarget(
+        source.host, source.port, restored_database_name(source.database, op_id), source.sslmode
+    )
+    command = restore_command(
+        uri, target, client.major, s3.endpoint_url or "",
+        region=s3.region or "", server_major=facts.server_major,
+    )  # fmt: skip
+    prerequisites = restore_prerequisites(target, client.major, server_major=facts.server_major)
+    return command, prerequisites

@@ -1169,6 +1169,179 @@ class _Helper:
     thread: threading.Thread | None = None
 
 
+@dataclass
+class _Pool:
+    """The helper pairs of the parallel copy, their work queue and the events they report."""
+
+    helpers: list[_Helper] = field(default_factory=list)
+    opened: list[Connection] = field(default_factory=list)
+    work: queue.Queue[_Chunk | None] = field(default_factory=queue.Queue)
+    events: queue.Queue[tuple[_Chunk, TableCopy | BaseException]] = field(
+        default_factory=queue.Queue
+    )
+    abort: threading.Event = field(default_factory=threading.Event)
+
+    def open(
+        self,
+        source: ConnectionFactory,
+        target: ConnectionFactory,
+        hooks: CopyHooks,
+        snapshot: str,
+        n: int,
+    ) -> None:
+        """Open ``n`` helper pairs, each source importing ``snapshot``."""
+        for i in range(n):
+            hsrc = _open(source, hooks, self.opened, "source")
+            try:
+                hsrc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                hsrc.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            except psycopg.Error as exc:
+                raise _db_error(f"helper {i + 1} importing the source snapshot", exc) from exc
+            htgt = _open(target, hooks, self.opened, "target")
+            self.helpers.append(_Helper(hsrc, htgt))
+
+    def start(self, progress: _Progress) -> None:
+        """Start one worker thread per helper pair."""
+        for helper in self.helpers:
+            helper.thread = threading.Thread(
+                target=self._worker,
+                args=(helper, progress),
+                name="reshard-copy-helper",
+                daemon=True,
+            )
+            helper.thread.start()
+
+    def _worker(self, helper: _Helper, progress: _Progress) -> None:
+        """Thread body: copy chunks until a sentinel or the abort; report each result or error."""
+        try:
+            while not self.abort.is_set():
+                chunk = self.work.get()
+                if chunk is None:
+                    return
+                try:
+                    if chunk.create is not None:
+                        try:
+                            _run(helper.tgt, chunk.create)
+                        except psycopg.Error as exc:
+                            raise _db_error(f"creating {chunk.table} on the target", exc) from exc
+                    done = stream_table(
+                        helper.src, helper.tgt, chunk.table, progress.add_bytes,
+                        pages=chunk.pages,
+                    )  # fmt: skip
+                except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                    self.events.put((chunk, exc))
+                    return
+                self.events.put((chunk, done))
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            self.events.put((_Chunk("", None), exc))
+
+    def release(self) -> None:
+        """Queue one stop sentinel per helper."""
+        for _ in self.helpers:
+            self.work.put(None)
+
+    def close(self, hooks: CopyHooks) -> None:
+        """Join the workers, then end the helper sources' snapshots and close every helper."""
+        for helper in self.helpers:
+            if helper.thread is not None:
+                helper.thread.join()
+        for helper in self.helpers:
+            helper.src.rollback()
+            _close_quietly(helper.src, hooks)
+            _close_quietly(helper.tgt, hooks)
+
+    def shut_down(self, hooks: CopyHooks) -> None:
+        """On failure: cancel the helpers' queries, stop the workers, close every connection."""
+        self.abort.set()
+        for helper in self.helpers:  # unblock helpers stuck in a query, then let them exit
+            for conn in (helper.src, helper.tgt):
+                try:
+                    conn.cancel_safe(timeout=5)
+                except Exception:  # noqa: BLE001,S112 - best effort: closed already
+                    continue
+        while True:
+            try:
+                self.work.get_nowait()
+            except queue.Empty:
+                break
+        self.release()
+        for helper in self.helpers:
+            if helper.thread is not None:
+                helper.thread.join(timeout=30)
+        for conn in self.opened:
+            _close_quietly(conn, hooks, rollback=True)
+
+
+@dataclass
+class _Results:
+    """Sums the chunks the helpers report into finished tables (raising a helper's error)."""
+
+    events: queue.Queue[tuple[_Chunk, TableCopy | BaseException]]
+    chunks: Mapping[str, list[_Chunk]]
+    progress: _Progress
+    hooks: CopyHooks
+    copied: dict[str, TableCopy] = field(default_factory=dict)
+    partial: dict[str, list[TableCopy]] = field(default_factory=dict)
+
+    def drain(self, timeout: float) -> None:
+        """Take every reported event, waiting at most ``timeout`` for the first one."""
+        try:
+            chunk, payload = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(payload, BaseException):
+                raise payload
+            parts = self.partial.setdefault(chunk.table, [])
+            parts.append(payload)
+            if len(parts) == len(self.chunks[chunk.table]):
+                done = TableCopy(
+                    chunk.table, sum(p.rows for p in parts), sum(p.bytes for p in parts)
+                )
+                self.copied[chunk.table] = done
+                self.progress.table_done(done.rows)
+                self.hooks.log("info", f"copied {done.name}: {done.rows} rows, {done.bytes} bytes")
+            try:
+                chunk, payload = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+
+def _export_snapshot(src: Connection) -> str:
+    """Export the primary source's snapshot for the helpers to import."""
+    try:
+        row = src.execute("SELECT pg_export_snapshot()").fetchone()
+    except psycopg.Error as exc:
+        raise _db_error("exporting the source snapshot", exc) from exc
+    return str(row[0]) if row else ""
+
+
+def _hand_out(
+    tgt: Connection,
+    tables: Sequence[str],
+    columns: Mapping[str, list[Column]],
+    hooks: CopyHooks,
+    progress: _Progress,
+    pool: _Pool,
+    results: _Results,
+) -> None:
+    """Drop (or recreate) each table on the primary target and queue its chunks."""
+    for table in tables:
+        if hooks.stopped():
+            raise CopyError("copy interrupted: the runner is stopping")
+        if len(results.chunks[table]) > 1:
+            _recreate(tgt, table, columns[table], hooks)
+            for chunk in results.chunks[table]:
+                pool.work.put(chunk)
+        else:
+            # CREATE TABLE costs milliseconds (catalog rows, files): done by the helpers in
+            # parallel; the irreversible DROP stays here, after the heartbeat.
+            _drop(tgt, table, hooks)
+            pool.work.put(_Chunk(table, None, create_table_sql(table, columns[table])))
+        results.drain(0)
+        progress.maybe_emit()
+
+
 def _copy_parallel(
     src: Connection,
     tgt: Connection,
@@ -1184,133 +1357,24 @@ def _copy_parallel(
     pairs importing the primary's snapshot, which create and fill it (tables split into page
     ranges are created by the primary before their ranges are handed out). Helper targets take
     no lock and are committed and closed before this returns. Any helper error fails the copy."""
-    try:
-        row = src.execute("SELECT pg_export_snapshot()").fetchone()
-    except psycopg.Error as exc:
-        raise _db_error("exporting the source snapshot", exc) from exc
-    snapshot = str(row[0]) if row else ""
+    snapshot = _export_snapshot(src)
     chunks = plan_chunks(src, tables, CHUNK_BYTES)
-    helpers: list[_Helper] = []
-    work: queue.Queue[_Chunk | None] = queue.Queue()
-    events: queue.Queue[tuple[_Chunk, TableCopy | BaseException]] = queue.Queue()
-    abort = threading.Event()
-    opened: list[Connection] = []
+    pool = _Pool()
     try:
-        for i in range(n):
-            hsrc = _open(source, hooks, opened, "source")
-            try:
-                hsrc.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                hsrc.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-            except psycopg.Error as exc:
-                raise _db_error(f"helper {i + 1} importing the source snapshot", exc) from exc
-            htgt = _open(target, hooks, opened, "target")
-            helpers.append(_Helper(hsrc, htgt))
-
-        def worker(helper: _Helper) -> None:
-            try:
-                while not abort.is_set():
-                    chunk = work.get()
-                    if chunk is None:
-                        return
-                    try:
-                        if chunk.create is not None:
-                            try:
-                                _run(helper.tgt, chunk.create)
-                            except psycopg.Error as exc:
-                                raise _db_error(
-                                    f"creating {chunk.table} on the target", exc
-                                ) from exc
-                        done = stream_table(
-                            helper.src, helper.tgt, chunk.table, progress.add_bytes,
-                            pages=chunk.pages,
-                        )  # fmt: skip
-                    except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-                        events.put((chunk, exc))
-                        return
-                    events.put((chunk, done))
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-                events.put((_Chunk("", None), exc))
-
-        for helper in helpers:
-            helper.thread = threading.Thread(
-                target=worker, args=(helper,), name="reshard-copy-helper", daemon=True
-            )
-            helper.thread.start()
-
-        copied: dict[str, TableCopy] = {}
-        partial: dict[str, list[TableCopy]] = {}
-
-        def drain(timeout: float) -> None:
-            try:
-                chunk, payload = events.get(timeout=timeout)
-            except queue.Empty:
-                return
-            while True:
-                if isinstance(payload, BaseException):
-                    raise payload
-                parts = partial.setdefault(chunk.table, [])
-                parts.append(payload)
-                if len(parts) == len(chunks[chunk.table]):
-                    done = TableCopy(
-                        chunk.table, sum(p.rows for p in parts), sum(p.bytes for p in parts)
-                    )
-                    copied[chunk.table] = done
-                    progress.table_done(done.rows)
-                    hooks.log("info", f"copied {done.name}: {done.rows} rows, {done.bytes} bytes")
-                try:
-                    chunk, payload = events.get_nowait()
-                except queue.Empty:
-                    return
-
-        for table in tables:
+        pool.open(source, target, hooks, snapshot, n)
+        pool.start(progress)
+        results = _Results(pool.events, chunks, progress, hooks)
+        _hand_out(tgt, tables, columns, hooks, progress, pool, results)
+        pool.release()
+        while len(results.copied) < len(tables):
             if hooks.stopped():
                 raise CopyError("copy interrupted: the runner is stopping")
-            if len(chunks[table]) > 1:
-                _recreate(tgt, table, columns[table], hooks)
-                for chunk in chunks[table]:
-                    work.put(chunk)
-            else:
-                # CREATE TABLE costs milliseconds (catalog rows, files): done by the helpers in
-                # parallel; the irreversible DROP stays here, after the heartbeat.
-                _drop(tgt, table, hooks)
-                work.put(_Chunk(table, None, create_table_sql(table, columns[table])))
-            drain(0)
+            results.drain(0.2)
             progress.maybe_emit()
-        for _ in helpers:
-            work.put(None)
-        while len(copied) < len(tables):
-            if hooks.stopped():
-                raise CopyError("copy interrupted: the runner is stopping")
-            drain(0.2)
-            progress.maybe_emit()
-        for helper in helpers:
-            if helper.thread is not None:
-                helper.thread.join()
-        for helper in helpers:
-            helper.src.rollback()
-            _close_quietly(helper.src, hooks)
-            _close_quietly(helper.tgt, hooks)
-        return [copied[t] for t in tables]
+        pool.close(hooks)
+        return [results.copied[t] for t in tables]
     except BaseException:
-        abort.set()
-        for helper in helpers:  # unblock helpers stuck in a query, then let them exit
-            for conn in (helper.src, helper.tgt):
-                try:
-                    conn.cancel_safe(timeout=5)
-                except Exception:  # noqa: BLE001,S112 - best effort: closed already
-                    continue
-        while True:
-            try:
-                work.get_nowait()
-            except queue.Empty:
-                break
-        for _ in helpers:
-            work.put(None)
-        for helper in helpers:
-            if helper.thread is not None:
-                helper.thread.join(timeout=30)
-        for conn in opened:
-            _close_quietly(conn, hooks, rollback=True)
+        pool.shut_down(hooks)
         raise
 
 

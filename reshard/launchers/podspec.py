@@ -237,17 +237,51 @@ def build_runner_pod(
     memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
     own_meta = own_pod.get("metadata") or {}
     own_spec = own_pod.get("spec") or {}
+    own = _own_container(own_meta, own_spec)
+    image = runner_image or own.get("image") or ""
+    if not image:
+        raise LauncherError("no runner image: the op has none and the control-plane pod has none")
+    env = _runner_env(
+        own,
+        op_id=op_id,
+        password_url=password_url,
+        secret_refs=secret_refs,
+        namespace=own_meta.get("namespace") or "",
+    )
+    mounts, volumes = _runner_storage(password_url, pull_audience)
+    container = _runner_container(own, image=image, env=env, cpu=cpu, memory=memory, mounts=mounts)
+    spec = _runner_pod_spec(
+        own_spec,
+        container=container,
+        volumes=volumes,
+        machine=machine,
+        service_account=service_account,
+    )
+    metadata = _runner_metadata(op_id, own_meta, now)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _own_container(own_meta: dict[str, Any], own_spec: dict[str, Any]) -> dict[str, Any]:
+    """The control-plane pod's first container, else a ``LauncherError`` naming the pod."""
     containers = own_spec.get("containers") or []
     if not containers:
         raise LauncherError(
             f"own control-plane pod {own_meta.get('name', '')} has no containers: "
             "cannot derive the runner pod"
         )
-    own = containers[0]
-    image = runner_image or own.get("image") or ""
-    if not image:
-        raise LauncherError("no runner image: the op has none and the control-plane pod has none")
+    own: dict[str, Any] = containers[0]
+    return own
 
+
+def _runner_env(
+    own: dict[str, Any],
+    *,
+    op_id: int,
+    password_url: str,
+    secret_refs: Sequence[str],
+    namespace: str,
+) -> list[dict[str, Any]]:
+    """The runner container's ``env``: allowlisted copies, op id, downward API, pull, secrets."""
     env = copy_allowlisted_env(own)
     env.append({"name": OP_ID_VAR, "value": str(op_id)})
     env.extend(
@@ -256,41 +290,86 @@ def build_runner_pod(
     )
     if password_url:
         env.append({"name": PASSWORD_URL_VAR, "value": password_url})
-    env.extend(mounted_secret_env(secret_refs, own_meta.get("namespace") or ""))
+    env.extend(mounted_secret_env(secret_refs, namespace))
+    return env
 
-    security_context = restricted_container_context(own.get("securityContext") or {})
+
+def _runner_storage(
+    password_url: str, pull_audience: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runner's ``(volumeMounts, volumes)``: the /tmp emptyDir, plus the pull token."""
+    # The root filesystem is read-only: scratch space is this emptyDir only.
+    mounts: list[dict[str, Any]] = [
+        {"name": TMP_VOLUME, "mountPath": "/tmp"}  # noqa: S108 - an emptyDir
+    ]
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
+    if password_url and pull_audience:
+        mounts.append({"name": PULL_TOKEN_VOLUME, "mountPath": PULL_TOKEN_DIR, "readOnly": True})
+        volumes.append(pull_token_volume(pull_audience))
+    return mounts, volumes
+
+
+def _runner_resources(cpu: str, memory: str) -> dict[str, Any]:
+    """Guaranteed-QoS resources: requests equal to limits for ``cpu`` and ``memory``."""
+    return {
+        "requests": {"cpu": cpu, "memory": memory},
+        "limits": {"cpu": cpu, "memory": memory},
+    }
+
+
+def _runner_container(
+    own: dict[str, Any],
+    *,
+    image: str,
+    env: list[dict[str, Any]],
+    cpu: str,
+    memory: str,
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The runner container, with the pull policy and working directory of ``own``."""
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
         "command": list(COMMAND),
         "env": env,
-        "resources": {
-            "requests": {"cpu": cpu, "memory": memory},
-            "limits": {"cpu": cpu, "memory": memory},
-        },
-        "securityContext": security_context,
-        # The root filesystem is read-only: scratch space is this emptyDir only.
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],  # noqa: S108 - an emptyDir
+        "resources": _runner_resources(cpu, memory),
+        "securityContext": restricted_container_context(own.get("securityContext") or {}),
+        "volumeMounts": mounts,
     }
-    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
-    if password_url and pull_audience:
-        container["volumeMounts"].append(
-            {"name": PULL_TOKEN_VOLUME, "mountPath": PULL_TOKEN_DIR, "readOnly": True}
-        )
-        volumes.append(pull_token_volume(pull_audience))
     if own.get("imagePullPolicy"):
         container["imagePullPolicy"] = own["imagePullPolicy"]
     if own.get("workingDir"):
         container["workingDir"] = own["workingDir"]
+    return container
 
+
+def _runner_node_selector(own_spec: dict[str, Any], machine: str) -> dict[str, Any]:
+    """The control plane's ``nodeSelector``, pinned to this machine's architecture by default."""
     node_selector = dict(own_spec.get("nodeSelector") or {})
     node_selector.setdefault(ARCH_LABEL, node_arch(machine))
-    tolerations = [
+    return node_selector
+
+
+def _runner_tolerations(own_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The control plane's tolerations, minus the node-lifecycle (``node.kubernetes.io/``) ones."""
+    return [
         copy.deepcopy(t)
         for t in own_spec.get("tolerations") or []
         if not (t.get("key") or "").startswith(_DROPPED_TOLERATION_PREFIX)
     ]
 
+
+def _runner_pod_spec(
+    own_spec: dict[str, Any],
+    *,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    machine: str,
+    service_account: str,
+) -> dict[str, Any]:
+    """The runner pod's ``spec``: never restarted, no API token, restricted security context."""
+    node_selector = _runner_node_selector(own_spec, machine)
+    tolerations = _runner_tolerations(own_spec)
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
@@ -306,7 +385,11 @@ def build_runner_pod(
     if own_spec.get("imagePullSecrets"):
         spec["imagePullSecrets"] = copy.deepcopy(own_spec["imagePullSecrets"])
     spec["securityContext"] = restricted_pod_context(own_spec.get("securityContext") or {})
+    return spec
 
+
+def _runner_metadata(op_id: int, own_meta: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The runner pod's ``metadata``: name, labels, annotations, the control plane's namespace."""
     metadata: dict[str, Any] = {
         "name": runner_name(op_id),
         "labels": runner_labels(op_id),
@@ -317,7 +400,7 @@ def build_runner_pod(
     }
     if own_meta.get("namespace"):
         metadata["namespace"] = own_meta["namespace"]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    return metadata
 
 
 def parse_spawned_at(value: str | None) -> datetime | None:

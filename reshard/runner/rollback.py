@@ -287,10 +287,7 @@ def _restore_source_access(env: StepEnv) -> bool:
     if op.source_kind == "external" and not ctx.progress.flipped:
         if connections.binding_names_source(op):
             return True
-        log.error(
-            "source tenant access recovery failed: the binding names "
-            f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
-        )
+        _log_binding_not_source(env)
         return False
     timeout = waits.full_source_timeout()
     try:
@@ -300,79 +297,122 @@ def _restore_source_access(env: StepEnv) -> bool:
     except StepError as exc:
         log.error(f"source tenant access recovery failed: {exc}; warehouse remains blocked")
         return False
+    observe: Callable[[], tuple[bool, str]]
     if op.source_kind == "cnpg":
-        try:
-            prov = connections.provisioner(ctx, op.from_shard)
-            with connections.provisioner_conn(ctx, prov) as conn:
-                refusal = identity.op_role_refusal(conn, op, "source", prov.store)
-                if refusal:
-                    raise StepError(f"{refusal}; not sending ALTER ROLE … LOGIN")
-                env.fence.pre_statement_heartbeat()  # a fenced-away runner never un-fences
-                conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
-            log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")
-        except (psycopg.Error, StepError) as exc:
-            log.error(
-                f"source tenant access recovery failed: ALTER ROLE {op.source_user} LOGIN on "
-                f"store {op.from_shard}: {exc}; warehouse remains blocked"
-            )
+        prov = _send_source_login(env)
+        if prov is None:
             return False
-
-        def observe() -> tuple[bool, str]:
-            if not connections.binding_names_source(op):
-                return False, f"binding names {describe_binding(op.org_id)}, not the source"
-            try:
-                with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
-                    login = connections.role_state(conn, op.source_user)
-                    present = connections.database_exists(conn, op.source_database)
-            except psycopg.Error as exc:
-                return False, connections.classify(
-                    exc,
-                    role=prov.store.provisioner_user,
-                    ref=prov.store.provisioner_password_ref,
-                    where=f"store {prov.store.name}",
-                )
-            if login is not True or not present:
-                return False, (
-                    f"source role {op.source_user} "
-                    + {None: "missing", True: "LOGIN", False: "NOLOGIN"}[login]
-                    + f", database {op.source_database} {'present' if present else 'missing'}"
-                )
-            return _tenant_probe(
-                env,
-                prov.tenant_endpoint,
-                source_password,
-                where=f"source store {prov.store.name} tenant endpoint",
-                success="source role LOGIN, database present, tenant SELECT 1 succeeded",
-            )
-
+        observe = _cnpg_source_observer(env, prov, source_password)
         where = f"on source store {op.from_shard}"
     else:
         endpoint = pgadmin.Endpoint(
             op.source_endpoint, op.source_port or 5432, op.source_sslmode or pgadmin.DEFAULT_SSLMODE
         )
-
-        def observe() -> tuple[bool, str]:
-            if not connections.binding_names_source(op):
-                return False, f"binding names {describe_binding(op.org_id)}, not the source"
-            return _tenant_probe(
-                env,
-                endpoint,
-                source_password,
-                where=f"external source {endpoint.host}:{endpoint.port}",
-                success="binding names the source and tenant SELECT 1 succeeded",
-            )
-
+        observe = _external_source_observer(env, endpoint, source_password)
         where = f"on external source {op.source_endpoint}:{op.source_port}"
     if not connections.binding_names_source(op):
         # A login that works against the target is never source recovery: no point waiting.
-        log.error(
-            "source tenant access recovery failed: the binding names "
-            f"{describe_binding(op.org_id)}, not the source; warehouse remains blocked"
-        )
+        _log_binding_not_source(env)
         return False
+    return _await_source_access(env, timeout, observe, where)
+
+
+def _log_binding_not_source(env: StepEnv) -> None:
+    """Log that source access recovery failed because the binding does not name the source."""
+    env.log.error(
+        "source tenant access recovery failed: the binding names "
+        f"{describe_binding(env.op.org_id)}, not the source; warehouse remains blocked"
+    )
+
+
+def _send_source_login(env: StepEnv) -> connections.Provisioner | None:
+    """Un-fence the cnpg source (``ALTER ROLE … LOGIN``); its provisioner, or None (logged)."""
+    op, ctx, log = env.op, env.ctx, env.log
+    try:
+        prov = connections.provisioner(ctx, op.from_shard)
+        with connections.provisioner_conn(ctx, prov) as conn:
+            refusal = identity.op_role_refusal(conn, op, "source", prov.store)
+            if refusal:
+                raise StepError(f"{refusal}; not sending ALTER ROLE … LOGIN")
+            env.fence.pre_statement_heartbeat()  # a fenced-away runner never un-fences
+            conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(op.source_user)))
+        log.info(f"rollback: ALTER ROLE {op.source_user} LOGIN sent on store {op.from_shard}")
+    except (psycopg.Error, StepError) as exc:
+        log.error(
+            f"source tenant access recovery failed: ALTER ROLE {op.source_user} LOGIN on "
+            f"store {op.from_shard}: {exc}; warehouse remains blocked"
+        )
+        return None
+    return prov
+
+
+def _cnpg_source_observer(
+    env: StepEnv, prov: connections.Provisioner, source_password: str
+) -> Callable[[], tuple[bool, str]]:
+    """The poll observation for a cnpg source: binding, role LOGIN, database, tenant probe."""
+    op, ctx = env.op, env.ctx
+
+    def observe() -> tuple[bool, str]:
+        """One observation: (source usable, what was seen)."""
+        if not connections.binding_names_source(op):
+            return False, f"binding names {describe_binding(op.org_id)}, not the source"
+        try:
+            with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
+                login = connections.role_state(conn, op.source_user)
+                present = connections.database_exists(conn, op.source_database)
+        except psycopg.Error as exc:
+            return False, connections.classify(
+                exc,
+                role=prov.store.provisioner_user,
+                ref=prov.store.provisioner_password_ref,
+                where=f"store {prov.store.name}",
+            )
+        if login is not True or not present:
+            return False, (
+                f"source role {op.source_user} "
+                + {None: "missing", True: "LOGIN", False: "NOLOGIN"}[login]
+                + f", database {op.source_database} {'present' if present else 'missing'}"
+            )
+        return _tenant_probe(
+            env,
+            prov.tenant_endpoint,
+            source_password,
+            where=f"source store {prov.store.name} tenant endpoint",
+            success="source role LOGIN, database present, tenant SELECT 1 succeeded",
+        )
+
+    return observe
+
+
+def _external_source_observer(
+    env: StepEnv, endpoint: pgadmin.Endpoint, source_password: str
+) -> Callable[[], tuple[bool, str]]:
+    """The poll observation for an external source: the binding, then a tenant probe."""
+    op = env.op
+
+    def observe() -> tuple[bool, str]:
+        """One observation: (source usable, what was seen)."""
+        if not connections.binding_names_source(op):
+            return False, f"binding names {describe_binding(op.org_id)}, not the source"
+        return _tenant_probe(
+            env,
+            endpoint,
+            source_password,
+            where=f"external source {endpoint.host}:{endpoint.port}",
+            success="binding names the source and tenant SELECT 1 succeeded",
+        )
+
+    return observe
+
+
+def _await_source_access(
+    env: StepEnv, timeout: float, observe: Callable[[], tuple[bool, str]], where: str
+) -> bool:
+    """Poll ``observe`` until source tenant access is seen ``where``; False (logged) if not."""
+    log = env.log
     try:
         waits.poll_until(
-            ctx,
+            env.ctx,
             log,
             timeout,
             observe,
