@@ -98,6 +98,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(WITH_TEST_ENV) $(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_function_length.py
 	$(WITH_TEST_ENV) manage.py makemigrations --check --dry-run
 	$(WITH_TEST_ENV) manage.py spectacular --fail-on-warn --file /dev/null
 
