@@ -565,7 +565,9 @@ def _check_main_container(
             "the main container does not run the release image",
             f"set it to {image}",
         )
-    for mount_index, mount in enumerate(main.get("volumeMounts") or []):
+    # A volumeMounts that is not a list is reported by _check_pod_fields (Kubernetes' type).
+    mounts = main.get("volumeMounts")
+    for mount_index, mount in enumerate(mounts if isinstance(mounts, list) else []):
         if isinstance(mount, dict) and mount.get("mountPath") == CONFIG_MOUNT_PATH:
             check.fail(
                 f"{where}.volumeMounts[{mount_index}]",

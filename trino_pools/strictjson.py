@@ -63,6 +63,10 @@ def decode_document(text: str) -> Any:
             f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
             "fix the JSON syntax",
         ) from None
+    except RecursionError:  # deep nesting, well under any size limit
+        raise StrictJSONError(
+            "the JSON is nested too deeply to decode", "remove the excess nesting"
+        ) from None
     if stripped[end:].strip():
         raise StrictJSONError("must contain one JSON document", "remove everything after the first")
     return document
