@@ -172,6 +172,10 @@ DUCKGRES_RESHARD_BACKUP_COMPRESSION = env.choice(
     "gzip:1",
     ("none", *(f"gzip:{level}" for level in range(1, 10))),
 )
+# The pre-flip backup runs beside the cutover, the copy and the verification (it reads the same
+# fenced source) and is joined before anything irreversible; false runs it alone, first, as
+# before (docs/runner.md "The backup beside the copy").
+DUCKGRES_RESHARD_BACKUP_OVERLAP = env.boolean("DUCKGRES_RESHARD_BACKUP_OVERLAP", True)
 # The janitor's sweep of open backup uploads left by lost processes (reshard.uploads); 0 = off.
 DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = env.integer(
     "DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS", 900, minimum=0

@@ -85,6 +85,14 @@ class RunContext:
     # The backup step's preparation (``steps.backup_catalog.prepare``: a Future of its S3 client
     # and source facts), started before the block's propagation wait, taken once by the step.
     backup_prep: Any = None
+    # The backup running beside the cutover and the copy (``steps.backup_catalog``: started by
+    # ``backup_catalog`` when ``DUCKGRES_RESHARD_BACKUP_OVERLAP`` is on, joined at the end of
+    # ``verifying``, abandoned by any other end of the run).
+    background_backup: Any = None
+    # The backup step ran in this process (a takeover resuming at copying starts none twice).
+    backup_attempted: bool = False
+    # Held while a progress write merges its keys (the backup and the copy write at once).
+    progress_lock: threading.Lock = field(default_factory=threading.Lock)
     # Set by the atomic finalize: the op is ``succeeded``.
     finalized: bool = False
     source_password: str = field(default="", repr=False)

@@ -70,7 +70,7 @@ from reshard.runner.password import (
 )
 from reshard.runner.report import describe_source, describe_target, write_report
 from reshard.runner.rollback import describe_binding, roll_forward, rollback
-from reshard.runner.steps import StepEnv, finalize, lookup
+from reshard.runner.steps import StepEnv, backup_catalog, finalize, lookup
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -245,7 +245,10 @@ def execute(env: StepEnv) -> None:
         connection.ensure_connection()
         if connection.connection is not None:
             ctx.register_connection(connection.connection)
-    _execute(env)
+    try:
+        _execute(env)
+    finally:
+        backup_catalog.abandon(env, "the run ended before the backup was joined")
 
 
 def _execute(env: StepEnv) -> None:
@@ -318,6 +321,7 @@ def _roll_forward_after_error(env: StepEnv) -> None:
 
 def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: bool) -> None:
     ctx, log = env.ctx, env.log
+    backup_catalog.abandon(env, "rolling back")
     try:
         outcome = rollback(env)
     except Fenced as exc:

@@ -19,6 +19,8 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
@@ -139,6 +141,58 @@ def poll_until(
             time.sleep(min(pause, remaining))
         else:
             ctx.stop.wait(min(pause, remaining))
+
+
+# How often a wait on background work looks at it (the work's end is seen at most this late).
+BACKGROUND_SLICE_SECONDS = 0.2
+
+
+def await_done(
+    ctx: RunContext,
+    oplog: OpLogWriter,
+    seconds: float,
+    future: Future[Any],
+    *,
+    purpose: str,
+    timeout_message: str,
+    cancel_aware: bool,
+) -> float:
+    """Wait until ``future`` (work running beside the steps) is done; returns the seconds
+    waited. Its outcome is the caller's to read. Checks ``stop`` and fencing every
+    :data:`BACKGROUND_SLICE_SECONDS` and, when ``cancel_aware``, the cancel flag every
+    ``DUCKGRES_RESHARD_POLL_SECONDS`` (first at once); logs about every 15 s; raises
+    ``StepError`` at the deadline."""
+    started = time.monotonic()
+    if future.done():
+        return 0.0
+    deadline = started + seconds
+    ctx.extend_deadline(deadline)
+    pause = float(settings.DUCKGRES_RESHARD_POLL_SECONDS)
+    oplog.info(f"waiting up to {seconds:g} s {purpose} (deadline in {seconds:g} s)")
+    next_cancel = started
+    next_observation = started + OBSERVATION_INTERVAL
+    while not future.done():
+        if ctx.stop.is_set() or ctx.fenced:
+            raise Interrupted()
+        now = time.monotonic()
+        if cancel_aware and now >= next_cancel:
+            if cancel_requested(ctx.op_id):
+                raise Cancelled()
+            next_cancel = now + pause
+        if now >= deadline:
+            raise StepError(f"{timeout_message} (waited {seconds:g} s)")
+        if now >= next_observation:
+            oplog.info(f"still waiting {purpose}: {deadline - now:.0f} s left; not done yet")
+            next_observation = now + OBSERVATION_INTERVAL
+        with contextlib.suppress(TimeoutError):
+            future.exception(timeout=min(BACKGROUND_SLICE_SECONDS, max(0.0, deadline - now)))
+    return time.monotonic() - started
+
+
+def join_bounded(thread: threading.Thread, seconds: float) -> bool:
+    """Join ``thread`` for at most ``seconds``; True when it ended."""
+    thread.join(timeout=seconds)
+    return not thread.is_alive()
 
 
 def full_source_timeout() -> float:

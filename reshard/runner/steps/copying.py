@@ -18,7 +18,6 @@ step ends :class:`Cancelled`. →cnpg copies are past their cutoff: a cancel is 
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import psycopg
@@ -29,29 +28,8 @@ from reshard import verify
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
-from reshard.runner.hooks import RunnerHooks
-from reshard.runner.steps import preflight
-
-
-class StepHooks(RunnerHooks):
-    """``RunnerHooks`` whose connections a stop or an acted-on cancel interrupts, and whose
-    ``stopped()`` also turns true on that cancel (the copy and the backup abort promptly)."""
-
-    def __init__(
-        self,
-        env: StepEnv,
-        *,
-        cancelled: threading.Event | None = None,
-        progress_keys: tuple[str, ...] = (),
-    ) -> None:
-        super().__init__(env, progress_keys=progress_keys)
-        self.cancelled = cancelled or threading.Event()
-
-    def register_connection(self, conn: Any) -> None:
-        self.env.ctx.register_connection(conn, interrupt_on_stop=True)
-
-    def stopped(self) -> bool:
-        return super().stopped() or self.cancelled.is_set()
+from reshard.runner.hooks import StepHooks
+from reshard.runner.steps import backup_catalog, preflight
 
 
 def _probe(env: StepEnv, side: connections.Side) -> None:
@@ -66,6 +44,7 @@ def _probe(env: StepEnv, side: connections.Side) -> None:
 
 def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
+    backup_catalog.resume_beside_copy(env)
     source = connections.source_side(ctx, op)
     target = connections.target_side(ctx, op)
     _probe(env, source)
@@ -145,3 +124,6 @@ def run_verify(env: StepEnv) -> None:
     except psycopg.Error as exc:
         raise StepError(f"DuckLake verification could not read the target: {exc}") from None
     env.log.info(result.message)
+    # The backup that ran beside the copy ends before anything irreversible (cleanup's source
+    # drop, cnpg→external's orphaning and flip).
+    backup_catalog.join_background(env)
