@@ -21,6 +21,16 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     Taken by: ``reshard.backups`` (``apply_retention``), in the ``reshard.backup_retention``
     task on ``duckgres.default``.
 
+``STORE_DRAIN_LOCK_CLASS`` = 824462, with the drain's id: ``(824462, <drain id>)``
+    Guards: one advance of a store drain at a time (docs/drains.md), so that a janitor leader
+    that lost its lease mid-launch and its successor never count and launch the same drain's
+    children together (the ``max_concurrent`` bound holds across a failover). Session-level
+    ``pg_try_advisory_lock(int4, int4)`` on the **config store** connection of the janitor,
+    held while it advances that drain and released right after (or when the connection
+    closes: a killed leader frees it); a second advance finds it taken and skips the drain for
+    this tick. Taken by: ``reshard.drains`` (``advance``), in the janitor's tick on
+    ``duckgres.control``. The two-int form never meets the fixed keys, which use ``(0, key)``.
+
 Derived keys (one key per value, in a space no fixed key is meant to share):
 
 ``org_lock_key(org_id)``: the per-org connections lock (spec reshard §4.4 A)
@@ -41,10 +51,12 @@ from collections.abc import Mapping
 
 COPY_TARGET_LOCK_KEY = 824460
 BACKUP_RETENTION_LOCK_KEY = 824461
+STORE_DRAIN_LOCK_CLASS = 824462
 
 FIXED_KEYS: Mapping[str, int] = {
     "COPY_TARGET_LOCK_KEY": COPY_TARGET_LOCK_KEY,
     "BACKUP_RETENTION_LOCK_KEY": BACKUP_RETENTION_LOCK_KEY,
+    "STORE_DRAIN_LOCK_CLASS": STORE_DRAIN_LOCK_CLASS,
 }
 
 ORG_LOCK_PREFIX = "duckgres:org-connections:"

@@ -30,7 +30,10 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
 8. At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS``: the bounded sweep of open backup
    uploads of terminal operations (``reshard.uploads``; leadership checked before each abort).
    A force-fail (step 5) aborts that op's own uploads at once.
-9. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
+9. Store drains (``reshard.drains``): each active drain's children are launched as ordinary
+   reshards, at most ``max_concurrent`` active, under the drain's advisory lock; a cancelling
+   drain requests cancel of its children; a drain with nothing left ends.
+10. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
    leader tick that was neither stopped (leadership unproven) nor skipped (listing failed)
    gets here; one op's failure or a failing runner listing does not prevent it.
 
@@ -59,7 +62,7 @@ from duckgres_admin.leadership import lease as process_lease
 from duckgres_admin.models import ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from duckgres_admin.names import runner_name
-from reshard import metrics, oplog, uploads
+from reshard import drains, metrics, oplog, uploads
 from reshard.launchers import get_launcher
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
@@ -283,7 +286,23 @@ class Janitor:
         self._check_deadline()
         self._reap(report)
         self._sweep_uploads(report)
+        self._advance_drains(report)
         return True
+
+    # --- step 9: store drains (reshard.drains) -----------------------------------------------
+    def _advance_drains(self, report: TickReport) -> None:
+        """Launch, cancel and end the store drains' children; leadership is renewed before
+        every launch and cancel. A failure is logged and never fails the tick."""
+        self._check_deadline()
+        try:
+            result = drains.advance(self._may_act)
+        except _StopTick:
+            raise
+        except Exception:  # noqa: BLE001 - the drains never fail the tick
+            _log.exception("janitor: advancing the store drains failed")
+            return
+        for action in result.actions:
+            report.add(action)
 
     # --- step 8: the upload sweep (reshard.uploads) ------------------------------------------
     def _sweep_uploads(self, report: TickReport) -> None:

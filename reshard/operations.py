@@ -56,8 +56,45 @@ def _send_launch(op_id: int) -> None:
     current_app.send_task(LAUNCH_TASK, args=[op_id], queue=LAUNCH_QUEUE)
 
 
-def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> StartOutcome:
-    """§5.1 steps 2-12 (the body was parsed by the caller). Raises ``ServiceError``."""
+DRAIN_ITEM_LAUNCHED = "drain_item_launched"
+
+
+def _insert_pending(
+    fields: dict[str, object],
+    launcher: str,
+    actor: str,
+    drain_item_id: int | None,
+    scrubber: Scrubber,
+) -> ReshardOperation:
+    """The ``pending`` row; the two unique rules (one active op per org, one op per drain
+    item) become 409s."""
+    try:
+        with transaction.atomic():
+            return ReshardOperation.objects.create(
+                state=OpState.PENDING,
+                launcher=launcher,
+                created_by=actor,
+                drain_item_id=drain_item_id,
+                **fields,
+            )
+    except IntegrityError as exc:
+        if "reshard_one_active_op_per_org" in str(exc):
+            raise ServiceError(409, ACTIVE_OP_MESSAGE) from None
+        if "drain_item" in str(exc):
+            raise ServiceError(
+                409, "this drain item was already launched", code=DRAIN_ITEM_LAUNCHED
+            ) from None
+        raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
+
+
+def reshard_op_start(
+    *, org_id: str, request: StartRequest, actor: str, drain_item_id: int | None = None
+) -> StartOutcome:
+    """§5.1 steps 2-12 (the body was parsed by the caller). Raises ``ServiceError``.
+
+    ``drain_item_id``: the store-drain item this operation moves (the janitor's drain advance,
+    ``reshard.drains``); the column is unique, so a second start for the item is refused with
+    code ``drain_item_launched``."""
     stash.prune()
     scrubber = process_scrubber(request.target.password)
     try:
@@ -67,15 +104,7 @@ def reshard_op_start(*, org_id: str, request: StartRequest, actor: str) -> Start
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
 
     # 7. Insert pending.
-    try:
-        with transaction.atomic():
-            op = ReshardOperation.objects.create(
-                state=OpState.PENDING, launcher=launcher, created_by=actor, **plan.fields
-            )
-    except IntegrityError as exc:
-        if "reshard_one_active_op_per_org" in str(exc):
-            raise ServiceError(409, ACTIVE_OP_MESSAGE) from None
-        raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
+    op = _insert_pending(plan.fields, launcher, actor, drain_item_id, scrubber)
     for warning in plan.warnings:
         oplog.append(op.id, f"target identity check: {warning}", level="warn", scrubber=scrubber)
 

@@ -46,6 +46,7 @@ from duckgres_admin.models import (
     WarehouseTrino,
 )
 from reshard import identity, pgclients
+from reshard.drain_guard import draining_refusal
 from reshard.vetting import (
     PROBE_TIMEOUT_SECONDS,
     check_host,
@@ -362,6 +363,9 @@ def validate_cnpg_target(
         raise ServiceError(400, f"target store {shard} is not registered")
     if store.kind != StoreKind.CNPG:
         raise ServiceError(400, f"target store {shard} is not a cnpg store (kind {store.kind})")
+    refusal = draining_refusal(shard)
+    if refusal:
+        raise ServiceError(409, f"target: {refusal}", code="store_draining")
     if source_kind == StoreKind.CNPG:
         if shard == str(warehouse.metadata_store_id or ""):
             raise ServiceError(400, f"target shard equals the org's current shard ({shard})")

@@ -18,6 +18,7 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from reshard import identity
+from reshard.drain_guard import draining_refusal
 from reshard.selectors import LIVE_WAREHOUSE_EXCLUDED
 from reshard.vetting import check_host, hostport
 
@@ -69,6 +70,41 @@ def audit_changes(
     return out
 
 
+def _check_cnpg_binding(
+    values: dict[str, Any], store_name: Any, *, drained_check: bool
+) -> MetadataStore:
+    """A cnpg binding: its identity fields, a registered cnpg store (not one being drained
+    when the binding names it anew), no external-only fields; returns the store."""
+    for key in (
+        "metadata_store_database",
+        "metadata_store_user",
+        "metadata_store_password_ref",
+    ):
+        if not values.get(key):
+            raise ServiceError(400, f"invalid body: {key}: required for cnpg bindings")
+    if not store_name:
+        raise ServiceError(400, "invalid body: metadata_store_name: required for cnpg bindings")
+    store = MetadataStore.objects.filter(name=store_name).first()
+    if store is None or store.kind != StoreKind.CNPG:
+        raise ServiceError(
+            400, "invalid body: metadata_store_name: must name a registered cnpg store"
+        )
+    if drained_check:
+        drained = draining_refusal(str(store_name))
+        if drained:
+            raise ServiceError(
+                409, f"invalid body: metadata_store_name: {drained}", code="store_draining"
+            )
+    for key in ("metadata_store_host", "metadata_store_sslmode"):
+        if values.get(key):
+            raise ServiceError(400, f"invalid body: {key}: must be empty for cnpg bindings")
+    if values.get("metadata_store_port") is not None:
+        raise ServiceError(
+            400, "invalid body: metadata_store_port: must be empty for cnpg bindings"
+        )
+    return store
+
+
 def validate_warehouse(
     values: dict[str, Any],
     *,
@@ -92,27 +128,7 @@ def validate_warehouse(
     if check_state and values.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")
     if kind == StoreKind.CNPG:
-        for key in (
-            "metadata_store_database",
-            "metadata_store_user",
-            "metadata_store_password_ref",
-        ):
-            if not values.get(key):
-                raise ServiceError(400, f"invalid body: {key}: required for cnpg bindings")
-        if not store_name:
-            raise ServiceError(400, "invalid body: metadata_store_name: required for cnpg bindings")
-        store = MetadataStore.objects.filter(name=store_name).first()
-        if store is None or store.kind != StoreKind.CNPG:
-            raise ServiceError(
-                400, "invalid body: metadata_store_name: must name a registered cnpg store"
-            )
-        for key in ("metadata_store_host", "metadata_store_sslmode"):
-            if values.get(key):
-                raise ServiceError(400, f"invalid body: {key}: must be empty for cnpg bindings")
-        if values.get("metadata_store_port") is not None:
-            raise ServiceError(
-                400, "invalid body: metadata_store_port: must be empty for cnpg bindings"
-            )
+        store = _check_cnpg_binding(values, store_name, drained_check=writes("metadata_store"))
     elif kind == StoreKind.EXTERNAL:
         for key in (
             "metadata_store_host",

@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from duckgres_admin.api import trino_views, views
+from duckgres_admin.api import drain_views, trino_views, views
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("reshards", views.ReshardListView.as_view(), name="reshard-list"),
@@ -57,5 +57,18 @@ urlpatterns: list[URLPattern | URLResolver] = [
         "metadata-stores/<str:name>",
         views.MetadataStoreDetailView.as_view(),
         name="metadata-store-detail",
+    ),
+    path(
+        "metadata-stores/<str:name>/drains",
+        drain_views.StoreDrainsView.as_view(),
+        name="store-drains",
+    ),
+    path("drains/<int:drain_id>", drain_views.DrainDetailView.as_view(), name="drain-detail"),
+    path("drains/<int:drain_id>/pause", drain_views.DrainPauseView.as_view(), name="drain-pause"),
+    path(
+        "drains/<int:drain_id>/resume", drain_views.DrainResumeView.as_view(), name="drain-resume"
+    ),
+    path(
+        "drains/<int:drain_id>/cancel", drain_views.DrainCancelView.as_view(), name="drain-cancel"
     ),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from duckgres_admin.cli import store as _store  # noqa: F401  (registers the ``store`` group)
 from duckgres_admin.cli.app import cli
 from duckgres_admin.cli.client import EXIT_USAGE
 

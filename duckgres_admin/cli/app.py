@@ -104,6 +104,29 @@ def _run(action: Callable[[], int]) -> int:
         return exc.exit_code
 
 
+def call_and_print(
+    method: str,
+    path: str,
+    *,
+    what: str = "",
+    body: Any = None,
+    text: Callable[[Any], list[str]],
+) -> int:
+    """One API call, printed: the answer's document with ``--output json``, else the lines
+    ``text`` makes of it; a refusal or failure is :func:`_run`'s message and exit code."""
+
+    def action() -> int:
+        answer = _state().client().call(method, path, body=body, what=what)
+        if _state().output == "json":
+            _emit_json(answer.body)
+        else:
+            for line in text(answer.body or {}):
+                _emit(line)
+        return EXIT_OK
+
+    return _run(action)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--api-url",
@@ -411,15 +434,13 @@ def _seg(value: str) -> str:
 
 
 def _simple(method: str, path: str, what: str, body: Any = None) -> int:
-    def action() -> int:
-        answer = _state().client().call(method, path, body=body, what=what)
-        if _state().output == "json":
-            _emit_json(answer.body)
-        else:
-            _emit(json.dumps(answer.body, indent=2, sort_keys=True, default=str))
-        return EXIT_OK
-
-    return _run(action)
+    return call_and_print(
+        method,
+        path,
+        what=what,
+        body=body,
+        text=lambda doc: [json.dumps(doc, indent=2, sort_keys=True, default=str)],
+    )
 
 
 @cli.group()
@@ -489,24 +510,4 @@ def backups_list(org: str, retention_plan: bool) -> int:
     return _run(action)
 
 
-@cli.group()
-def store() -> None:
-    """Metadata stores: drain, pause, resume."""
-
-
-def _store_command(action_name: str, doc: str) -> None:
-    @store.command(action_name, help=doc)
-    @click.argument("name")
-    @output_option
-    def command(name: str) -> int:
-        path = f"metadata-stores/{_seg(name)}/{action_name}"
-        return _simple("POST", path, f"store {action_name}", {})
-
-    del command
-
-
-_store_command("drain", "Drain a metadata store (POST /metadata-stores/<name>/drain).")
-_store_command("pause", "Pause a metadata store (POST /metadata-stores/<name>/pause).")
-_store_command("resume", "Resume a metadata store (POST /metadata-stores/<name>/resume).")
-
-__all__ = ["EXIT_USAGE", "cli"]
+__all__ = ["EXIT_USAGE", "call_and_print", "cli", "output_option"]

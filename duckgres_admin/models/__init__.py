@@ -1,6 +1,17 @@
 """All models of Duckgres Admin live in this package (design §2)."""
 
 from duckgres_admin.models.audit import AuditRecord, Operator, OperatorRole
+from duckgres_admin.models.drains import (
+    ACTIVE_DRAIN_STATES,
+    ENDED_DRAIN_STATES,
+    PROGRESS_KEYS,
+    DrainRule,
+    DrainState,
+    ItemState,
+    StoreDrain,
+    StoreDrainItem,
+    progress_of,
+)
 from duckgres_admin.models.leases import ConnectionLease, Lease, LeasePurpose, LeaseState
 from duckgres_admin.models.notifications import Notification, NotificationKind, NotificationState
 from duckgres_admin.models.reshard import (
@@ -27,13 +38,19 @@ from duckgres_admin.models.warehouses import (
 )
 
 __all__ = [
+    "ACTIVE_DRAIN_STATES",
     "ACTIVE_STATES",
+    "ENDED_DRAIN_STATES",
     "EXTERNAL_SSLMODES",
     "LIBPQ_SSLMODES",
+    "PROGRESS_KEYS",
     "STORE_NAME_PATTERN",
     "TERMINAL_STATES",
     "AuditRecord",
     "ConnectionLease",
+    "DrainRule",
+    "DrainState",
+    "ItemState",
     "Lease",
     "LeasePurpose",
     "LeaseState",
@@ -50,9 +67,12 @@ __all__ = [
     "ReshardOperation",
     "ReshardStepTiming",
     "StepOutcome",
+    "StoreDrain",
+    "StoreDrainItem",
     "StoreKind",
     "Warehouse",
     "WarehouseState",
+    "progress_of",
 ]
 
 # Trino shared pools (spec trino-pools §2).

@@ -1,13 +1,12 @@
 """The notification outbox (docs/notifications.md).
 
 One row per (subject kind, subject id, event): a reshard operation that reached a terminal
-state gets exactly one row for that state, written by the outbox scan with
-``INSERT … ON CONFLICT DO NOTHING`` on the unique key, so concurrent scans are harmless. The
-delivery task claims a row by compare-and-swap (``pending`` → ``sending``, ``attempts + 1``)
-and records the outcome guarded by the same attempt number; a ``delivered`` row is never
-claimed again. ``payload`` is the event as built at insert time: identifiers, states, store
-names and timestamps only, never a password, a DSN or a secret reference.
-"""
+state, or a store drain that ended, gets exactly one row for that state, written by the outbox
+scan with ``INSERT … ON CONFLICT DO NOTHING`` on the unique key, so concurrent scans are
+harmless. The delivery task claims a row by compare-and-swap (``pending`` → ``sending``,
+``attempts + 1``) and records the outcome guarded by the same attempt number; a ``delivered``
+row is never claimed again. ``payload`` is the event as built at insert time: identifiers,
+states, store names and timestamps only, never a password, a DSN or a secret reference."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from django.db.models.functions import Now
 
 class NotificationKind(models.TextChoices):
     RESHARD = "reshard"
+    DRAIN = "drain"  # a store drain (plan) that ended: finished or cancelled
 
 
 class NotificationState(models.TextChoices):

@@ -101,6 +101,14 @@ class ReshardOperation(models.Model):
     recovered_at = models.DateTimeField(null=True, blank=True)
     recovery_outcome = models.TextField(default="", blank=True)
     metrics_observed_at = models.DateTimeField(null=True, blank=True)
+    # The store-drain item this operation moves (reshard/drains.py); unique: one launch per item.
+    drain_item = models.OneToOneField(
+        "duckgres_admin.StoreDrainItem",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="operation",
+    )
 
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)

@@ -1,11 +1,10 @@
 """The events the outbox carries and the two body formats (docs/notifications.md).
 
-An event is built from the operation row once, when its outbox row is written, from an
-explicit allowlist of fields: ids, states, kinds, store names (an external store's host, never
-a user, database, DSN or secret reference), timestamps and a coarse ``error_code``. The op's
-``error`` text is never copied (it may name a secret reference); read it with
-``GET /api/v1/reshards/<id>``.
-"""
+An event is built from the operation (or store drain) row once, when its outbox row is written,
+from an explicit allowlist of fields: ids, states, kinds, store names (an external store's host,
+never a user, database, DSN or secret reference), timestamps and a coarse ``error_code``. The
+op's ``error`` text is never copied (it may name a secret reference); read it with ``GET
+/api/v1/reshards/<id>``."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.models import ReshardOperation, StoreDrain
 
 SCHEMA_VERSION = 1
 # The janitor's force-fail message starts so (reshard.janitor.force_fail_message).
@@ -67,6 +66,22 @@ def reshard_event(op: ReshardOperation) -> dict[str, Any]:
     }
 
 
+def drain_event(drain: StoreDrain, progress: dict[str, int]) -> dict[str, Any]:
+    """The event of a store drain that ended (``finished`` or ``cancelled``)."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "event": f"drain.{drain.state}",
+        "kind": "drain",
+        "drain_id": drain.id,
+        "store": drain.store_id,
+        "target_stores": list(drain.target_stores),
+        "state": drain.state,
+        "progress": dict(progress),
+        "created_at": _ts(drain.created_at),
+        "finished_at": _ts(drain.finished_at),
+    }
+
+
 _SLACK_ICON = {"succeeded": ":white_check_mark:", "failed": ":x:", "cancelled": ":no_entry_sign:"}
 
 
@@ -74,7 +89,19 @@ def _where(end: dict[str, Any]) -> str:
     return f"{end.get('kind')} {end.get('store') or end.get('host') or '?'}"
 
 
+def _drain_text(event: dict[str, Any]) -> str:
+    counts = event.get("progress") or {}
+    done = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    return (
+        f":card_file_box: drain {event.get('drain_id')} of store `{event.get('store')}` "
+        f"*{event.get('state')}*: {done or 'nothing to move'}, finished "
+        f"{event.get('finished_at') or '?'}"
+    )
+
+
 def slack_text(event: dict[str, Any]) -> str:
+    if event.get("kind") == "drain":
+        return _drain_text(event)
     state = str(event.get("state"))
     line = (
         f"{_SLACK_ICON.get(state, ':information_source:')} reshard {event.get('operation_id')} "

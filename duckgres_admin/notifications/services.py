@@ -49,11 +49,13 @@ from django.db.models.functions import Coalesce, Now
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import http
 from duckgres_admin.models import (
+    ENDED_DRAIN_STATES,
     TERMINAL_STATES,
     Notification,
     NotificationKind,
     NotificationState,
     ReshardOperation,
+    StoreDrain,
 )
 from duckgres_admin.notifications import events, signing
 from duckgres_admin.notifications.config import WebhookConfig
@@ -120,6 +122,30 @@ def _insert_reshard_rows(config: WebhookConfig) -> int:
     return len(rows)
 
 
+def _insert_drain_rows(config: WebhookConfig) -> int:
+    """One row per store drain that ended within the look-back, as for operations."""
+    has_row = Notification.objects.filter(
+        kind=NotificationKind.DRAIN, subject_id=OuterRef("pk"), event=OuterRef("state")
+    )
+    ended = list(
+        StoreDrain.objects.filter(state__in=ENDED_DRAIN_STATES)
+        .filter(finished_at__gte=Now() - timedelta(seconds=config.lookback_seconds))
+        .exclude(Exists(has_row))
+        .order_by("id")[:SCAN_BATCH]
+    )
+    rows = [
+        Notification(
+            kind=NotificationKind.DRAIN,
+            subject_id=drain.id,
+            event=drain.state,
+            payload=events.drain_event(drain, drain.progress()),
+        )
+        for drain in ended
+    ]
+    Notification.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
 _HAND_OUT_SQL = """
 UPDATE duckgres_notifications AS n
    SET state = 'pending', claimed_until = NULL,
@@ -148,7 +174,7 @@ def outbox_scan() -> ScanReport:
     config = _config()
     if not config.enabled:
         return ScanReport(enabled=False)
-    inserted = _insert_reshard_rows(config)
+    inserted = _insert_reshard_rows(config) + _insert_drain_rows(config)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_HAND_OUT_SQL, {"grace": REDELIVER_GRACE_SECONDS, "batch": SCAN_BATCH})
         ids = sorted(int(row[0]) for row in cursor.fetchall())

@@ -24,6 +24,7 @@ EXPECTED = {
         "Reshard log entries",
         "Reshard operations",
         "Reshard step timings",
+        "Store drains",
         "Trino pool instances",
         "Trino pools",
         "Warehouse Trino rows",

@@ -68,6 +68,7 @@ PAGES = [
     OPS,
     "/admin/duckgres_admin/warehouse/",
     "/admin/duckgres_admin/metadatastore/",
+    "/admin/duckgres_admin/storedrain/",
     "/admin/duckgres_admin/connectionlease/",
     "/admin/duckgres_admin/lease/",
     "/admin/duckgres_admin/trinopool/",

@@ -130,12 +130,6 @@ def test_routes_this_api_does_not_offer_transport_and_identity_errors(cli, trans
     for args, feature, route in (
         (("restore", "start", "acme", "--backup", "s3://b/k"), "restore start",
          "POST /api/v1/warehouses/acme/restores"),
-        (("store", "drain", "shard-001"), "store drain",
-         "POST /api/v1/metadata-stores/shard-001/drain"),
-        (("store", "pause", "shard-001"), "store pause",
-         "POST /api/v1/metadata-stores/shard-001/pause"),
-        (("store", "resume", "shard-001"), "store resume",
-         "POST /api/v1/metadata-stores/shard-001/resume"),
     ):  # fmt: skip
         result = cli(*args)
         assert result.returncode == 5, (args, result.stdout, result.stderr)

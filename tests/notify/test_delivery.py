@@ -302,3 +302,44 @@ def test_off_without_a_url_and_the_beat_row(settings, make_op, make_warehouse, m
         "duckgres: notification outbox (every 15 s)", "duckgres.default", 15, True
     )  # fmt: skip
     assert (task.interval.every, task.interval.period) == (15, "seconds")
+
+
+def test_a_drain_that_ended_is_delivered_once_with_its_counts(
+    receiver, settings, make_store, transactional_db
+):
+    from reshard import drains
+
+    settings.DUCKGRES_WEBHOOK = _config(receiver.url)
+    drain = drains.create_drain(
+        make_store().name,
+        target_stores=[make_store().name],
+        max_concurrent=1,
+        drain_timeout_seconds=60,
+        actor="ops@example.com",
+    )
+    services.outbox_scan()
+    assert not Notification.objects.filter(kind="drain").exists(), "only an ended drain"
+    drains.advance(lambda: None)  # nothing bound: it ends at once
+    services.outbox_scan()
+    services.outbox_scan()  # a second scan writes nothing more
+    (row,) = Notification.objects.filter(kind="drain", subject_id=drain.id)
+    assert row.event == "finished"
+    assert services.notification_deliver(notification_id=row.id).outcome == "delivered"
+    (request,) = receiver.requests
+    body = json.loads(request.body)
+    assert body["event"] == "drain.finished"
+    assert (body["drain_id"], body["store"], body["state"]) == (
+        drain.id,
+        drain.store_id,
+        "finished",
+    )
+    assert body["progress"] == dict.fromkeys(
+        ("waiting", "running", "succeeded", "failed", "cancelled", "skipped"), 0
+    )
+    assert signing.verify(
+        WEBHOOK_SECRET,
+        request.headers["x-duckgres-timestamp"],
+        request.headers["x-duckgres-signature"],
+        request.body,
+        now=time.time(),
+    )

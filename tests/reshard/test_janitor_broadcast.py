@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
 
-from duckgres_admin import beat
 from duckgres_admin.leadership import read_lease
-from tests.fixtures.janitor import janitor_env, reset_leases
+from tests.fixtures.janitor import janitor_env, reset_leases, send_tick
 from tests.fixtures.processes import CeleryWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("janitor_env")]
 assert janitor_env
 
 _TASK = "reshard.reconcile"
-
-
-def _send_tick() -> str:
-    """One tick exactly as django-celery-beat sends the product's row."""
-    from duckgres_admin.celery import app
-
-    row = beat.row_for_task(_TASK)
-    task_id = str(uuid.uuid4())
-    app.send_task(_TASK, queue=row.queue, expires=row.expire_seconds, task_id=task_id)
-    return task_id
 
 
 def _outcome(worker: CeleryWorker, task_id: str) -> str | None:
@@ -53,7 +41,7 @@ def _subscribed(workers: list[CeleryWorker], deadline_s: float = 60.0) -> None:
     after it logs ``ready``, and a tick sent before that is (correctly) not delivered to it."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        task_id = _send_tick()
+        task_id = send_tick()
         time.sleep(1.0)
         if all(_outcome(worker, task_id) for worker in workers):
             return
@@ -67,7 +55,7 @@ def test_each_replica_runs_every_tick_and_one_acts(
     reset_leases()
     workers = [celery_worker_factory(queues=("duckgres.control",)) for _ in range(2)]
     _subscribed(workers)
-    ticks = [_send_tick() for _ in range(6)]
+    ticks = [send_tick() for _ in range(6)]
     deadline = time.monotonic() + 60
     outcomes: dict[str, list[str | None]] = {}
     while time.monotonic() < deadline:
