@@ -12,13 +12,14 @@ the same services as the API and are refused on the server unless the user may a
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import models
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import (
     HttpRequest,
@@ -60,6 +61,15 @@ from reshard import backups, drains, dryrun, operations, selectors
 from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
+
+_Row = TypeVar("_Row", bound=models.Model)
+
+
+def readable_or_404(request: HttpRequest, model: type[_Row], pk: int) -> _Row:
+    """The row of a detail page: 403 unless the user may read, 404 when it does not exist."""
+    if not roles.can_read(request):
+        raise PermissionDenied
+    return get_object_or_404(model, pk=pk)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -215,9 +225,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         }
 
     def _op(self, request: HttpRequest, op_id: int) -> ReshardOperation:
-        if not roles.can_read(request):
-            raise PermissionDenied
-        return get_object_or_404(ReshardOperation, pk=op_id)
+        return readable_or_404(request, ReshardOperation, op_id)
 
     # The detail page: live log tail, progress and step timeline (polling, no reload).
     def change_view(
@@ -623,9 +631,7 @@ class StoreDrainAdmin(ReadOnlyAdmin):
         return own + super().get_urls()
 
     def _drain(self, request: HttpRequest, drain_id: int) -> StoreDrain:
-        if not roles.can_read(request):
-            raise PermissionDenied
-        return get_object_or_404(StoreDrain, pk=drain_id)
+        return readable_or_404(request, StoreDrain, drain_id)
 
     def change_view(
         self,

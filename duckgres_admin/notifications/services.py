@@ -37,13 +37,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.db.models.functions import Coalesce, Now
 
 from duckgres_admin.base.scrub import Scrubber
@@ -97,53 +99,47 @@ def backoff_seconds(config: WebhookConfig, attempt: int) -> int:
     return int(min(config.backoff_seconds * 2 ** max(attempt - 1, 0), MAX_BACKOFF_SECONDS))
 
 
-def _insert_reshard_rows(config: WebhookConfig) -> int:
+def _insert_rows(
+    kind: str,
+    ended: QuerySet[Any],
+    lookback_seconds: int,
+    payload: Callable[[Any], dict[str, Any]],
+) -> int:
+    """One row per subject of ``ended`` (rows with ``id`` and ``state``, annotated ``ended``
+    with the time they ended) that ended within the look-back and has none for its state."""
     has_row = Notification.objects.filter(
-        kind=NotificationKind.RESHARD, subject_id=OuterRef("pk"), event=OuterRef("state")
+        kind=kind, subject_id=OuterRef("pk"), event=OuterRef("state")
     )
-    ops = list(
-        ReshardOperation.objects.filter(state__in=TERMINAL_STATES)
-        .alias(ended=Coalesce("finished_at", "created_at"))
-        .filter(ended__gte=Now() - timedelta(seconds=config.lookback_seconds))
+    subjects = list(
+        ended.filter(ended__gte=Now() - timedelta(seconds=lookback_seconds))
         .exclude(Exists(has_row))
         .order_by("id")[:SCAN_BATCH]
     )
     rows = [
-        Notification(
-            kind=NotificationKind.RESHARD,
-            subject_id=op.id,
-            event=op.state,
-            payload=events.reshard_event(op),
-        )
-        for op in ops
+        Notification(kind=kind, subject_id=s.id, event=s.state, payload=payload(s))
+        for s in subjects
     ]
     # ON CONFLICT DO NOTHING: a concurrent scan inserted the same event first.
     Notification.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
 
 
-def _insert_drain_rows(config: WebhookConfig) -> int:
-    """One row per store drain that ended within the look-back, as for operations."""
-    has_row = Notification.objects.filter(
-        kind=NotificationKind.DRAIN, subject_id=OuterRef("pk"), event=OuterRef("state")
+def _insert_event_rows(config: WebhookConfig) -> int:
+    """Terminal reshard operations and ended store drains."""
+    ops = ReshardOperation.objects.filter(state__in=TERMINAL_STATES).alias(
+        ended=Coalesce("finished_at", "created_at")
     )
-    ended = list(
-        StoreDrain.objects.filter(state__in=ENDED_DRAIN_STATES)
-        .filter(finished_at__gte=Now() - timedelta(seconds=config.lookback_seconds))
-        .exclude(Exists(has_row))
-        .order_by("id")[:SCAN_BATCH]
+    ended_drains = StoreDrain.objects.filter(state__in=ENDED_DRAIN_STATES).alias(
+        ended=F("finished_at")
     )
-    rows = [
-        Notification(
-            kind=NotificationKind.DRAIN,
-            subject_id=drain.id,
-            event=drain.state,
-            payload=events.drain_event(drain, drain.progress()),
-        )
-        for drain in ended
-    ]
-    Notification.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(rows)
+    return _insert_rows(
+        NotificationKind.RESHARD, ops, config.lookback_seconds, events.reshard_event
+    ) + _insert_rows(
+        NotificationKind.DRAIN,
+        ended_drains,
+        config.lookback_seconds,
+        lambda drain: events.drain_event(drain, drain.progress()),
+    )
 
 
 _HAND_OUT_SQL = """
@@ -174,7 +170,7 @@ def outbox_scan() -> ScanReport:
     config = _config()
     if not config.enabled:
         return ScanReport(enabled=False)
-    inserted = _insert_reshard_rows(config) + _insert_drain_rows(config)
+    inserted = _insert_event_rows(config)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_HAND_OUT_SQL, {"grace": REDELIVER_GRACE_SECONDS, "batch": SCAN_BATCH})
         ids = sorted(int(row[0]) for row in cursor.fetchall())

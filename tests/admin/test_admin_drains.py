@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -18,39 +17,18 @@ from duckgres_admin.models import (
     PROGRESS_KEYS,
     AuditRecord,
     MetadataStore,
-    Operator,
     StoreDrain,
     StoreDrainItem,
     Warehouse,
 )
 from reshard import drains
+from tests.fixtures.admin import staff_user
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
 pytestmark = pytest.mark.django_db
 
 DRAINS = "/admin/duckgres_admin/storedrain/"
 STORES = "/admin/duckgres_admin/metadatastore/"
-
-
-def _staff(role: str | None = None) -> Any:
-    name = unique("op")
-    email = f"{name}@example.com"
-    user = get_user_model().objects.create_user(name, email, "pw-for-tests", is_staff=True)
-    if role is not None:
-        Operator.objects.create(email=email, role=role)
-    return user
-
-
-@pytest.fixture
-def viewer_client(client):
-    client.force_login(_staff())
-    return client
-
-
-@pytest.fixture
-def admin_client(client):
-    client.force_login(_staff("admin"))
-    return client
 
 
 def _drain(n_warehouses: int = 0) -> tuple[StoreDrain, MetadataStore, MetadataStore]:
@@ -214,7 +192,7 @@ def test_the_actions_are_post_only_and_refused_to_a_viewer(client, admin_client)
     drain, _, _ = _drain()
     assert admin_client.get(f"{DRAINS}{drain.id}/pause/").status_code == 405
     assert admin_client.post(f"{DRAINS}999999/pause/").status_code == 404
-    client.force_login(_staff("viewer"))
+    client.force_login(staff_user("viewer"))
     for action in ("pause", "resume", "cancel"):
         assert client.post(f"{DRAINS}{drain.id}/{action}/").status_code == 403
         assert client.get(f"{DRAINS}{drain.id}/{action}/").status_code == 403
@@ -236,7 +214,7 @@ def test_the_store_list_names_the_active_drain(viewer_client):
 def test_an_action_without_the_csrf_token_is_refused():
     drain, _, _ = _drain()
     client = Client(enforce_csrf_checks=True)
-    client.force_login(_staff("admin"))
+    client.force_login(staff_user("admin"))
     assert client.post(f"{DRAINS}{drain.id}/pause/").status_code == 403
     drain.refresh_from_db()
     assert drain.state == "running"

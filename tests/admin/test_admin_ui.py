@@ -7,36 +7,22 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from duckgres_admin.adminui.progress import progress_view
 from duckgres_admin.models import (
     AuditRecord,
-    Operator,
     ReshardLogEntry,
     ReshardOperation,
     ReshardStepTiming,
 )
-from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
+from tests.fixtures.admin import staff_user
+from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.secrets_scan import scan, unique_password
 
 pytestmark = pytest.mark.django_db
 
 OPS = "/admin/duckgres_admin/reshardoperation/"
-
-
-def _staff(role: str | None = None, *, superuser: bool = False, disabled: bool = False):
-    name = unique("op")
-    email = f"{name}@example.com"
-    model = get_user_model()
-    if superuser:
-        user = model.objects.create_superuser(name, email, "pw-for-tests")
-    else:
-        user = model.objects.create_user(name, email, "pw-for-tests", is_staff=True)
-    if role is not None:
-        Operator.objects.create(email=email, role=role, disabled=disabled)
-    return user
 
 
 @pytest.fixture
@@ -50,18 +36,6 @@ def op():
         metadata_store_password_ref="env:SOME_TENANT_PASSWORD",
     )
     return new_op(warehouse, to_store=target)
-
-
-@pytest.fixture
-def viewer_client(client):
-    client.force_login(_staff())
-    return client
-
-
-@pytest.fixture
-def admin_client(client):
-    client.force_login(_staff("admin"))
-    return client
 
 
 PAGES = [
@@ -112,7 +86,7 @@ def test_a_viewer_cannot_act_even_by_posting_directly(viewer_client, op):
 
 
 def test_a_disabled_operator_reads_nothing(client, op):
-    client.force_login(_staff("admin", disabled=True))
+    client.force_login(staff_user("admin", disabled=True))
     assert client.get(f"{OPS}{op.id}/status.json").status_code == 403
     assert client.post(f"{OPS}{op.id}/cancel/").status_code == 403
 
@@ -142,7 +116,7 @@ def test_an_admin_cancels_with_confirmation_and_it_is_audited(admin_client, op):
 
 
 def test_a_superuser_without_an_operator_row_may_act(client, op):
-    client.force_login(_staff(superuser=True))
+    client.force_login(staff_user(superuser=True))
     ReshardOperation.objects.filter(pk=op.pk).update(state="running")
     assert client.post(f"{OPS}{op.id}/cancel/").status_code == 302
     op.refresh_from_db()
