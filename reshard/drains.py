@@ -1,6 +1,6 @@
 """Store drains: empty one metadata store through ordinary reshards (docs/drains.md).
 
-An operator asks for a drain (``POST /metadata-stores/<name>/drains``); :func:`create_drain`
+An operator asks for a drain (``POST /metadata-stores/<name>/drain``); :func:`create_drain`
 writes the plan (a ``StoreDrain`` row) and one ``StoreDrainItem`` per warehouse bound to the
 store at that moment, in one transaction. Nothing is launched by the web request: the janitor's
 leader calls :func:`advance` every tick, which launches each item as an ordinary reshard

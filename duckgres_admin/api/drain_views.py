@@ -1,6 +1,6 @@
 """Store drains (docs/drains.md, docs/api.md "Store drains"): thin views over ``reshard.drains``.
 
-``POST /metadata-stores/<name>/drains`` creates the plan; nothing is launched by the request: the
+``POST /metadata-stores/<name>/drain`` creates the plan; nothing is launched by the request: the
 janitor's leader launches the children. Viewers read; writes need the admin role (or the
 internal secret) and are audited, as every operator write."""
 
@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.base import ApiView, BoundedJSONParser
-from duckgres_admin.api.views import BODY_ERRORS, ERRORS, OBJ, READ_ERRORS
+from duckgres_admin.api.views import BODY_ERRORS, OBJ, READ_ERRORS
 from duckgres_admin.base.errors import ServiceError
 from reshard import drains
 
@@ -31,13 +31,19 @@ def _targets(body: dict[str, Any]) -> list[str]:
 
 
 class StoreDrainsView(ApiView):
-    audit_action = "metadata_store.drain"
-    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
+    """``GET /metadata-stores/<name>/drains``: the store's drains, newest first."""
 
-    @extend_schema(operation_id="store_drain_list", responses={200: OBJ, **READ_ERRORS})
+    @extend_schema(operation_id="store_drain_list", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, name: str) -> Response:
         found = drains.drains_of_store(name)
         return Response({"drains": [drains.drain_view(d, with_items=False) for d in found]})
+
+
+class StoreDrainCreateView(ApiView):
+    """``POST /metadata-stores/<name>/drain``: the plan (the janitor launches its children)."""
+
+    audit_action = "metadata_store.drain"
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
     @extend_schema(
         operation_id="store_drain_create",
@@ -87,7 +93,7 @@ class DrainActionView(ApiView):
     def audit_action_for(self, request: Any) -> str:
         return f"metadata_store.drain_{self.action}"
 
-    @extend_schema(request=None, responses={200: OBJ, **ERRORS})
+    @extend_schema(request=None, responses={200: OBJ, **BODY_ERRORS})
     def post(self, request: Request, drain_id: int) -> Response:
         assert self.identity is not None
         if not self.action:

@@ -59,6 +59,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
         name="metadata-store-detail",
     ),
     path(
+        "metadata-stores/<str:name>/drain",
+        drain_views.StoreDrainCreateView.as_view(),
+        name="store-drain",
+    ),
+    path(
         "metadata-stores/<str:name>/drains",
         drain_views.StoreDrainsView.as_view(),
         name="store-drains",

@@ -124,7 +124,7 @@ def store_drain(
         ]
 
     return call_and_print(
-        "POST", f"metadata-stores/{_seg(name)}/drains", what="store drain", body=body, text=text
+        "POST", f"metadata-stores/{_seg(name)}/drain", what="store drain", body=body, text=text
     )
 
 

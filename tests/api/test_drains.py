@@ -19,7 +19,7 @@ BAD = "invalid body: "
 
 def _drain(clients: Any, store: str, who: str = "internal", **body: Any) -> Any:
     client = getattr(clients, who)
-    return client.post(f"/api/v1/metadata-stores/{store}/drains", body, format="json")
+    return client.post(f"/api/v1/metadata-stores/{store}/drain", body, format="json")
 
 
 def _bound(store: Any, n: int) -> list[str]:

@@ -1,8 +1,8 @@
 """Schemathesis hooks for the contract run (loaded through ``SCHEMATHESIS_HOOKS``).
 
-Integer path ids (``op_id``, ``lease_id``) are routed by Django's ``<int:…>`` converter: a
-non-integer or negative id never matches an API route (spec §5.2), so Django's own HTML 404
-answers, outside the API and its schema. Such ids are not generated; every other negative case
+Integer path ids (``op_id``, ``lease_id``, ``drain_id``) are routed by Django's ``<int:…>``
+converter: a non-integer or negative id never matches an API route (spec §5.2), so Django's own
+HTML 404 answers, outside the API and its schema. Such ids are not generated; every other negative case
 (bodies, query strings, headers) is.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import schemathesis
 
-INT_IDS = ("op_id", "lease_id")
+INT_IDS = ("op_id", "lease_id", "drain_id")
 
 
 def _routable(value: Any) -> bool:

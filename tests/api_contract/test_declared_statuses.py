@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 pytestmark = pytest.mark.django_db
 
-FILL = {"op_id": "1", "lease_id": "1", "org": "org-x", "name": "shard-x"}
+FILL = {"op_id": "1", "lease_id": "1", "org": "org-x", "name": "shard-x", "drain_id": "1"}
 
 
 def _schema(tmp_path: Path) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
     assert again.returncode == 1
     assert again.stdout == ""
     assert again.stderr.startswith(
-        f"duckgres: POST /api/v1/metadata-stores/{source.name}/drains: HTTP 409: metadata store "
+        f"duckgres: POST /api/v1/metadata-stores/{source.name}/drain: HTTP 409: metadata store "
         f"{source.name} is being drained (drain {drain_id})"
     )
     assert again.stderr.rstrip().endswith("[store_draining]")
