@@ -2,8 +2,8 @@
 
 Integer path ids (``op_id``, ``lease_id``, ``drain_id``) are routed by Django's ``<int:…>``
 converter: a non-integer or negative id never matches an API route (spec §5.2), so Django's own
-HTML 404 answers, outside the API and its schema. Such ids are not generated; every other negative case
-(bodies, query strings, headers) is.
+HTML 404 answers, outside the API and its schema. Such ids are not generated; every other
+negative case (bodies, query strings, headers) is.
 """
 
 from __future__ import annotations
