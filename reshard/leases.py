@@ -8,10 +8,14 @@ snapshot when the statement starts: a read in the lock's own statement could see
 from before a block that committed while it waited). The ``queued → granted`` move is a
 guarded UPDATE on ``state='queued'``.
 
-The hot path is short (docs/performance.md "Lease path"): a new request is the lock and one
-statement (``_GRANT_SQL``: read the warehouse and its store, count the active leases when the
-org has a cap, insert the row in its decided state), a renew and a release one guarded
-``UPDATE`` each. Safeguard reshard-82 pins the counts.
+The hot path is short (docs/performance.md "Lease path"): a new request is **one round trip**,
+the lock and one statement (``_GRANT_SQL``: read the warehouse and its store, count the active
+leases when the org has a cap, insert the row in its decided state) sent together as one
+simple-protocol query string (``_LOCKED_GRANT_SQL``) on the autocommit connection. PostgreSQL
+runs the statements of such a string as one implicit transaction: the transaction-scoped lock
+is held until the insert commits, and the grant statement, a statement of its own, takes its
+snapshot after the lock is held. A renew and a release are one guarded ``UPDATE`` each.
+Safeguard reshard-82 pins the counts.
 
 The lease row has no TTL column: while a lease is ``queued`` its ``expires_at`` holds
 ``requested_at + ttl`` so a later grant (``GET`` re-attempt) can reuse the requested TTL as
@@ -39,7 +43,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from duckgres_admin.orglock import lock_org
+from duckgres_admin.orglock import lock_org, org_lock_key
 
 RETRY_AFTER_SECONDS = 5
 RESHARDING_MESSAGE = "metadata-store reshard in progress for this organization; retry shortly"
@@ -252,25 +256,32 @@ def _binding_from_row(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
+# The lock, then the grant: two statements in one query string, one round trip (module doc).
+_LOCKED_GRANT_SQL = "SELECT pg_advisory_xact_lock(%(key)s);\n" + _GRANT_SQL
+
+
 def lease_request(*, org_id: str, request: LeaseRequest) -> LeaseOutcome:
     """``POST /warehouses/<org>/leases``: decide and insert the request's row, in one
-    transaction under the per-org lock: the lock, then one statement (``_GRANT_SQL``).
+    transaction under the per-org lock, in one round trip (``_LOCKED_GRANT_SQL``).
 
-    Refusals are returned from the transaction (not raised inside it) so the ``refused`` row
-    commits with it, as every request's row always has.
+    Refusals are read from the committed row (not raised inside the transaction) so the
+    ``refused`` row commits, as every request's row always has.
     """
     params: dict[str, str | int] = {
+        "key": org_lock_key(org_id),
         "org": org_id,
         "holder": request.holder,
         "purpose": request.purpose,
         "wait": int(request.wait_seconds),
         "ttl": int(request.ttl_seconds),
     }
-    with transaction.atomic():
-        lock_org(org_id)
-        with connection.cursor() as cursor:
-            cursor.execute(_GRANT_SQL, params)
-            row = cursor.fetchone()
+    with connection.cursor() as cursor:
+        # Autocommit (the API's requests hold no transaction): the string is its own implicit
+        # transaction. Inside a caller's transaction it joins that one, the lock held to its end.
+        cursor.execute(_LOCKED_GRANT_SQL, params)
+        if not cursor.cursor.nextset():  # the lock's result, then the grant's
+            raise ServiceError(500, "the lease grant returned no result")
+        row = cursor.fetchone()
     if row is None:
         raise ServiceError(404, "org has no managed warehouse")
     lease_id, state, queue_deadline, expires_at, warehouse_state, cap = row[:6]

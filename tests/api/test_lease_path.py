@@ -29,9 +29,7 @@ LOCK_SQL = "SELECT pg_advisory_xact_lock("
 
 
 def _sql(captured: CaptureQueriesContext) -> list[str]:
-    """The statements sent, without the savepoints of the test's own transaction (``db``): in
-    the API the grant's ``atomic`` is the transaction itself, logged as BEGIN and COMMIT (the
-    two round trips every transaction has; bench/bench_leases.py counts them too)."""
+    """The statements sent, without the savepoints of the test's own transaction (``db``)."""
     return [
         q["sql"]
         for q in captured.captured_queries
@@ -57,7 +55,7 @@ def _grant_queries(clients: Any, org: str, **body: Any) -> tuple[int, list[str]]
         ("provisioning", None, 0, {}, 409, "refused"),
     ],
 )
-def test_a_request_is_the_lock_and_one_statement(
+def test_a_request_is_the_lock_and_one_statement_in_one_round_trip(
     clients, state, cap, held, body, status, row_state
 ):
     org = f"q-{state}-{cap or 0}-{held}-{len(body)}"
@@ -68,11 +66,13 @@ def test_a_request_is_the_lock_and_one_statement(
         Warehouse.objects.filter(org_id=org).update(state=state)
     code, sql = _grant_queries(clients, org, **body)
     assert code == status
-    # The lock first, in a statement of its own (the decision's snapshot must start after it
-    # is held), then the one statement that reads, decides and inserts.
-    assert len(sql) == 2, sql
-    assert sql[0].startswith(LOCK_SQL), sql
-    assert "INSERT INTO duckgres_connection_leases" in sql[1]
+    # One round trip: the lock first, in a statement of its own (the decision's snapshot must
+    # start after it is held), then the one statement that reads, decides and inserts, sent as
+    # one query string (one implicit transaction); no BEGIN, no COMMIT of its own.
+    assert len(sql) == 1, sql
+    lock, grant = sql[0].split(";\n", 1)
+    assert lock.startswith(LOCK_SQL), sql
+    assert "INSERT INTO duckgres_connection_leases" in grant
     newest = ConnectionLease.objects.filter(org_id=org).latest("id")
     assert newest.state == row_state
     if row_state == "granted":
@@ -84,10 +84,10 @@ def test_a_request_is_the_lock_and_one_statement(
 
 
 @pytest.mark.safeguard("reshard-82")
-def test_an_unknown_org_inserts_nothing_in_the_same_two_statements(clients):
+def test_an_unknown_org_inserts_nothing_in_the_same_round_trip(clients):
     code, sql = _grant_queries(clients, "nobody-here")
     assert code == 404
-    assert len(sql) == 2
+    assert len(sql) == 1
     assert ConnectionLease.objects.count() == 0
 
 
@@ -101,7 +101,28 @@ def test_the_count_does_not_grow_with_the_fleet_or_the_org_s_leases(clients):
         assert post(clients, "small").status_code == 201
     code, later = _grant_queries(clients, "small")
     assert code == 201
-    assert len(first) == len(later) == 2
+    assert len(first) == len(later) == 1
+
+
+@pytest.mark.safeguard("reshard-82")
+def test_on_the_api_s_autocommit_connection_a_grant_is_one_round_trip(transactional_db):
+    """As the API runs it (no test transaction around it): no BEGIN and no COMMIT of its own,
+    the lock held by the string's implicit transaction; then a second grant of the org, which
+    only the committed first one can count, meets the cap."""
+    from rest_framework.test import APIClient
+
+    make_org("autocommit", cap=1)
+    client = APIClient()
+    client.credentials(HTTP_X_DUCKGRES_DATAPLANE_SECRET=settings.DUCKGRES_DATAPLANE_SECRET)
+    url = "/api/v1/warehouses/autocommit/leases"
+    body = {"holder": "h", "purpose": "query"}
+    with CaptureQueriesContext(connection) as captured:
+        assert client.post(url, body, format="json").status_code == 201
+    sent = [q["sql"] for q in captured.captured_queries]
+    assert len(sent) == 1, sent
+    assert sent[0].startswith(LOCK_SQL)
+    assert connection.get_autocommit()
+    assert client.post(url, body, format="json").status_code == 429
 
 
 @pytest.mark.safeguard("reshard-82")
