@@ -174,12 +174,8 @@ def change_drain(drain_id: int, action: str, *, actor: str) -> StoreDrain:
 progress = progress_of
 
 
-def _items(drain: StoreDrain) -> list[StoreDrainItem]:
-    return drain.items_with_operations()
-
-
 def drain_view(drain: StoreDrain, *, with_items: bool = True) -> dict[str, Any]:
-    items = _items(drain)
+    items = drain.items_with_operations()
     body: dict[str, Any] = {
         "id": drain.id,
         "store": drain.store_id,
@@ -259,7 +255,7 @@ def _unlock(drain_id: int) -> None:
 
 def _advance_one(drain: StoreDrain, may_act: Callable[[], None], report: AdvanceReport) -> None:
     drain.refresh_from_db(fields=["state"])  # under the lock: the state this advance acts on
-    items = _items(drain)
+    items = drain.items_with_operations()
     _adopt(drain, items, report)
     active = [i for i in items if i.shown_state() == "running"]
     if drain.state == DrainState.CANCELLING:
@@ -273,8 +269,8 @@ def _advance_one(drain: StoreDrain, may_act: Callable[[], None], report: Advance
             may_act()
             if _launch(drain, item, report):
                 running += 1
-        items = _items(drain)
-        if not any(i.state == ItemState.WAITING for i in items) and running == 0:
+        # Nothing launched when none is running: the in-memory items are the rows.
+        if running == 0 and not any(i.state == ItemState.WAITING for i in items):
             _end(drain, DrainState.RUNNING, DrainState.FINISHED, items, report)
 
 
@@ -335,9 +331,10 @@ def _launch(drain: StoreDrain, item: StoreDrainItem, report: AdvanceReport) -> b
                 exc.message,
             )
             return False
-        StoreDrainItem.objects.filter(pk=item.id, state=ItemState.WAITING).update(
+        if StoreDrainItem.objects.filter(pk=item.id, state=ItemState.WAITING).update(
             state=ItemState.SKIPPED, reason=exc.message, updated_at=Now()
-        )
+        ):
+            item.state, item.reason = ItemState.SKIPPED, exc.message
         report.actions.append(f"drain {drain.id}: skipped {item.org_id}: {exc.message}")
         return False
     StoreDrainItem.objects.filter(pk=item.id, state=ItemState.WAITING).update(
@@ -370,7 +367,13 @@ def _cancel_children(
             continue
         report.actions.append(f"drain {drain.id}: cancel requested for op {op.id}")
     if not active:
-        _end(drain, DrainState.CANCELLING, DrainState.CANCELLED, _items(drain), report)
+        _end(
+            drain,
+            DrainState.CANCELLING,
+            DrainState.CANCELLED,
+            drain.items_with_operations(),
+            report,
+        )
 
 
 def _end(

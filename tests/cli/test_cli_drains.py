@@ -13,11 +13,6 @@ from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
 
-@pytest.fixture
-def store_cli(cli: Cli, transactional_db: None) -> Cli:
-    return cli
-
-
 def bound(store: MetadataStore, count: int) -> list[Warehouse]:
     """``count`` warehouses bound to ``store``, each with its own catalog identity, in the
     order of their org ids (a drain's items are)."""
@@ -35,13 +30,14 @@ def bound(store: MetadataStore, count: int) -> list[Warehouse]:
 
 
 def test_drain_list_and_show_print_the_plan_and_each_orgs_progress(
-    store_cli: Cli,
+    cli: Cli,
+    transactional_db: None,
 ) -> None:
     source, first, second = new_store(), new_store(), new_store()
     warehouses = bound(source, 3)
     targets = f"{first.name}, {second.name}"
 
-    started = store_cli(
+    started = cli(
         "store", "drain", source.name, "--to", first.name, "--to", second.name,
         "--max-concurrent", "2", "--drain-timeout", "600",
     )  # fmt: skip
@@ -67,15 +63,15 @@ def test_drain_list_and_show_print_the_plan_and_each_orgs_progress(
     skipped.save()
     progress = "1 waiting, 1 running, 1 skipped (of 3)"
 
-    listed = store_cli("store", "drains", source.name)
+    listed = cli("store", "drains", source.name)
     assert listed.returncode == 0, listed.stderr
     header, line = listed.stdout.splitlines()
     assert header == "id\tstate\ttargets\tmax_concurrent\tprogress\tcreated_at"
     assert line.startswith(f"{drain.id}\trunning\t{targets}\t2\t{progress}\t")
-    as_json = json.loads(store_cli("-o", "json", "store", "drains", source.name).stdout)
+    as_json = json.loads(cli("-o", "json", "store", "drains", source.name).stdout)
     assert [(d["id"], "items" in d) for d in as_json["drains"]] == [(drain.id, False)]
 
-    shown = store_cli("store", "show", str(drain.id))
+    shown = cli("store", "show", str(drain.id))
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"drain {drain.id} of store {source.name}: running"
@@ -92,20 +88,20 @@ def test_drain_list_and_show_print_the_plan_and_each_orgs_progress(
         f"{launched.org_id}\trunning\t{first.name}\t{op.id}\t-",
         f"{skipped.org_id}\tskipped\t-\t-\torg is Trino-enabled",
     ]
-    shown_json = json.loads(store_cli("store", "show", str(drain.id), "--output", "json").stdout)
+    shown_json = json.loads(cli("store", "show", str(drain.id), "--output", "json").stdout)
     assert [(i["org_id"], i["state"], i["operation_id"]) for i in shown_json["items"]] == [
         (waiting.org_id, "waiting", None),
         (launched.org_id, "running", op.id),
         (skipped.org_id, "skipped", None),
     ]
     assert shown_json["progress"]["skipped"] == 1
-    store_cli.assert_no_secret()
+    cli.assert_no_secret()
 
 
 @pytest.mark.safeguard("reshard-90")
-def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
+def test_pause_resume_cancel_and_the_apis_refusals(cli: Cli, transactional_db: None) -> None:
     source, target = new_store(), new_store()
-    created = store_cli("store", "drain", source.name, "--to", target.name, "-o", "json")
+    created = cli("store", "drain", source.name, "--to", target.name, "-o", "json")
     assert created.returncode == 0, created.stderr
     drain = json.loads(created.stdout)
     drain_id = drain["id"]
@@ -115,10 +111,10 @@ def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
         1,
     )
     assert (drain["state"], drain["items"], set(drain["progress"].values())) == ("running", [], {0})
-    assert "progress: no warehouses" in store_cli("store", "show", str(drain_id)).stdout
+    assert "progress: no warehouses" in cli("store", "show", str(drain_id)).stdout
 
     # A second drain of the store: the API's 409 with its message and code, exit 1.
-    again = store_cli("store", "drain", source.name, "--to", target.name)
+    again = cli("store", "drain", source.name, "--to", target.name)
     assert again.returncode == 1
     assert again.stdout == ""
     assert again.stderr.startswith(
@@ -134,19 +130,19 @@ def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
         ("pause", "paused", "no new reshard starts"),
         ("cancel", "cancelling", "the active reshards asked to stop"),
     ):
-        result = store_cli("store", action, str(drain_id))
+        result = cli("store", action, str(drain_id))
         assert result.returncode == 0, (action, result.stderr)
         assert result.stdout.startswith(f"{headline}: {state}; "), result.stdout
         assert note in result.stdout
     assert StoreDrain.objects.get(pk=drain_id).state == "cancelling"
 
-    refused = store_cli("store", "resume", str(drain_id))
+    refused = cli("store", "resume", str(drain_id))
     assert refused.returncode == 1
     assert refused.stderr == (
         f"duckgres: POST /api/v1/drains/{drain_id}/resume: HTTP 409: drain {drain_id} is "
         "cancelling: only a paused drain can resume [drain_state]\n"
     )
-    refused_json = store_cli("store", "cancel", str(drain_id), "-o", "json")
+    refused_json = cli("store", "cancel", str(drain_id), "-o", "json")
     assert refused_json.returncode == 1
     assert json.loads(refused_json.stdout) == {
         "error": f"POST /api/v1/drains/{drain_id}/cancel: HTTP 409: drain {drain_id} is "
@@ -165,7 +161,7 @@ def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
             "HTTP 400: invalid body: target_stores: no metadata store named no-such-store-x",
         ),
     ):
-        result = store_cli(*args)
+        result = cli(*args)
         assert (result.returncode, result.stdout) == (1, ""), (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
     for usage in (
@@ -176,6 +172,6 @@ def test_pause_resume_cancel_and_the_apis_refusals(store_cli: Cli) -> None:
         ("store", "cancel", "0"),
         ("store", "frobnicate"),
     ):
-        assert store_cli(*usage).returncode == 2, usage
+        assert cli(*usage).returncode == 2, usage
     assert StoreDrain.objects.filter(store=source).count() == 1
-    store_cli.assert_no_secret()
+    cli.assert_no_secret()
