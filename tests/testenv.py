@@ -50,6 +50,17 @@ def _claim_broker_db() -> int:
     return 5
 
 
+# pytest-xdist workers inherit their controller's environment, so without this every worker
+# would share the db the controller claimed, and one worker's Celery workers (or the factory's
+# flush) would take another's messages. A db this module claimed is marked with the pytest
+# process it is for (``""``: not an xdist worker); a worker that inherited another's claims
+# its own. A DUCKGRES_BROKER_URL set by the caller carries no mark and is kept.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if os.environ.get("DUCKGRES_TEST_BROKER_FOR", _XDIST_WORKER) != _XDIST_WORKER:
+    os.environ.pop("DUCKGRES_BROKER_URL", None)
+if "DUCKGRES_BROKER_URL" not in os.environ:
+    os.environ["DUCKGRES_TEST_BROKER_FOR"] = _XDIST_WORKER
+
 TEST_ENV = {
     "DJANGO_SETTINGS_MODULE": "duckgres_admin.settings",
     "DJANGO_SECRET_KEY": "test-only-django-secret-key-0123456789abcdef",
