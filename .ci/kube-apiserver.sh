@@ -19,7 +19,9 @@ TOKEN=ci-token
 log() { printf 'kube-apiserver: %s\n' "$*"; }
 ready() { curl -skf -m 2 -H "Authorization: Bearer $TOKEN" "$URL/readyz" >/dev/null 2>&1; }
 etcd_up() { curl -sf -m 2 http://127.0.0.1:22379/health >/dev/null 2>&1; }
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# shellcheck source=.ci/pids.sh
+. "$HERE/pids.sh"
+pid_alive() { pid_ours "$1"; }
 
 start() {
   if ready; then log "already running at $URL"; return 0; fi
@@ -40,7 +42,7 @@ start() {
       --listen-peer-urls http://127.0.0.1:22380 --initial-advertise-peer-urls http://127.0.0.1:22380 \
       --initial-cluster ci=http://127.0.0.1:22380 --unsafe-no-fsync=true \
       >"$D/etcd.log" 2>&1 </dev/null &
-    echo $! >"$D/etcd.pid"
+    pid_write "$D/etcd.pid" $! etcd
     for _ in $(seq 100); do etcd_up && break; sleep 0.1; done
     etcd_up || { log "etcd did not start; see $D/etcd.log"; tail -20 "$D/etcd.log"; exit 1; }
   fi
@@ -59,7 +61,7 @@ start() {
       --service-account-signing-key-file="$D/certs/sa.key" \
       --service-cluster-ip-range=10.96.0.0/16 --disable-admission-plugins=ServiceAccount \
       --enable-priority-and-fairness=false >"$D/apiserver.log" 2>&1 </dev/null &
-    echo $! >"$D/apiserver.pid"
+    pid_write "$D/apiserver.pid" $! "$BIN"
   fi
   for _ in $(seq 300); do ready && break; sleep 0.2; done
   ready || { log "not ready after 60 s; see $D/apiserver.log"; tail -20 "$D/apiserver.log"; exit 1; }
@@ -69,7 +71,7 @@ start() {
 stop() {
   for name in apiserver etcd; do
     if pid_alive "$D/$name.pid"; then
-      kill "$(cat "$D/$name.pid")" && log "stopped $name"
+      kill "$(head -n 1 "$D/$name.pid")" && log "stopped $name"
     fi
     rm -f "$D/$name.pid"
   done

@@ -37,7 +37,9 @@ SOCK=$D/containerd/containerd.sock
 PAUSE_IMAGE=localhost/pause:1
 export DEBIAN_FRONTEND=noninteractive
 log() { printf 'kube-node: %s\n' "$*"; }
-pid_alive() { [ -s "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
+# shellcheck source=.ci/pids.sh
+. "$HERE/pids.sh"
+pid_alive() { pid_ours "$D/$1.pid"; }
 api_ready() { curl -sf -m 2 --cacert "$D/pki/ca.crt" -H "Authorization: Bearer $TOKEN" "$URL/readyz" >/dev/null 2>&1; }
 kc() { kubectl --kubeconfig "$D/admin.kubeconfig" "$@"; }
 node_ready() {
@@ -55,7 +57,7 @@ daemon() {  # name command...: start it in its own session unless its pid is ali
   local name=$1; shift
   pid_alive "$name" && return 0
   setsid "$@" >"$D/$name.log" 2>&1 </dev/null &
-  echo $! >"$D/$name.pid"
+  pid_write "$D/$name.pid" $! "$1"
 }
 
 packages() {
@@ -143,7 +145,7 @@ state = "$D/containerd/state"
     conf_dir = "$D/cni"
 TOML
   daemon containerd containerd --config "$D/containerd/config.toml"
-  wait_for containerd 30 ctr --address "$SOCK" version >/dev/null
+  wait_for containerd 30 ctr --address "$SOCK" version >/dev/null 2>&1
 }
 
 pause_image() {  # the sandbox image, made locally (no registry): busybox-static sleeping forever
@@ -224,7 +226,7 @@ stop() {
     done
   fi
   for name in kube-proxy kubelet scheduler controller-manager apiserver etcd containerd; do
-    if pid_alive "$name"; then kill "$(cat "$D/$name.pid")" && log "stopped $name"; fi
+    if pid_alive "$name"; then kill "$(head -n 1 "$D/$name.pid")" && log "stopped $name"; fi
     rm -f "$D/$name.pid"
   done
 }

@@ -17,6 +17,8 @@ RGW_PORT=${RGW_PORT:-7480}
 MON_PORT=${CEPH_MON_PORT:-3300}
 URL=http://127.0.0.1:$RGW_PORT
 log() { printf 'rgw: %s\n' "$*"; }
+# shellcheck source=.ci/pids.sh
+. "$(cd "$(dirname "$0")" && pwd)/pids.sh"
 up() { curl -s -m 2 -o /dev/null "$URL/"; }
 C=(-c "$D/ceph.conf")
 
@@ -105,7 +107,10 @@ stop() {
   local quiet=${1:-}
   for f in "$D"/run/*.pid; do
     [ -s "$f" ] || continue
-    kill "$(cat "$f")" 2>/dev/null && [ -z "$quiet" ] && log "stopped $(basename "$f" .pid)"
+    # Ceph writes the pid alone; its daemons' programs are known: a reused pid is left alone.
+    if pid_runs "$f" ceph-mon || pid_runs "$f" ceph-osd || pid_runs "$f" radosgw; then
+      kill "$(head -n 1 "$f")" 2>/dev/null && [ -z "$quiet" ] && log "stopped $(basename "$f" .pid)"
+    fi
     rm -f "$f"
   done
   return 0
