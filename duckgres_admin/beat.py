@@ -125,6 +125,17 @@ ROWS: tuple[BeatRow, ...] = (
         "operations beyond the newest N and older than D days, bounded, under an advisory "
         "lock; a no-op until DUCKGRES_BACKUP_RETENTION_ENABLED=true.",
     ),
+    BeatRow(
+        name="duckgres: backup restore test (every 6 hours)",
+        task=TaskName.BACKUP_RESTORE_TEST,
+        interval_seconds=21600,
+        queue=QueueName.DEFAULT,
+        expire_seconds=21600,
+        migration="0016",
+        description="Backup restore test (docs/backup.md): restores each warehouse's newest "
+        "untested backup into a scratch database and checks its DuckLake state, bounded, "
+        "under an advisory lock; a no-op until DUCKGRES_RESTORE_TEST_STORE names a store.",
+    ),
 )
 
 

@@ -31,6 +31,14 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     this tick. Taken by: ``reshard.drains`` (``advance``), in the janitor's tick on
     ``duckgres.control``. The two-int form never meets the fixed keys, which use ``(0, key)``.
 
+``RESTORE_TEST_LOCK_KEY`` = 824463
+    Guards: one backup restore-test run at a time (docs/backup.md "Restore tests"), so two runs
+    never restore into, or sweep, the same scratch database. Session-level
+    ``pg_try_advisory_lock`` on the **config store** connection of the run, held for the whole
+    run (checked before every restore) and released at its end or when that connection closes.
+    Taken by: ``reshard.restore_test`` (``run``), in the ``reshard.backup_restore_test`` task on
+    ``duckgres.default``.
+
 Derived keys (one key per value, in a space no fixed key is meant to share):
 
 ``org_lock_key(org_id)``: the per-org connections lock (spec reshard §4.4 A)
@@ -52,11 +60,13 @@ from collections.abc import Mapping
 COPY_TARGET_LOCK_KEY = 824460
 BACKUP_RETENTION_LOCK_KEY = 824461
 STORE_DRAIN_LOCK_CLASS = 824462
+RESTORE_TEST_LOCK_KEY = 824463
 
 FIXED_KEYS: Mapping[str, int] = {
     "COPY_TARGET_LOCK_KEY": COPY_TARGET_LOCK_KEY,
     "BACKUP_RETENTION_LOCK_KEY": BACKUP_RETENTION_LOCK_KEY,
     "STORE_DRAIN_LOCK_CLASS": STORE_DRAIN_LOCK_CLASS,
+    "RESTORE_TEST_LOCK_KEY": RESTORE_TEST_LOCK_KEY,
 }
 
 ORG_LOCK_PREFIX = "duckgres:org-connections:"

@@ -53,6 +53,7 @@ class TaskName(StrEnum):
     NOTIFICATIONS_SCAN = "notifications.scan"
     NOTIFICATIONS_DELIVER = "notifications.deliver"
     BACKUP_RETENTION = "reshard.backup_retention"
+    BACKUP_RESTORE_TEST = "reshard.backup_restore_test"
 
 
 # The queue each task is sent to when the sender names none. The Trino tasks all go to the
@@ -62,6 +63,7 @@ ROUTES: dict[str, QueueName] = {
     TaskName.NOTIFICATIONS_SCAN: QueueName.DEFAULT,
     TaskName.NOTIFICATIONS_DELIVER: QueueName.DEFAULT,
     TaskName.BACKUP_RETENTION: QueueName.DEFAULT,
+    TaskName.BACKUP_RESTORE_TEST: QueueName.DEFAULT,
     TaskName.RECONCILE: QueueName.CONTROL,
     "trino.*": QueueName.TRINO,
 }

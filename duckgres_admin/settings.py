@@ -334,6 +334,14 @@ _hsts_include_subdomains = env.boolean("DUCKGRES_HSTS_INCLUDE_SUBDOMAINS", False
 
 # --- backup retention (docs/backup.md "Retention"): off until an operator opts in -------------
 DUCKGRES_BACKUP_RETENTION = retention.policy_from_env(env)
+# --- restore tests (docs/backup.md "Restore tests"): off until a scratch store is named --------
+DUCKGRES_RESTORE_TEST_STORE = env.string("DUCKGRES_RESTORE_TEST_STORE", "")
+DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS = env.integer(
+    "DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS", 3600, minimum=30, maximum=86400
+)
+DUCKGRES_RESTORE_TEST_MAX_PER_RUN = env.integer(
+    "DUCKGRES_RESTORE_TEST_MAX_PER_RUN", 3, minimum=1, maximum=100
+)
 
 # --- notifications: the webhook (docs/notifications.md) ---------------------------------------
 DUCKGRES_WEBHOOK = webhook_config.from_env(env, shared_secrets=tuple(_secrets.values()))

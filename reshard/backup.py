@@ -345,7 +345,7 @@ def _quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _skips_transaction_timeout(client_major: int, server_major: int) -> bool:
+def skips_transaction_timeout(client_major: int, server_major: int) -> bool:
     """A ``pg_restore`` 17+ sends ``SET transaction_timeout``, unknown to servers before 17."""
     return client_major >= 17 and 0 < server_major < 17
 
@@ -365,7 +365,7 @@ def restore_prerequisites(
     else:
         majors = f"{client_major} or newer"
     needs.append(f"psql and pg_restore of PostgreSQL {majors} on PATH")
-    if _skips_transaction_timeout(client_major, server_major):
+    if skips_transaction_timeout(client_major, server_major):
         needs.append(
             'one error, unrecognized configuration parameter "transaction_timeout", is expected '
             f"from that pg_restore on this PostgreSQL {server_major} server"
@@ -419,7 +419,7 @@ def restore_command(
     ]  # fmt: skip
     # --clean --if-exists: the archive creates schema public, which the new database has.
     restore = ["pg_restore", "--no-owner", "--no-acl", "--clean", "--if-exists"]
-    if not _skips_transaction_timeout(client_major, server_major):
+    if not skips_transaction_timeout(client_major, server_major):
         restore.append("--exit-on-error")
     restore += ["--format=custom", f"--dbname={conninfo(target.database)}", DUMP_FILE]
     return " && ".join(shlex.join(part) for part in (download, create, restore))

@@ -8,8 +8,9 @@ key's time stamp lies within that operation's life (created - 10 min … finishe
 object of another org's operation, of an id this installation does not know, or of another
 installation sharing the bucket (same id, another life) is never listed, only counted in
 ``ignored_objects``. The S3 listing is bounded (:data:`LIST_MAX_OBJECTS` objects per bucket);
-a listing that stops there says so (``truncated``). ``verified`` is always ``null``: no restore
-test has run (that job is not built).
+a listing that stops there says so (``truncated``). ``verified`` is the latest restore test's
+result for the object (``true`` passed, ``false`` failed, ``null`` never tested;
+``reshard.restore_test``).
 
 Retention (:func:`plan`, :func:`apply_retention`): an object is deleted only when it is **not**
 among the newest ``keep_last`` of its warehouse (by ``LastModified``), **and** older than
@@ -38,7 +39,12 @@ from django.db.models import Q
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.lib.s3 import S3, ListedObject, S3Error
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
-from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.models import (
+    BackupVerification,
+    ReshardOperation,
+    VerificationResult,
+    Warehouse,
+)
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from reshard import oplog
 from reshard.backup import KEY_PREFIX
@@ -52,8 +58,8 @@ MAX_WAREHOUSES_PER_RUN = 1000
 SESSION_NAME = "duckgres-backup-listing"
 STAMP_SLACK = dt.timedelta(minutes=10)
 VERIFIED_NOTE = (
-    "verified is null for every backup: no restore test has run (the restore-test job is not "
-    "built yet)"
+    "verified: true when the latest restore test restored the object and its DuckLake state "
+    "matched what its operation recorded, false when that test failed, null when none has run"
 )
 _KEY = re.compile(r"^op-([1-9]\d{0,17})-(\d{8}T\d{6}Z)\.dump$")
 
@@ -72,6 +78,9 @@ class Backup:
     op_id: int
     op_state: str
     recorded: bool  # the operation's backup_s3_uri names exactly this object
+    verified: bool | None = None  # the latest restore test (None: never tested)
+    verified_at: dt.datetime | None = None
+    verification_detail: str = ""
     action: str = ""  # retention: keep | delete ("" when no plan was asked)
     reason: str = ""
 
@@ -91,7 +100,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _client(wh: Warehouse) -> S3:
+def warehouse_client(wh: Warehouse) -> S3:
     return S3(region=wh.data_region, role_arn=wh.data_role_arn, session_name=SESSION_NAME)
 
 
@@ -143,6 +152,17 @@ def belonging(
                 recorded=op.backup_s3_uri == f"s3://{wh.data_bucket}/{obj.key}",
             )
         )
+    tests = {
+        v.key: v
+        for v in BackupVerification.objects.filter(
+            bucket=wh.data_bucket, key__in=[b.key for b in backups]
+        ).only("key", "result", "checked_at", "detail")
+    }
+    for b in backups:
+        test = tests.get(b.key)
+        if test is not None:
+            b.verified = test.result == VerificationResult.PASSED
+            b.verified_at, b.verification_detail = test.checked_at, test.detail
     # Newest first; S3 times have one-second resolution, so a tie goes to the later operation.
     backups.sort(key=lambda b: (b.last_modified, b.op_id, b.key), reverse=True)
     return Listing(
@@ -183,6 +203,10 @@ def plan(listing: Listing, policy: RetentionPolicy, now: dt.datetime) -> list[Ba
     return deletes
 
 
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
 def _s3_refusal(what: str, exc: S3Error) -> ServiceError:
     if exc.code:
         return ServiceError(502, f"{what}: {exc}", code="backup_listing_failed")
@@ -203,7 +227,7 @@ def backups_for_org(
     else:
         where = f"cannot list the backups in s3://{wh.data_bucket}/{KEY_PREFIX}"
         try:
-            client = s3 or _client(wh)
+            client = s3 or warehouse_client(wh)
             objects, truncated = client.list_objects(
                 wh.data_bucket, KEY_PREFIX, limit=LIST_MAX_OBJECTS
             )
@@ -240,11 +264,13 @@ def backups_for_org(
             "key": b.key,
             "uri": f"s3://{listing.bucket}/{b.key}",
             "size": b.size,
-            "last_modified": b.last_modified.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+            "last_modified": _iso(b.last_modified),
             "op_id": b.op_id,
             "op_state": b.op_state,
             "recorded": b.recorded,
-            "verified": None,
+            "verified": b.verified,
+            "verified_at": _iso(b.verified_at) if b.verified_at else None,
+            "verification_detail": b.verification_detail,
         }
         if policy is not None:
             entry["retention"] = {"action": b.action, "reason": b.reason}
@@ -266,15 +292,15 @@ class RetentionReport:
     bounded: bool = False  # stopped at MAX_DELETES_PER_RUN / MAX_WAREHOUSES_PER_RUN / lock lost
 
 
-def _lock_parts() -> tuple[int, int]:
-    return BACKUP_RETENTION_LOCK_KEY >> 32, BACKUP_RETENTION_LOCK_KEY & 0xFFFFFFFF
+def _lock_parts(key: int) -> tuple[int, int]:
+    return key >> 32, key & 0xFFFFFFFF
 
 
 @contextlib.contextmanager
-def run_lock() -> Iterator[bool]:
-    """The run's session-level advisory lock on the config store: ``True`` when taken."""
+def run_lock(key: int = BACKUP_RETENTION_LOCK_KEY) -> Iterator[bool]:
+    """A run's session-level advisory lock on the config store: ``True`` when taken."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [BACKUP_RETENTION_LOCK_KEY])
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
         row = cursor.fetchone()
     taken = bool(row and row[0])
     try:
@@ -282,12 +308,12 @@ def run_lock() -> Iterator[bool]:
     finally:
         if taken:
             with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [BACKUP_RETENTION_LOCK_KEY])
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
 
 
-def lock_held() -> bool:
+def lock_held(key: int = BACKUP_RETENTION_LOCK_KEY) -> bool:
     """This session still holds the run's lock (a lost connection does not)."""
-    classid, objid = _lock_parts()
+    classid, objid = _lock_parts(key)
     try:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -312,7 +338,7 @@ def apply_retention(
     if not policy.enabled:
         return report
     now = now or _now()
-    make_client = client_for or _client
+    make_client = client_for or warehouse_client
     with run_lock() as taken:
         if not taken:
             _log.info("backup retention: another run holds the lock; this run does nothing")

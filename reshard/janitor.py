@@ -282,6 +282,10 @@ class Janitor:
             metrics.observe_terminal_operations()
         except DbError as exc:
             _log.warning("janitor: observing terminal-operation metrics failed: %s", exc)
+        try:
+            metrics.set_backup_verified_ages(datetime.now(UTC))
+        except DbError as exc:
+            _log.warning("janitor: reading the restore tests' results failed: %s", exc)
 
         self._check_deadline()
         self._reap(report)

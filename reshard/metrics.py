@@ -15,14 +15,21 @@ that performed it, and a terminal op's histograms only by the process that won t
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Max, Q
 from django.db.models.functions import Now
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
-from duckgres_admin.models import ReshardOperation, ReshardStepTiming
+from duckgres_admin.models import (
+    BackupVerification,
+    ReshardOperation,
+    ReshardStepTiming,
+    VerificationResult,
+)
 from duckgres_admin.models.reshard import TERMINAL_STATES
 
 _log = logging.getLogger("duckgres.reshard.metrics")
@@ -72,6 +79,14 @@ JANITOR_LAST_RECONCILE = Gauge(
     "duckgres_janitor_last_reconcile_timestamp_seconds",
     "Unix time of the last reconcile tick this process completed as janitor leader (0 = none yet).",
 )
+BACKUP_VERIFIED_AGE = Gauge(
+    "duckgres_backup_newest_verified_age_seconds",
+    "Age of the newest backup that passed a restore test, per warehouse that has had one "
+    "(+Inf: tested, none passed).",
+    ["org_id"],
+)
+# Warehouses exported at most (a bounded label set; the oldest ages win a cut).
+MAX_BACKUP_AGE_SERIES = 5000
 
 # Terminal ops observed per tick at most: the first tick after a deploy must not stall.
 OBSERVE_BATCH = 200
@@ -92,6 +107,29 @@ def set_gauges(*, active: int, stale: int, recovery_required: int) -> None:
     ACTIVE_OPERATIONS.set(active)
     STALE_OPERATIONS.set(stale)
     RECOVERY_REQUIRED_OPERATIONS.set(recovery_required)
+
+
+def _age(now: datetime, at: datetime | None) -> float:
+    return math.inf if at is None else max(0.0, (now - at).total_seconds())
+
+
+def set_backup_verified_ages(now: datetime) -> int:
+    """One query: the newest passed restore test per tested warehouse; replaces every series
+    (a warehouse whose rows are gone disappears). Returns the number of series."""
+    rows = list(
+        BackupVerification.objects.values("org_id")
+        .annotate(at=Max("checked_at", filter=Q(result=VerificationResult.PASSED)))
+        .values_list("org_id", "at")
+    )
+    ages = sorted(
+        ((org, _age(now, at)) for org, at in rows),
+        key=lambda item: item[1],
+        reverse=True,
+    )[:MAX_BACKUP_AGE_SERIES]
+    BACKUP_VERIFIED_AGE.clear()
+    for org, age in ages:
+        BACKUP_VERIFIED_AGE.labels(org_id=org).set(age)
+    return len(ages)
 
 
 def count_respawn(outcome: str) -> None:

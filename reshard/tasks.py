@@ -19,7 +19,7 @@ from duckgres_admin.queues import TaskName
 from reshard import backup_tasks, janitor, launch, worker
 
 # Celery's autodiscovery imports reshard.tasks only: importing backup_tasks registers
-# reshard.backup_retention in every worker and beat.
+# reshard.backup_retention and reshard.backup_restore_test in every worker and beat.
 assert backup_tasks
 
 

@@ -26,7 +26,8 @@ to log) or raises :class:`VerifyError` with "DuckLake verification failed: <chec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,19 @@ class Verification:
     snapshot_id: int | None
     data_files: int
     metadata_keys: int
+    data_files_md5: str = ""
+    metadata_md5: str = ""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What was verified, as stored on the operation (``catalog_fingerprint``): the restore
+        test compares a restored backup against it (:func:`matches_fingerprint`)."""
+        return {
+            "snapshot_id": self.snapshot_id,
+            "data_files": self.data_files,
+            "data_files_md5": self.data_files_md5,
+            "metadata_keys": self.metadata_keys,
+            "metadata_md5": self.metadata_md5,
+        }
 
     @property
     def message(self) -> str:
@@ -135,8 +149,71 @@ def compare(source: DuckLakeState, target: DuckLakeState) -> Verification:
             f"(differing keys: {', '.join(differing)})",
         )
     return Verification(
-        source.snapshot_id, source.data_files, len({key for key, _ in source.metadata})
+        source.snapshot_id,
+        source.data_files,
+        len({key for key, _ in source.metadata}),
+        source.data_files_md5,
+        metadata_md5(source.metadata),
     )
+
+
+def metadata_md5(pairs: frozenset[tuple[str, str]]) -> str:
+    """An order-free digest of the ``ducklake_metadata`` pairs."""
+    digest = hashlib.md5(usedforsecurity=False)
+    for key, value in sorted(pairs):
+        digest.update(f"{len(key)}:{key}{len(value)}:{value}".encode())
+    return digest.hexdigest()
+
+
+def matches_fingerprint(state: DuckLakeState, fingerprint: Mapping[str, Any]) -> Verification:
+    """Compare a restored catalog with the fingerprint its operation recorded; raise
+    :class:`VerifyError` ("... source <recorded>, target <restored>") on the first difference."""
+    for table, check in zip(_TABLES, ("snapshot_id", "data_files", "metadata"), strict=True):
+        if table in state.missing:
+            raise VerifyError(
+                check,
+                f"DuckLake verification failed: {check}: recorded {_recorded(fingerprint, check)}, "
+                f"restored table {table} missing",
+            )
+    restored = Verification(
+        state.snapshot_id,
+        state.data_files,
+        len({key for key, _ in state.metadata}),
+        state.data_files_md5,
+        metadata_md5(state.metadata),
+    )
+    if fingerprint.get("snapshot_id") != restored.snapshot_id:
+        raise VerifyError(
+            "snapshot_id",
+            "DuckLake verification failed: snapshot_id: recorded "
+            f"{_recorded(fingerprint, 'snapshot_id')}, restored {_fmt_snapshot(state.snapshot_id)}",
+        )
+    if (fingerprint.get("data_files"), fingerprint.get("data_files_md5")) != (
+        restored.data_files,
+        restored.data_files_md5,
+    ):
+        raise VerifyError(
+            "data_files",
+            "DuckLake verification failed: data_files: recorded "
+            f"{_recorded(fingerprint, 'data_files')}, restored {_fmt_files(state)}",
+        )
+    if fingerprint.get("metadata_md5") != restored.metadata_md5:
+        raise VerifyError(
+            "metadata",
+            "DuckLake verification failed: metadata: recorded "
+            f"{_recorded(fingerprint, 'metadata')}, restored {restored.metadata_keys} keys "
+            f"(md5 {restored.metadata_md5})",
+        )
+    return restored
+
+
+def _recorded(fingerprint: Mapping[str, Any], check: str) -> str:
+    if check == "snapshot_id":
+        value = fingerprint.get("snapshot_id")
+        return "none" if value is None else str(value)
+    if check == "data_files":
+        return f"{fingerprint.get('data_files')} files (md5 {fingerprint.get('data_files_md5')})"
+    return f"{fingerprint.get('metadata_keys')} keys (md5 {fingerprint.get('metadata_md5')})"
 
 
 def verify_ducklake(source_conn: Connection, target_conn: Connection) -> Verification:

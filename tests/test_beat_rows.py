@@ -41,6 +41,7 @@ MIGRATIONS = (
     "0006_trino_operator_beat",
     "0012_notification_outbox_beat",
     "0013_backup_retention_beat",
+    "0016_backup_restore_test_beat",
 )
 
 
@@ -101,7 +102,15 @@ def _ship_all_rows() -> None:
 def test_the_table_is_what_the_migrations_write() -> None:
     _ship_all_rows()
     assert _snapshot() == {row.name: _expected(row) for row in beat.ROWS}
-    assert [row.migration for row in beat.ROWS] == ["0002", "0005", "0006", "0006", "0012", "0013"]
+    assert [row.migration for row in beat.ROWS] == [
+        "0002",
+        "0005",
+        "0006",
+        "0006",
+        "0012",
+        "0013",
+        "0016",
+    ]
 
 
 def test_the_table_invariants() -> None:
@@ -131,6 +140,7 @@ def test_both_drift_checks_read_the_table() -> None:
         *tasks.BEAT_INTERVALS,
         "notifications.scan",
         "reshard.backup_retention",
+        "reshard.backup_restore_test",
     }
 
 

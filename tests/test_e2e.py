@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from duckgres_admin.models import ReshardOperation, ReshardStepTiming, Warehouse
+from duckgres_admin.models import (
+    BackupVerification,
+    ReshardOperation,
+    ReshardStepTiming,
+    Warehouse,
+)
+from reshard import restore_test
 from reshard.steps import CNPG_TO_CNPG, CNPG_TO_EXTERNAL
 from tests.fixtures.api_client import ApiClient
 from tests.fixtures.secrets_scan import scan, unique_password
@@ -166,6 +172,8 @@ def test_cnpg_to_cnpg_through_api_worker_and_runner(
     make_warehouse,
     api,
     s3_bucket,
+    monkeypatch,
+    settings,
 ):
     catalog = tenant_catalog(store_clusters.source, rows=5)
     rows_before = catalog.row_counts()
@@ -246,6 +254,31 @@ def test_cnpg_to_cnpg_through_api_worker_and_runner(
     dump = s3_bucket.get(op["backup_s3_uri"][len(prefix) :])
     assert dump.startswith(b"PGDMP")
     assert _restored_row_counts(store_clusters.target, dump) == rows_before
+    _restore_test_passes(warehouse, op_id, s3_bucket, source.name, monkeypatch, settings)
+
+
+def _restore_test_passes(
+    warehouse: Any, op_id: int, s3_bucket: Any, store: str, monkeypatch: Any, settings: Any
+) -> None:
+    """The runner recorded what the backup holds; the restore test streams the real backup
+    into a scratch database on the (now empty) source store and agrees (docs/backup.md)."""
+    fingerprint = ReshardOperation.objects.get(pk=op_id).catalog_fingerprint
+    assert fingerprint, "the verified copy records the backup's DuckLake fingerprint"
+    assert fingerprint["snapshot_id"] is not None
+    for name, value in s3_bucket.env().items():
+        monkeypatch.setenv(name, value)
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
+    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    settings.DUCKGRES_RESTORE_TEST_STORE = store
+    report = restore_test.run()
+    assert len(report.tested) == 1, report
+    assert report.tested[0].endswith(": passed"), report
+    row = BackupVerification.objects.get(op_id=op_id)
+    assert (row.snapshot_id, row.data_files) == (
+        fingerprint["snapshot_id"],
+        fingerprint["data_files"],
+    )
 
 
 def _restored_row_counts(cluster: Any, dump: bytes) -> dict[str, int]:

@@ -20,7 +20,7 @@ Deliberate choices:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,6 +264,28 @@ class S3:
         except botocore.exceptions.BotoCoreError as exc:
             raise _wrap(f"head s3://{bucket}/{key}", exc) from exc
         return int(resp["ContentLength"])
+
+    def stream_object(
+        self, bucket: str, key: str, chunk_bytes: int = 1024 * 1024
+    ) -> tuple[int, Iterator[bytes]]:
+        """The object's size and its body as chunks of at most ``chunk_bytes``, read from the
+        socket as they are consumed: memory stays bounded by one chunk whatever the size. A
+        read failure while iterating raises :class:`S3Error`."""
+        try:
+            resp = self.client.get_object(Bucket=bucket, Key=key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _wrap(f"get s3://{bucket}/{key}", exc) from exc
+        body = resp["Body"]
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(chunk_size=chunk_bytes)
+            except (botocore.exceptions.BotoCoreError, OSError) as exc:
+                raise _wrap(f"read s3://{bucket}/{key}", exc) from exc
+            finally:
+                body.close()
+
+        return int(resp["ContentLength"]), chunks()
 
     def delete_object(self, bucket: str, key: str) -> None:
         try:

@@ -1,6 +1,7 @@
 """All models of Duckgres Admin live in this package (design §2)."""
 
 from duckgres_admin.models.audit import AuditRecord, Operator, OperatorRole
+from duckgres_admin.models.backups import BackupVerification, VerificationResult
 from duckgres_admin.models.drains import (
     ACTIVE_DRAIN_STATES,
     ENDED_DRAIN_STATES,
@@ -47,6 +48,7 @@ __all__ = [
     "STORE_NAME_PATTERN",
     "TERMINAL_STATES",
     "AuditRecord",
+    "BackupVerification",
     "ConnectionLease",
     "DrainRule",
     "DrainState",
@@ -70,6 +72,7 @@ __all__ = [
     "StoreDrain",
     "StoreDrainItem",
     "StoreKind",
+    "VerificationResult",
     "Warehouse",
     "WarehouseState",
     "progress_of",

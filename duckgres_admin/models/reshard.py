@@ -88,6 +88,9 @@ class ReshardOperation(models.Model):
     progress = models.JSONField(default=dict, blank=True)
     backup_s3_uri = models.TextField(default="", blank=True)
     backup_bytes = models.BigIntegerField(default=0)
+    # What the backup holds, read from the fenced source when the copy was verified
+    # (reshard.verify.Verification.fingerprint): the restore test compares a restore against it.
+    catalog_fingerprint = models.JSONField(null=True, blank=True)
     password_url = models.TextField(default="", blank=True)
     # The password pull's binding (safeguard reshard-79): the pod uid the current runner
     # claimed with (its POD_UID), and for a local runner the SHA-256 hex digest of its one-time

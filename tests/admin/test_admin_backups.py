@@ -4,12 +4,13 @@ to a disabled operator; an unreachable store is a clear message, not a 500."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from duckgres_admin.models import Operator
+from duckgres_admin.models import BackupVerification, Operator
 from reshard import retention
 from reshard.backup import backup_key
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
@@ -84,3 +85,25 @@ def test_an_unreachable_storage_is_a_message_not_an_error_page(
     resp = _viewer(client).get(_page(mine.org_id))
     assert resp.status_code == 200
     assert f"cannot list the backups in s3://{bucket.bucket}/" in resp.content.decode()
+
+
+def test_each_backup_shows_its_restore_tests_result(client: Any, bucket: S3Bucket) -> None:
+    wh = warehouse_with_bucket(bucket.bucket)
+    good, bad, fresh = (op_in_state(wh, "succeeded") for _ in range(3))
+    keys = [put_object(bucket, backup_key(op.id)) for op in (good, bad, fresh)]
+    for op, key, result, detail in (
+        (good, keys[0], "passed", "DuckLake verification of the restore matches"),
+        (bad, keys[1], "failed", "pg_restore exited with status 1: input file is too short"),
+    ):
+        BackupVerification.objects.create(
+            org_id=wh.org_id, bucket=bucket.bucket, key=key, op_id=op.id, result=result,
+            detail=detail, store="scratch",
+        )  # fmt: skip
+    html = _viewer(client).get(_page(wh.org_id)).content.decode()
+    cells = re.findall(r'<td class="backup-verified"[^>]*>([^<]*)</td>', html)
+    assert len(cells) == 3, cells
+    by_key = dict(zip(re.findall(r"<td><code>([^<]+)</code></td>", html), cells, strict=True))
+    assert by_key[keys[0]].startswith("yes (")
+    assert by_key[keys[1]].startswith("failed (")
+    assert by_key[keys[1]].endswith(": pg_restore exited with status 1: input file is too short")
+    assert by_key[keys[2]] == "not tested"

@@ -69,10 +69,12 @@ def test_only_this_orgs_backups_are_listed_even_in_a_shared_bucket(clients, buck
         "op_state": "failed",
         "recorded": False,
         "verified": None,
+        "verified_at": None,
+        "verification_detail": "",
     }
     assert newest["last_modified"].endswith("Z")
     assert (oldest["op_id"], oldest["size"], oldest["recorded"]) == (first.id, 11, True)
-    assert "no restore test has run" in body["verified_note"]
+    assert "null when none has run" in body["verified_note"]
     assert "retention" not in body
 
     theirs = clients.internal.get(f"/api/v1/warehouses/{other.org_id}/backups").json()

@@ -124,6 +124,8 @@ def run_verify(env: StepEnv) -> None:
     except psycopg.Error as exc:
         raise StepError(f"DuckLake verification could not read the target: {exc}") from None
     env.log.info(result.message)
+    # What the backup of this fenced source holds: the restore test checks a restore against it.
+    env.fence.update(catalog_fingerprint=result.fingerprint())
     # The backup that ran beside the copy ends before anything irreversible (cleanup's source
     # drop, cnpg→external's orphaning and flip).
     backup_catalog.join_background(env)

@@ -1,0 +1,277 @@
+"""The restore test: are the backups restorable? (docs/backup.md "Restore tests").
+
+A beat-scheduled run (``reshard.backup_restore_test``) takes, for each warehouse with a data
+bucket, its newest backup that no restore test has checked yet, streams it from S3 into stock
+``pg_restore`` (``reshard.restore``: bounded memory, no temp file) into a scratch database on
+the store named by ``DUCKGRES_RESTORE_TEST_STORE``, reads the restored DuckLake state and
+compares it with the fingerprint its operation recorded when it verified the copy
+(``catalog_fingerprint``). The result is one ``BackupVerification`` row per object; the
+listing's ``verified`` and the metric of the newest verified backup's age read those rows.
+
+Invariants:
+
+- **One run at a time.** The run holds the config-store advisory lock
+  ``RESTORE_TEST_LOCK_KEY`` (``duckgres_admin.lockkeys``); a second run does nothing.
+- **Nothing is left behind.** The scratch database is ``duckgres_restore_test_op<id>`` (a name
+  no tenant database can have: tenants' names are ``duckgres_<org>``-shaped and never contain
+  ``restore_test``), dropped (``WITH (FORCE)``) when the test ends, whatever the result; a run
+  killed in the middle leaves one, which the next run drops before it starts.
+- **A tenant's backup only on the scratch store, never over a catalog.** The scratch database
+  is created by the run (``CREATE DATABASE`` fails when the name exists); the archive's owner
+  and privileges are not restored (``--no-owner --no-acl``): the restored objects belong to the
+  store's provisioner login, which drops them with the database.
+- **Bounded.** At most ``DUCKGRES_RESTORE_TEST_MAX_PER_RUN`` restores per run, each under
+  ``DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS``; every statement on the scratch store has a
+  statement and lock timeout.
+- **A backup without a fingerprint** (made before operations recorded one, or by a run whose
+  verification never finished) passes on a weaker check: it restores, and the three DuckLake
+  tables are there; ``detail`` says the fingerprint was missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db.models import Max, Q
+from psycopg import sql
+
+from duckgres_admin.base.scrub import process_scrubber
+from duckgres_admin.lib import pgadmin, secretrefs
+from duckgres_admin.lib.s3 import S3, S3Error
+from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
+from duckgres_admin.models import (
+    BackupVerification,
+    MetadataStore,
+    ReshardOperation,
+    VerificationResult,
+    Warehouse,
+)
+from reshard import backups, oplog, verify
+from reshard.backup import KEY_PREFIX, BackupSource
+from reshard.pgclients import NoPgClient, choose_client, server_major
+from reshard.restore import RestoreError, stream_restore
+
+_log = logging.getLogger("duckgres.reshard.restore_test")
+
+SCRATCH_PREFIX = "duckgres_restore_test_"
+STATEMENT_TIMEOUT_SECONDS = 60.0
+MAX_WAREHOUSES_PER_RUN = 1000
+
+
+@dataclass
+class RestoreTestReport:
+    enabled: bool = False
+    ran: bool = False  # False: disabled, or another run holds the lock
+    tested: list[str] = field(default_factory=list)  # "<uri>: passed|failed"
+    swept: list[str] = field(default_factory=list)  # leftover scratch databases dropped
+    errors: list[str] = field(default_factory=list)
+    bounded: bool = False  # more backups were waiting than one run may test
+
+
+@dataclass(frozen=True)
+class Candidate:
+    warehouse: Warehouse
+    backup: backups.Backup
+    op: ReshardOperation
+
+
+def scratch_name(op_id: int) -> str:
+    return f"{SCRATCH_PREFIX}op{op_id}"
+
+
+def _store(report: RestoreTestReport) -> MetadataStore | None:
+    """The configured scratch store; a name that is not a cnpg store is an error of the run."""
+    name: str = settings.DUCKGRES_RESTORE_TEST_STORE
+    if not name:
+        return None
+    report.enabled = True
+    store = MetadataStore.objects.filter(name=name).first()
+    if store is None or store.kind != "cnpg":
+        problem = "names no metadata store" if store is None else "names an external store"
+        report.errors.append(
+            f"DUCKGRES_RESTORE_TEST_STORE={name!r} {problem}: name a cnpg store, whose "
+            "provisioner login creates and drops the scratch databases"
+        )
+        _log.warning("restore test: %s", report.errors[-1])
+        return None
+    return store
+
+
+def _admin_conn(store: MetadataStore, password: str, dbname: str = "postgres") -> Any:
+    return pgadmin.connect(
+        pgadmin.Endpoint(store.host, store.port, store.sslmode),
+        dbname=dbname,
+        user=store.provisioner_user,
+        password=password,
+        application_name="duckgres-restore-test",
+        statement_timeout=STATEMENT_TIMEOUT_SECONDS,
+    )
+
+
+def sweep(store: MetadataStore, password: str) -> list[str]:
+    """Drop the scratch databases a killed run left on the store (only the provisioner's own:
+    a database of that name someone else made is not ours to drop)."""
+    with _admin_conn(store, password) as conn:
+        names = [
+            str(row[0])
+            for row in conn.execute(
+                "SELECT datname FROM pg_catalog.pg_database WHERE starts_with(datname, %s) "
+                "AND datdba = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)",
+                (SCRATCH_PREFIX,),
+            )
+        ]
+        for name in names:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    return names
+
+
+def candidates(
+    now: dt.datetime, client_for: Callable[[Warehouse], S3], report: RestoreTestReport
+) -> Iterator[Candidate]:
+    """Per warehouse (least recently tested first), its newest backup with no test result."""
+    last = dict(
+        BackupVerification.objects.values("org_id")
+        .annotate(at=Max("checked_at"))
+        .values_list("org_id", "at")
+    )
+    warehouses = list(
+        Warehouse.objects.exclude(Q(data_bucket="") | Q(data_bucket__isnull=True)).order_by(
+            "org_id"
+        )[:MAX_WAREHOUSES_PER_RUN]
+    )
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    warehouses.sort(key=lambda wh: (last.get(wh.org_id) or epoch, wh.org_id))
+    for wh in warehouses:
+        try:
+            objects, truncated = client_for(wh).list_objects(
+                wh.data_bucket, KEY_PREFIX, limit=backups.LIST_MAX_OBJECTS
+            )
+        except S3Error as exc:
+            report.errors.append(f"{wh.org_id}: s3://{wh.data_bucket}/{KEY_PREFIX}: {exc}")
+            continue
+        listing = backups.belonging(wh, objects, truncated, now)
+        untested = [b for b in listing.backups if b.verified is None]
+        if not untested:
+            continue
+        op = ReshardOperation.objects.filter(pk=untested[0].op_id, org_id=wh.org_id).first()
+        if op is not None:
+            yield Candidate(wh, untested[0], op)
+
+
+def _check(state: verify.DuckLakeState, fingerprint: Any) -> tuple[bool, str]:
+    if isinstance(fingerprint, dict):
+        try:
+            restored = verify.matches_fingerprint(state, fingerprint)
+        except verify.VerifyError as exc:
+            return False, str(exc)
+        return True, restored.message.replace("passed", "of the restore matches the operation's")
+    if state.missing:
+        return False, f"the restored catalog lacks {', '.join(state.missing)}"
+    return True, (
+        "restored; the operation recorded no DuckLake fingerprint (it predates them or never "
+        "verified its copy), so only the presence of the DuckLake tables was checked"
+    )
+
+
+def test_one(
+    candidate: Candidate, store: MetadataStore, password: str, s3: S3
+) -> BackupVerification:
+    """Restore one backup into a fresh scratch database, check it, record the result, drop it."""
+    wh, backup, op = candidate.warehouse, candidate.backup, candidate.op
+    scratch = scratch_name(op.id)
+    started = time.monotonic()
+    ok, detail, state = False, "", None
+    try:
+        with _admin_conn(store, password) as conn:
+            major = server_major(int(str(conn.execute("SHOW server_version_num").fetchone()[0])))
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(scratch))
+            )
+        target = BackupSource(
+            store.host, store.port, scratch, store.provisioner_user, store.sslmode, password
+        )
+        stream_restore(
+            s3,
+            wh.data_bucket,
+            backup.key,
+            choose_client(major),
+            target,
+            server_major=major,
+            timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
+        )
+        with _admin_conn(store, password, scratch) as conn:
+            state = verify.read_state(conn)
+        ok, detail = _check(state, op.catalog_fingerprint)
+    except (RestoreError, NoPgClient) as exc:
+        detail = str(exc)
+    except psycopg.Error as exc:
+        detail = f"the scratch store failed: {exc}"
+    finally:
+        with contextlib.suppress(psycopg.Error), _admin_conn(store, password) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(scratch))
+            )
+    detail = process_scrubber(password).scrub(detail)[:2000]
+    row, _ = BackupVerification.objects.update_or_create(
+        bucket=wh.data_bucket,
+        key=backup.key,
+        defaults={
+            "org_id": wh.org_id,
+            "op_id": op.id,
+            "result": VerificationResult.PASSED if ok else VerificationResult.FAILED,
+            "detail": detail,
+            "store": store.name,
+            "object_bytes": backup.size,
+            "snapshot_id": state.snapshot_id if state else None,
+            "data_files": state.data_files if state else None,
+            "restore_seconds": round(time.monotonic() - started, 3),
+            "checked_at": dt.datetime.now(dt.UTC),
+        },
+    )
+    uri = f"s3://{wh.data_bucket}/{backup.key}"
+    message = f"restore test of {uri} on store {store.name}: {row.result}: {detail}"
+    _log.log(logging.INFO if ok else logging.WARNING, message, extra={"op_id": op.id})
+    with contextlib.suppress(Exception):
+        oplog.append(op.id, message, level="info" if ok else "warn", source="janitor")
+    return row
+
+
+def run(
+    *, now: dt.datetime | None = None, client_for: Callable[[Warehouse], S3] | None = None
+) -> RestoreTestReport:
+    """One bounded, fleet-wide run (module doc). Never raises for S3 or store problems."""
+    report = RestoreTestReport()
+    store = _store(report)
+    if store is None:
+        return report
+    make_client = client_for or backups.warehouse_client
+    with backups.run_lock(RESTORE_TEST_LOCK_KEY) as taken:
+        if not taken:
+            _log.info("restore test: another run holds the lock; this run does nothing")
+            return report
+        report.ran = True
+        try:
+            password = secretrefs.resolve(store.provisioner_password_ref)
+            report.swept = sweep(store, password)
+        except (secretrefs.SecretRefError, psycopg.Error) as exc:
+            report.errors.append(f"store {store.name}: {exc}")
+            _log.warning("restore test: the scratch store %s is unusable: %s", store.name, exc)
+            return report
+        limit: int = settings.DUCKGRES_RESTORE_TEST_MAX_PER_RUN
+        for candidate in candidates(now or dt.datetime.now(dt.UTC), make_client, report):
+            if len(report.tested) >= limit or not backups.lock_held(RESTORE_TEST_LOCK_KEY):
+                report.bounded = True
+                break
+            row = test_one(candidate, store, password, make_client(candidate.warehouse))
+            report.tested.append(f"s3://{row.bucket}/{row.key}: {row.result}")
+    return report

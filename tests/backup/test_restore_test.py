@@ -1,0 +1,256 @@
+"""The restore test (docs/backup.md "Restore tests"), against real services: a real S3 server
+(moto's, over HTTP), the real metadata-store clusters and stock ``pg_dump``/``pg_restore``.
+
+The backups are stock custom-format dumps of a real DuckLake-shaped catalog, stored under the
+key its operation would have written, with the fingerprint the runner records when it verifies
+the copy (the end-to-end test, tests/test_e2e.py, runs the same job on a real reshard's backup).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
+from duckgres_admin.models import BackupVerification, ReshardLogEntry
+from reshard import backups, metrics, restore, restore_test, verify
+from reshard.backup import BackupSource, backup_key
+from reshard.pgclients import choose_client
+from tests.fixtures.backups_listing import bucket, op_in_state, warehouse_with_bucket
+from tests.fixtures.rows import new_store
+from tests.fixtures.s3 import S3Bucket
+from tests.fixtures.stores import StoreCluster, StoreClusters, TenantCatalog
+
+assert bucket  # a fixture, used by name below
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _dump(catalog: TenantCatalog) -> bytes:
+    cluster = catalog.cluster
+    done = subprocess.run(
+        ["pg_dump", "--format=custom", "--compress=1", "--no-owner", "--schema=public",
+         "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres", catalog.database],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.startswith(b"PGDMP")
+    return done.stdout
+
+
+def _fingerprint(catalog: TenantCatalog) -> dict[str, Any]:
+    with catalog.cluster.superuser_conn(catalog.database) as conn:
+        state = verify.read_state(conn)
+    return verify.compare(state, state).fingerprint()
+
+
+def _scratch_databases(cluster: StoreCluster) -> list[str]:
+    with cluster.superuser_conn() as conn:
+        return [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
+                (restore_test.SCRATCH_PREFIX,),
+            )
+        ]
+
+
+@pytest.fixture
+def world(
+    bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any, settings: Any
+) -> dict[str, Any]:
+    """A warehouse with one backup (a real dump, its operation's fingerprint recorded) and the
+    target cluster configured as the restore test's scratch store."""
+    catalog = tenant_catalog(store_clusters.source, rows=7)
+    scratch_store = new_store(store_clusters.target)
+    settings.DUCKGRES_RESTORE_TEST_STORE = scratch_store.name
+    wh = warehouse_with_bucket(bucket.bucket)
+    op = op_in_state(wh, "succeeded")
+    op.catalog_fingerprint = _fingerprint(catalog)
+    op.save(update_fields=["catalog_fingerprint"])
+    dump = _dump(catalog)
+    key = backup_key(op.id)
+    bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=dump)
+    return {"wh": wh, "op": op, "key": key, "dump": dump, "catalog": catalog}
+
+
+def _listed(org_id: str) -> dict[str, Any]:
+    body = backups.backups_for_org(org_id, with_plan=False)
+    assert len(body["backups"]) == 1, body
+    return dict(body["backups"][0])
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_a_good_backup_passes_and_leaves_no_scratch_database(world, store_clusters) -> None:
+    assert _listed(world["wh"].org_id)["verified"] is None
+    report = restore_test.run()
+    assert report.enabled, report
+    assert report.ran, report
+    assert report.errors == []
+    uri = f"s3://{world['wh'].data_bucket}/{world['key']}"
+    assert report.tested == [f"{uri}: passed"]
+    row = BackupVerification.objects.get(key=world["key"])
+    assert (row.result, row.op_id, row.org_id) == ("passed", world["op"].id, world["wh"].org_id)
+    assert row.snapshot_id == world["op"].catalog_fingerprint["snapshot_id"] is not None
+    assert row.data_files == world["op"].catalog_fingerprint["data_files"]
+    assert row.object_bytes == len(world["dump"])
+    assert "matches" in row.detail, row.detail
+    listed = _listed(world["wh"].org_id)
+    assert (listed["verified"], listed["verification_detail"]) == (True, row.detail)
+    assert listed["verified_at"]
+    assert _scratch_databases(store_clusters.target) == []
+    # The backup's operation log says so.
+    assert ReshardLogEntry.objects.filter(
+        operation_id=world["op"].id, message__contains="restore test of"
+    ).exists()
+    # A tested backup is not tested again.
+    again = restore_test.run()
+    assert again.tested == []
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_a_corrupted_object_fails_with_pg_restores_reason(world, bucket, store_clusters) -> None:
+    dump = bytearray(world["dump"])
+    middle = len(dump) // 2
+    dump[middle : middle + 64] = b"\xff" * 64  # bytes of the compressed data blocks
+    truncated = bytes(dump[: int(len(dump) * 0.8)])
+    bucket.client().put_object(Bucket=bucket.bucket, Key=world["key"], Body=truncated)
+    report = restore_test.run()
+    assert report.tested == [f"s3://{world['wh'].data_bucket}/{world['key']}: failed"], report
+    row = BackupVerification.objects.get(key=world["key"])
+    assert row.result == "failed"
+    assert "pg_restore exited with status" in row.detail, row.detail
+    assert _listed(world["wh"].org_id)["verified"] is False
+    assert _scratch_databases(store_clusters.target) == []
+    # The metric: tested, none passed → +Inf; the janitor leader sets it in one query.
+    assert metrics.set_backup_verified_ages(row.checked_at) >= 1
+    value = metrics.BACKUP_VERIFIED_AGE.labels(org_id=world["wh"].org_id)._value.get()
+    assert math.isinf(value)
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_a_restore_that_differs_from_the_recorded_state_fails(world) -> None:
+    op = world["op"]
+    op.catalog_fingerprint = {**op.catalog_fingerprint, "snapshot_id": 999_999}
+    op.save(update_fields=["catalog_fingerprint"])
+    restore_test.run()
+    row = BackupVerification.objects.get(key=world["key"])
+    assert row.result == "failed"
+    assert row.detail.startswith("DuckLake verification failed: snapshot_id: recorded 999999"), (
+        row.detail
+    )
+
+
+def test_the_age_metric_of_a_passed_backup(world) -> None:
+    restore_test.run()
+    row = BackupVerification.objects.get(key=world["key"])
+    later = row.checked_at + dt.timedelta(hours=2)
+    metrics.set_backup_verified_ages(later)
+    value = metrics.BACKUP_VERIFIED_AGE.labels(org_id=world["wh"].org_id)._value.get()
+    assert value == pytest.approx(7200, abs=1)
+
+
+def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) -> None:
+    leftover, foreign = restore_test.scratch_name(424242), restore_test.scratch_name(424243)
+    with store_clusters.target.provisioner_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{leftover}"')  # what a killed run leaves
+    with store_clusters.target.superuser_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{foreign}"')  # not the provisioner's: left alone
+    try:
+        report = restore_test.run()
+        assert report.swept == [leftover]
+        assert _scratch_databases(store_clusters.target) == [foreign]
+        assert report.tested  # the run went on
+    finally:
+        with store_clusters.target.superuser_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{foreign}"')
+
+
+def test_a_second_run_does_nothing_while_one_holds_the_lock(world) -> None:
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [RESTORE_TEST_LOCK_KEY])
+        report = restore_test.run()
+        assert (report.enabled, report.ran, report.tested) == (True, False, [])
+    assert BackupVerification.objects.count() == 0
+
+
+def test_off_without_a_store_and_loud_with_a_wrong_one(world, settings) -> None:
+    settings.DUCKGRES_RESTORE_TEST_STORE = ""
+    assert restore_test.run().enabled is False
+    settings.DUCKGRES_RESTORE_TEST_STORE = "no-such-store"
+    report = restore_test.run()
+    assert report.ran is False
+    assert report.errors == [
+        "DUCKGRES_RESTORE_TEST_STORE='no-such-store' names no metadata store: name a cnpg "
+        "store, whose provisioner login creates and drops the scratch databases"
+    ]
+
+
+@pytest.mark.safeguard("reshard-101")
+def test_the_stream_holds_one_chunk_at_a_time(world, store_clusters) -> None:
+    """The object reaches pg_restore chunk by chunk: never more than one chunk read ahead."""
+    s3 = backups.warehouse_client(world["wh"])
+    real = s3.stream_object
+    sizes: list[int] = []
+
+    def recording(bucket: str, key: str, chunk_bytes: int = restore.CHUNK_BYTES) -> Any:
+        size, chunks = real(bucket, key, chunk_bytes)
+
+        def counted() -> Any:
+            for chunk in chunks:
+                sizes.append(len(chunk))
+                yield chunk
+
+        return size, counted()
+
+    s3.stream_object = recording  # type: ignore[method-assign]
+    cluster = store_clusters.target
+    scratch = restore_test.scratch_name(777001)
+    with cluster.provisioner_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{scratch}"')
+    try:
+        with cluster.superuser_conn(scratch) as conn:
+            major = int(str(conn.execute("SHOW server_version_num").fetchone()[0])) // 10000
+        target = BackupSource(
+            cluster.host,
+            cluster.port,
+            scratch,
+            cluster.provisioner_user,
+            cluster.sslmode,
+            cluster.provisioner_password,
+        )
+        done = restore.stream_restore(
+            s3,
+            world["wh"].data_bucket,
+            world["key"],
+            choose_client(major),
+            target,
+            server_major=major,
+            timeout_seconds=120,
+            chunk_bytes=4096,
+        )
+        assert done.object_bytes == len(world["dump"]) == sum(sizes)
+        assert len(sizes) > 1, sizes
+        assert max(sizes) <= 4096, sizes
+        with cluster.superuser_conn(scratch) as conn:
+            state = verify.read_state(conn)
+        assert verify.matches_fingerprint(state, world["op"].catalog_fingerprint)
+    finally:
+        with cluster.superuser_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+
+
+def test_hostile_pg_restore_output_is_bounded_and_printable() -> None:
+    raw = b"\x1b[31mred\x00" + b"A" * 20000 + b"\npassword secret-value-123 end\n"
+    text = restore.clean_output(raw, "secret-value-123")
+    assert "\x1b" not in text
+    assert "\x00" not in text
+    assert "secret-value-123" not in text
+    assert "***" in text
+    assert len(text) <= restore.STDERR_TAIL_BYTES
