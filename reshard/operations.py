@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
-from duckgres_admin.models import TERMINAL_STATES, OpState, ReshardOperation, StoreKind
+from duckgres_admin.models import TERMINAL_STATES, OpKind, OpState, ReshardOperation, StoreKind
 from duckgres_admin.queues import QueueName, TaskName
 from reshard import oplog, start_checks, stash
 from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest
@@ -34,6 +34,14 @@ register_held_secrets(stash.known_values)
 
 
 # --- start (§5.1) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestoreFields:
+    """The backup a restore operation restores (checked by ``reshard.restores``)."""
+
+    key: str
+    fingerprint: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -88,19 +96,32 @@ def _insert_pending(
 
 
 def reshard_op_start(
-    *, org_id: str, request: StartRequest, actor: str, drain_item_id: int | None = None
+    *,
+    org_id: str,
+    request: StartRequest,
+    actor: str,
+    drain_item_id: int | None = None,
+    restore: RestoreFields | None = None,
 ) -> StartOutcome:
     """§5.1 steps 2-12 (the body was parsed by the caller). Raises ``ServiceError``.
 
     ``drain_item_id``: the store-drain item this operation moves (the janitor's drain advance,
     ``reshard.drains``); the column is unique, so a second start for the item is refused with
-    code ``drain_item_launched``."""
+    code ``drain_item_launched``. ``restore``: the operation is a restore of that backup
+    (``reshard.restores`` checked it); every other check and step is the reshard's."""
     stash.prune()
     scrubber = process_scrubber(request.target.password)
     try:
         plan = start_checks.validate_start(org_id, request, scrubber)
     except ServiceError as exc:
         raise exc.scrubbed(scrubber) from None
+    if restore is not None:
+        plan.fields.update(
+            kind=OpKind.RESTORE,
+            restore_backup_key=restore.key,
+            restore_fingerprint=restore.fingerprint,
+        )
+        plan.description = f"restore of {restore.key} ({plan.description})"
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
 
     # 7. Insert pending.

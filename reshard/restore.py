@@ -89,8 +89,10 @@ def _feed(
     chunks: Iterator[bytes],
     deadline: float,
     should_stop: Callable[[], bool],
+    after_chunk: Callable[[int], None] | None = None,
 ) -> None:
     assert proc.stdin is not None
+    written = 0
     try:
         for chunk in chunks:
             if time.monotonic() > deadline:
@@ -101,6 +103,9 @@ def _feed(
                 proc.stdin.write(chunk)
             except BrokenPipeError:
                 return  # pg_restore stopped reading: its exit status says why
+            written += len(chunk)
+            if after_chunk is not None:
+                after_chunk(written)
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
@@ -120,26 +125,38 @@ def stream_restore(
     timeout_seconds: float,
     should_stop: Callable[[], bool] = lambda: False,
     chunk_bytes: int = CHUNK_BYTES,
+    lock_timeout_seconds: float = 60.0,
+    register: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    unregister: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    after_chunk: Callable[[int], None] | None = None,
 ) -> Restored:
-    """Restore ``s3://bucket/key`` into the existing, empty database ``target.database``."""
+    """Restore ``s3://bucket/key`` into the existing database ``target.database`` (objects of
+    the archive that exist are dropped first: ``--clean --if-exists``, so a retry after a
+    partial restore starts over). ``register``/``unregister`` hand the child to a caller that
+    kills it on stop; ``after_chunk`` sees the bytes written so far."""
     started = time.monotonic()
     deadline = started + timeout_seconds
     try:
         size, chunks = s3.stream_object(bucket, key, chunk_bytes)
     except S3Error as exc:
         raise RestoreError(f"could not read the backup: {exc}") from None
+    env = pg_dump_env(target)
+    # Every statement pg_restore sends waits for a lock at most this long.
+    env["PGOPTIONS"] = f"-c lock_timeout={max(1, int(lock_timeout_seconds * 1000))}"
     proc = subprocess.Popen(
         pg_restore_argv(client, target, server_major=server_major),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=pg_dump_env(target),
+        env=env,
         close_fds=True,
     )
+    if register is not None:
+        register(proc)
     tail: deque[bytes] = deque()
     reader = _tail_reader(proc.stderr, tail)
     try:
-        _feed(proc, chunks, deadline, should_stop)
+        _feed(proc, chunks, deadline, should_stop, after_chunk)
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except S3Error as exc:
         raise RestoreError(f"reading the backup failed after it started: {exc}") from None
@@ -150,6 +167,8 @@ def stream_restore(
             proc.kill()
             proc.wait(timeout=KILL_WAIT_SECONDS)
         reader.join(timeout=KILL_WAIT_SECONDS)
+        if unregister is not None:
+            unregister(proc)
     if code != 0:
         said = clean_output(b"".join(tail), target.password) or "no output"
         raise RestoreError(f"pg_restore exited with status {code}: {said}")

@@ -18,6 +18,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("warehouses", views.WarehouseListView.as_view(), name="warehouse-list"),
     path("warehouses/<str:org>", views.WarehouseDetailView.as_view(), name="warehouse-detail"),
     path("warehouses/<str:org>/reshards", views.ReshardStartView.as_view(), name="reshard-start"),
+    path("warehouses/<str:org>/restores", views.RestoreStartView.as_view(), name="restore-start"),
     path(
         "warehouses/<str:org>/backups",
         views.WarehouseBackupsView.as_view(),

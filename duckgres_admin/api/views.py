@@ -28,7 +28,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import backups, dryrun, leases, operations, selectors, warehouses
+from reshard import backups, dryrun, leases, operations, restores, selectors, warehouses
 from reshard.binding_catalog import FORCE_FLAG
 from reshard.start_checks import StartRequest, TargetRequest
 from trino_pools import config
@@ -132,6 +132,50 @@ class ReshardStartView(ApiView):
         assert self.identity is not None
         outcome = operations.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
         self.audit_detail = f"reshard {outcome.description}"
+        return Response(op_json(outcome.op), status=202)
+
+
+class RestoreStartView(ApiView):
+    """``POST /warehouses/<org>/restores`` (docs/restore.md): a restore operation, or its dry
+    run. The body is the reshard start's (``target`` a cnpg store) plus ``backup_key``."""
+
+    audit_action = "restore.create"
+    accepts_dry_run = True
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
+    dry_run = False
+
+    def audit_action_for(self, request: HttpRequest) -> str:
+        body = self.parsed_body
+        asked = isinstance(body, dict) and body.get("dry_run") is True
+        return "restore.dry_run" if self.dry_run or asked else self.audit_action
+
+    @extend_schema(
+        operation_id="restore_start",
+        request=OBJ,
+        responses={200: OBJ, 202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **BODY_ERRORS},
+        description=(
+            "Restore one of the org's own backups onto another cnpg store (docs/restore.md). "
+            'Internal secret or staff admin. With `"dry_run": true` the answer is 200 with the '
+            "plan and every preflight result, and nothing is created."
+        ),
+    )
+    def post(self, request: Request, org: str) -> Response:
+        data = request.data
+        if isinstance(data, dict) and data.get("dry_run") is True:
+            self.dry_run = True
+        body = dict(v.as_object(data))
+        key = v.string(body, "backup_key", required=True, max_length=1024) or ""
+        body.pop("backup_key", None)
+        start = _parse_start(body)
+        if start.dry_run:
+            plan = restores.restore_dry_run(org, key, start)
+            self.audit_detail = f"restore of {key}: {dryrun.describe(org, plan)}"
+            return Response(plan, status=200)
+        assert self.identity is not None
+        outcome = restores.restore_start(
+            org_id=org, key=key, request=start, actor=self.identity.actor
+        )
+        self.audit_detail = outcome.description
         return Response(op_json(outcome.op), status=202)
 
 

@@ -21,6 +21,14 @@ class OpState(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class OpKind(models.TextChoices):
+    """What an operation does. ``restore``: the catalog is replaced by a backup object of the
+    org's own, restored onto another store by the reshard step machine (docs/restore.md)."""
+
+    RESHARD = "reshard"
+    RESTORE = "restore"
+
+
 ACTIVE_STATES = (OpState.PENDING.value, OpState.RUNNING.value)
 TERMINAL_STATES = (OpState.SUCCEEDED.value, OpState.FAILED.value, OpState.CANCELLED.value)
 
@@ -88,6 +96,11 @@ class ReshardOperation(models.Model):
     progress = models.JSONField(default=dict, blank=True)
     backup_s3_uri = models.TextField(default="", blank=True)
     backup_bytes = models.BigIntegerField(default=0)
+    kind = models.TextField(choices=OpKind.choices, default=OpKind.RESHARD, db_default="reshard")
+    # A restore: the backup object (a key under the org's bucket prefix, one of its own) and
+    # the DuckLake fingerprint its operation recorded (None: that operation recorded none).
+    restore_backup_key = models.TextField(default="", blank=True, db_default="")
+    restore_fingerprint = models.JSONField(null=True, blank=True)
     # What the backup holds, read from the fenced source when the copy was verified
     # (reshard.verify.Verification.fingerprint): the restore test compares a restore against it.
     catalog_fingerprint = models.JSONField(null=True, blank=True)
@@ -150,6 +163,15 @@ class ReshardOperation(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(launcher__in=["pod", "local"]), name="reshard_op_launcher_valid"
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(kind="reshard") & models.Q(restore_backup_key=""))
+                | (
+                    models.Q(kind="restore")
+                    & ~models.Q(restore_backup_key="")
+                    & models.Q(target_kind="cnpg")
+                ),
+                name="reshard_op_restore_has_key_and_cnpg_target",
             ),
             models.CheckConstraint(
                 condition=models.Q(runner_epoch__gte=0), name="reshard_op_epoch_nonnegative"

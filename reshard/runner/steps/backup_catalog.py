@@ -58,7 +58,7 @@ from django.db import DatabaseError, InterfaceError, connection
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
-from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.models import OpKind, ReshardOperation, Warehouse
 from reshard import backup
 from reshard.runner import connections, waits
 from reshard.runner.context import RunContext
@@ -199,8 +199,14 @@ def run(env: StepEnv) -> None:
         preflight.run(env)
 
 
+RESTORE_MANDATORY_PREFIX = (
+    "a backup of the current catalog is mandatory before a restore replaces it"
+)
+
+
 def _mandatory(op: ReshardOperation) -> bool:
-    return op.source_kind == "cnpg" and op.target_kind == "external"
+    """cnpg→external, and every restore (its cleanup drops the catalog it replaced)."""
+    return op.kind == OpKind.RESTORE or (op.source_kind == "cnpg" and op.target_kind == "external")
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,8 @@ def _gate(env: StepEnv, exc: Exception, *, cancelled: bool) -> None:
         raise Cancelled() from None
     mandatory = _mandatory(env.op)
     text = backup.gated_failure(str(exc), mandatory=mandatory)
+    if env.op.kind == OpKind.RESTORE:
+        text = f"{RESTORE_MANDATORY_PREFIX}: {exc}"
     if mandatory:
         raise StepError(text) from None
     env.log.warn(text)

@@ -23,13 +23,14 @@ from typing import Any
 import psycopg
 from django.conf import settings
 
+from duckgres_admin.models import OpKind
 from reshard import copy as catalog_copy
 from reshard import verify
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import StepHooks
-from reshard.runner.steps import backup_catalog, preflight
+from reshard.runner.steps import backup_catalog, preflight, restoring
 
 
 def _probe(env: StepEnv, side: connections.Side) -> None:
@@ -45,6 +46,9 @@ def _probe(env: StepEnv, side: connections.Side) -> None:
 def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
     backup_catalog.resume_beside_copy(env)
+    if op.kind == OpKind.RESTORE:
+        restoring.run(env)
+        return
     source = connections.source_side(ctx, op)
     target = connections.target_side(ctx, op)
     _probe(env, source)
@@ -108,6 +112,9 @@ def release_handle(env: StepEnv) -> None:
 
 def run_verify(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
+    if op.kind == OpKind.RESTORE:
+        restoring.run_verify(env)
+        return
     env.log.info(
         f"source and target COPY row counts matched for {op.tables_copied} tables while the "
         "write fence was held"

@@ -1,0 +1,166 @@
+"""A restore's ``copying`` and ``verifying`` (docs/restore.md): the backup object instead of the
+live source.
+
+A restore operation (``kind`` ``restore``) walks the same steps as a reshard to a cnpg store:
+the block, the drain, the fence, the backup of the catalog it is about to replace (mandatory
+here), the cutover that renders the tenant's role and an empty database on the target store
+and points the binding there, then — in place of the copy — this module, then the cleanup
+(the replaced catalog's drop, after its backup) and the unblock. Keeping the step names keeps
+every rule that reads them (cancel cutoff, rollback, takeover, recovery) exactly the reshard's.
+
+Invariants:
+
+- **Only the org's own backup.** The key was checked at the start against the warehouse's
+  listing (``reshard.backups.belonging``); here it is read again from the warehouse's current
+  ``data_bucket``, never from a bucket named anywhere else.
+- **Into the target the cutover made, as the tenant.** ``pg_restore`` logs in as the tenant role
+  on the target store (``connections.target_side``), with ``--no-owner --no-acl``: every object
+  belongs to the tenant, and nothing outside its own database is touched. The copy's one-writer
+  advisory lock on the target is held for the whole restore.
+- **Idempotent.** ``--clean --if-exists`` drops what an interrupted attempt left before it
+  creates anything, so a takeover simply restores again.
+- **Interruptible.** A stop kills ``pg_restore`` (a registered child) and the step ends
+  :class:`Interrupted`; the step's deadline bounds it. The runner's death closes the pipe, and
+  ``pg_restore`` ends on the truncated archive.
+- **Verified before anything irreversible.** ``verifying`` compares the restored DuckLake state
+  with the fingerprint the backup's operation recorded; without one, the three DuckLake tables
+  must be present. The fenced source's own state is recorded as this operation's
+  ``catalog_fingerprint``: it is what this operation's backup holds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
+from duckgres_admin.lockkeys import COPY_TARGET_LOCK_KEY
+from duckgres_admin.models import Warehouse
+from reshard import testhooks, verify
+from reshard.backup import BackupSource
+from reshard.pgclients import NoPgClient, choose_client, server_major
+from reshard.restore import RestoreError, stream_restore
+from reshard.runner import connections
+from reshard.runner.env import StepEnv
+from reshard.runner.errors import Interrupted, StepError
+from reshard.runner.hooks import StepHooks
+from reshard.runner.steps import backup_catalog, preflight
+
+PROGRESS_INTERVAL_SECONDS = 2.0
+
+
+def _bucket(env: StepEnv) -> Warehouse:
+    wh = Warehouse.objects.filter(org_id=env.op.org_id).first()
+    if wh is None or not wh.data_bucket:
+        raise StepError("the warehouse has no data bucket: the backup cannot be read")
+    return wh
+
+
+def run(env: StepEnv) -> None:
+    """Stream the backup object into the target database."""
+    ctx, op = env.ctx, env.op
+    wh = _bucket(env)
+    preflight.check_target_identity(env)  # before any write to the target, takeovers included
+    target = connections.target_side(ctx, op)
+    uri = f"s3://{wh.data_bucket}/{op.restore_backup_key}"
+    try:
+        s3 = S3(
+            region=wh.data_region,
+            role_arn=wh.data_role_arn,
+            session_name=session_name_for_op(op.id),
+        )
+    except S3Error as exc:
+        raise StepError(f"cannot reach the backup {uri}: {exc}") from None
+    hooks = StepHooks(env, progress_keys=("restore_bytes_total", "restore_bytes_done"))
+    try:
+        with target.connect(ctx) as lock_conn, connections.registered(ctx, lock_conn):
+            row = lock_conn.execute(
+                "SELECT pg_try_advisory_lock(%s), current_setting('server_version_num')::int",
+                (COPY_TARGET_LOCK_KEY,),
+            ).fetchone()
+            if not row or row[0] is not True:
+                raise StepError(
+                    "target catalog is locked by another copier — refusing to interleave"
+                )
+            major = server_major(int(str(row[1])))
+            env.log.info(f"restoring {uri} into {target.redacted()} with stock pg_restore")
+            last = [0.0]
+
+            def progress(done: int) -> None:
+                testhooks.kill_point("restore_chunk_written")
+                now = time.monotonic()
+                if now - last[0] >= PROGRESS_INTERVAL_SECONDS:
+                    last[0] = now
+                    hooks.progress({"restore_bytes_done": done})
+
+            restored = stream_restore(
+                s3,
+                wh.data_bucket,
+                op.restore_backup_key,
+                choose_client(major),
+                BackupSource(
+                    target.endpoint.host,
+                    target.endpoint.port,
+                    target.database,
+                    target.user,
+                    target.endpoint.sslmode,
+                    target.password,
+                ),
+                server_major=major,
+                timeout_seconds=ctx.statement_seconds(),
+                lock_timeout_seconds=ctx.statement_seconds(),
+                should_stop=ctx.stop.is_set,
+                register=ctx.register_process,
+                unregister=ctx.unregister_process,
+                after_chunk=progress,
+            )
+    except RestoreError as exc:
+        if ctx.stop.is_set():
+            raise Interrupted() from None
+        raise StepError(f"the restore of {uri} failed: {exc}") from None
+    except NoPgClient as exc:
+        raise StepError(f"the restore of {uri} failed: {exc}") from None
+    except psycopg.Error as exc:
+        if ctx.stop.is_set():
+            raise Interrupted() from None
+        raise StepError(f"cannot reach the target {target.redacted()}: {exc}") from None
+    hooks.progress(
+        {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
+    )
+    env.fence.update(bytes_copied=restored.object_bytes)
+    op.bytes_copied = restored.object_bytes
+    ctx.progress.copied = True
+    env.log.info(f"restore complete: {restored.object_bytes} bytes in {restored.seconds:.1f} s")
+
+
+def _read(env: StepEnv, side: connections.Side) -> verify.DuckLakeState:
+    try:
+        with side.connect(env.ctx) as conn, connections.registered(env.ctx, conn):
+            return verify.read_state(conn)
+    except psycopg.Error as exc:
+        raise StepError(f"DuckLake verification could not read the {side.label}: {exc}") from None
+
+
+def run_verify(env: StepEnv) -> None:
+    """The restored catalog against its backup's fingerprint; the replaced one's recorded."""
+    ctx, op = env.ctx, env.op
+    restored = _read(env, connections.target_side(ctx, op))
+    if isinstance(op.restore_fingerprint, dict):
+        try:
+            result = verify.matches_fingerprint(restored, op.restore_fingerprint)
+        except verify.VerifyError as exc:
+            raise StepError(str(exc)) from None
+        env.log.info(result.message.replace("passed", "of the restore matches the backup's"))
+    elif restored.missing:
+        raise StepError(f"the restored catalog lacks {', '.join(restored.missing)}")
+    else:
+        env.log.warn(
+            "the backup's operation recorded no DuckLake fingerprint: only the presence of the "
+            "DuckLake tables was verified (snapshot "
+            f"{'none' if restored.snapshot_id is None else restored.snapshot_id}, "
+            f"{restored.data_files} data files)"
+        )
+    source = _read(env, connections.source_side(ctx, op))
+    env.fence.update(catalog_fingerprint=verify.compare(source, source).fingerprint())
+    backup_catalog.join_background(env)

@@ -1,0 +1,202 @@
+"""Restore as an operation (docs/restore.md; safeguards reshard-102, reshard-103), against real
+services: real runner processes, the real store clusters, a real S3 server (moto over HTTP).
+
+A real reshard moves a catalog from store A to store B and leaves its backup in S3 (with the
+DuckLake fingerprint it verified). The tenant then writes on B. A restore of that backup onto A
+brings the catalog back to the backup's state: the binding names A again, the catalog on A is
+the backup's (not B's newer one), B's catalog was backed up before it was dropped. A runner
+SIGKILLed in the middle of ``pg_restore`` is taken over and the restore ends consistent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.models import BackupVerification, ReshardOperation, Warehouse
+from reshard import restores
+from reshard.start_checks import StartRequest, TargetRequest
+from tests.fixtures.backups_listing import warehouse_with_bucket
+from tests.fixtures.faults import backdate
+from tests.fixtures.rows import new_op
+from tests.fixtures.runner import (
+    CnpgWorld,
+    RunnerS3,
+    database_exists,
+    op_log,
+    reload,
+    run_runner,
+    runner_moto_server,
+    runner_s3,
+    start_runner,
+)
+from tests.fixtures.stores import TenantCatalog
+
+__all__ = ["runner_moto_server", "runner_s3"]
+
+pytestmark = pytest.mark.faults
+
+
+def _request(store: str) -> StartRequest:
+    return StartRequest(target=TargetRequest(type="cnpg", cnpg_shard=store))
+
+
+def _s3_settings(s3: RunnerS3, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process lists the bucket as the API would."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3.endpoint_url
+    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
+    settings.DUCKGRES_AWS_REGION = "us-east-1"
+
+
+def _snapshots(catalog: TenantCatalog) -> int:
+    with catalog.tenant_conn() as conn:
+        row = conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+@pytest.fixture
+def moved(
+    cnpg_world: CnpgWorld,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    store_clusters: Any,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """A real reshard A→B with its backup in S3, then a write on B the backup does not have."""
+    world = cnpg_world
+    Warehouse.objects.filter(org_id=world.op.org_id).update(data_bucket=runner_s3.bucket)
+    runner = run_runner(world.op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    op = reload(world.op)
+    assert op.state == "succeeded", (op.error, runner.output(), "\n".join(op_log(op.id)))
+    assert op.catalog_fingerprint, "the verified copy recorded the backup's fingerprint"
+    key = op.backup_s3_uri.removeprefix(f"s3://{runner_s3.bucket}/")
+    on_b = TenantCatalog(
+        store_clusters.target,
+        world.catalog.role,
+        world.catalog.database,
+        world.catalog.password,
+        world.catalog.password_var,
+    )
+    before = _snapshots(on_b)
+    with on_b.tenant_conn() as conn:
+        conn.execute(
+            "INSERT INTO ducklake_snapshot SELECT max(snapshot_id) + 1, now(), 0, 0, 0 "
+            "FROM ducklake_snapshot"
+        )
+    _s3_settings(runner_s3, settings, monkeypatch)
+    return {"world": world, "op": op, "key": key, "on_b": on_b, "backup_snapshots": before}
+
+
+def _start(moved: dict[str, Any]) -> ReshardOperation:
+    world = moved["world"]
+    outcome = restores.restore_start(
+        org_id=world.op.org_id,
+        key=moved["key"],
+        request=_request(world.source_store.name),
+        actor="t",
+    )
+    return outcome.op
+
+
+@pytest.mark.safeguard("reshard-102")
+def test_a_restore_brings_the_backups_catalog_back_onto_another_store(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3, store_clusters: Any
+) -> None:
+    world = moved["world"]
+    plan = restores.restore_dry_run(
+        world.op.org_id, moved["key"], _request(world.source_store.name)
+    )
+    assert plan["kind"] == "restore"
+    assert plan["restore"]["made_by_op"] == moved["op"].id
+    assert "fingerprint operation" in plan["restore"]["verification"]
+    assert plan["backup"]["mandatory"] is True
+    assert all(entry["ok"] for entry in plan["preflight"]), plan["preflight"]
+
+    op = _start(moved)
+    assert (op.kind, op.state, op.to_shard) == ("restore", "pending", world.source_store.name)
+    assert op.restore_fingerprint == moved["op"].catalog_fingerprint
+    runner = run_runner(op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, runner.output(), "\n".join(lines))
+    # The binding is on A again, with the backup's catalog (not B's newer snapshot).
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.state) == (world.source_store.name, "ready")
+    assert _snapshots(world.catalog) == moved["backup_snapshots"]
+    assert not database_exists(store_clusters.target, world.catalog.database), "B's is dropped"
+    # ... after B's catalog (with its newer snapshot) was backed up.
+    assert op.backup_s3_uri.startswith(f"s3://{runner_s3.bucket}/")
+    assert op.catalog_fingerprint is not None
+    assert op.catalog_fingerprint["snapshot_id"] == moved["backup_snapshots"] + 1
+    assert any(line.startswith("restoring s3://") for line in lines)
+    assert any(line.startswith("DuckLake verification of the restore matches") for line in lines)
+    assert any(line.startswith("restore complete: ") for line in lines)
+
+
+@pytest.mark.safeguard("reshard-103")
+def test_a_restore_only_takes_the_orgs_own_backup_onto_another_store(
+    moved: dict[str, Any], runner_s3: RunnerS3
+) -> None:
+    world = moved["world"]
+    org = world.op.org_id
+    other = warehouse_with_bucket(runner_s3.bucket)
+    foreign_op = new_op(other, to_store=world.target_store, state="succeeded")
+    foreign_key = moved["key"].replace(f"op-{moved['op'].id}-", f"op-{foreign_op.id}-")
+    runner_s3.client().put_object(Bucket=runner_s3.bucket, Key=foreign_key, Body=b"PGDMP")
+
+    def refused(key: str, store: str) -> ServiceError:
+        with pytest.raises(ServiceError) as caught:
+            restores.restore_start(org_id=org, key=key, request=_request(store), actor="t")
+        return caught.value
+
+    shared = refused(foreign_key, world.source_store.name)
+    assert shared.status == 404, "another warehouse's backup in the same bucket"
+    assert "is not a backup of this warehouse" in shared.message
+    here = refused(moved["key"], world.target_store.name)
+    assert here.status == 400
+    assert here.message.startswith(
+        f"target.cnpg_shard: the warehouse is on store {world.target_store.name}"
+    )
+    outside = refused("elsewhere/op-1.dump", world.source_store.name)
+    assert outside.status == 400
+    BackupVerification.objects.create(
+        org_id=org, bucket=runner_s3.bucket, key=moved["key"], op_id=moved["op"].id,
+        result="failed", detail="pg_restore exited with status 1", store="scratch",
+    )  # fmt: skip
+    failed = refused(moved["key"], world.source_store.name)
+    assert failed.status == 409
+    assert "restore test of this backup failed (pg_restore exited with status 1)" in failed.message
+    assert ReshardOperation.objects.filter(org_id=org, kind="restore").count() == 0
+
+
+@pytest.mark.safeguard("reshard-102")
+def test_a_runner_killed_mid_pg_restore_is_taken_over_and_ends_consistent(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3, store_clusters: Any
+) -> None:
+    world = moved["world"]
+    op = _start(moved)
+    hooks = {
+        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
+        "DUCKGRES_RESHARD_TEST_KILL_AT": "restore_chunk_written",
+    }
+    killed = start_runner(op.id, runner_state_dir, env_extra={**runner_s3.env(), **hooks})
+    assert killed.wait(180) == -9, killed.output()
+    op = reload(op)
+    assert (op.state, op.step) == ("running", "copying"), op.error
+    backdate(op.id)  # the janitor's view: a runner that stopped heartbeating
+    runner = run_runner(op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, runner.output(), "\n".join(lines))
+    assert sum(line.startswith("restoring s3://") for line in lines) == 2, "restored again"
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert wh.metadata_store_id == world.source_store.name
+    assert _snapshots(world.catalog) == moved["backup_snapshots"]
+    assert not database_exists(store_clusters.target, world.catalog.database)
