@@ -154,6 +154,7 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         "org_id",
         "state",
         "step",
+        "kind",
         "direction_label",
         "source_label",
         "target_label",
@@ -164,7 +165,14 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         "finished_at",
     )
     list_display_links = ("id", "org_id")
-    list_filter = ("state", "source_kind", "target_kind", "recovery_required", "launcher")
+    list_filter = (
+        "state",
+        "kind",
+        "source_kind",
+        "target_kind",
+        "recovery_required",
+        "launcher",
+    )
     search_fields = (
         "=id",
         "org_id",

@@ -60,6 +60,10 @@ def summary_rows(op: ReshardOperation) -> list[tuple[str, str]]:
     )
     rows = [
         ("org", op.org_id),
+        (
+            "kind",
+            f"restore of {op.restore_backup_key}" if op.kind == "restore" else "reshard",
+        ),
         ("direction", f"{op.source_kind} → {op.target_kind}"),
         ("source", source),
         ("source tenant", f"{op.source_user} / {op.source_database}"),

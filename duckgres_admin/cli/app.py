@@ -258,10 +258,24 @@ def reshard_start(
     if dry_run:
         body["dry_run"] = True
 
+    return _start_and_report(org, "reshards", "reshard", body, dry_run, follow_after, deadline)
+
+
+def _start_and_report(
+    org: str,
+    route: str,
+    what: str,
+    body: dict[str, Any],
+    dry_run: bool,
+    follow_after: bool,
+    deadline: float,
+) -> int:
+    """POST a start (or its dry run) and print the plan's checks or the new operation."""
+
     def action() -> int:
         state = _state()
         answer = state.client().call(
-            "POST", f"warehouses/{_seg(org)}/reshards", body=body, what="reshard start"
+            "POST", f"warehouses/{_seg(org)}/{route}", body=body, what=f"{what} start"
         )
         doc = answer.body or {}
         if dry_run:
@@ -276,7 +290,7 @@ def reshard_start(
         if state.output == "json" and not follow_after:
             _emit_json(doc)
         elif state.output != "json":
-            _emit(f"started reshard {doc.get('id')} of org {doc.get('org_id')}: {doc.get('state')}")
+            _emit(f"started {what} {doc.get('id')} of org {doc.get('org_id')}: {doc.get('state')}")
         if follow_after:
             return _follow(int(doc["id"]), deadline=deadline, interval=2.0)
         return EXIT_OK
@@ -450,15 +464,38 @@ def restore() -> None:
 
 @restore.command("start")
 @click.argument("org")
-@click.option("--backup", "backup_uri", required=True, help="The backup's s3:// URI.")
-@click.option("--to-shard", default=None, help="Restore into this cnpg store.")
+@click.option(
+    "--backup",
+    "backup",
+    required=True,
+    help="The backup: its key (_reshard_catalog_backups/op-…dump) or its s3:// URI, as "
+    "`duckgres backups list ORG` shows them.",
+)
+@click.option("--to-shard", required=True, help="The cnpg store to restore onto (not the current).")
+@click.option("--drain-timeout", type=click.IntRange(0, 86400), default=None)
+@click.option("--dry-run", is_flag=True, help="Run every check; create nothing.")
+@click.option("--follow", "follow_after", is_flag=True, help="Follow the new operation.")
+@click.option("--deadline", type=click.FloatRange(min=0), default=0, help="With --follow.")
 @output_option
-def restore_start(org: str, backup_uri: str, to_shard: str | None) -> int:
-    """Start a restore (POST /warehouses/<org>/restores)."""
-    body: dict[str, Any] = {"backup": backup_uri}
-    if to_shard:
-        body["target"] = {"type": "cnpg", "cnpg_shard": to_shard}
-    return _simple("POST", f"warehouses/{_seg(org)}/restores", "restore start", body)
+def restore_start(
+    org: str,
+    backup: str,
+    to_shard: str,
+    drain_timeout: int | None,
+    dry_run: bool,
+    follow_after: bool,
+    deadline: float,
+) -> int:
+    """Restore one of ORG's backups onto another store (POST /warehouses/<org>/restores)."""
+    key = backup
+    if backup.startswith("s3://"):
+        key = backup.removeprefix("s3://").partition("/")[2]
+    body: dict[str, Any] = {"backup_key": key, "target": {"type": "cnpg", "cnpg_shard": to_shard}}
+    if drain_timeout is not None:
+        body["drain_timeout_seconds"] = drain_timeout
+    if dry_run:
+        body["dry_run"] = True
+    return _start_and_report(org, "restores", "restore", body, dry_run, follow_after, deadline)
 
 
 @cli.group()

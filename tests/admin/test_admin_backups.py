@@ -107,3 +107,17 @@ def test_each_backup_shows_its_restore_tests_result(client: Any, bucket: S3Bucke
     assert by_key[keys[1]].startswith("failed (")
     assert by_key[keys[1]].endswith(": pg_restore exited with status 1: input file is too short")
     assert by_key[keys[2]] == "not tested"
+
+
+def test_a_restore_operation_is_shown_as_one(client: Any, bucket: S3Bucket) -> None:
+    wh = warehouse_with_bucket(bucket.bucket)
+    made, restore = op_in_state(wh, "succeeded"), op_in_state(wh, "failed")
+    key = backup_key(made.id)
+    type(restore).objects.filter(pk=restore.id).update(kind="restore", restore_backup_key=key)
+    viewer = _viewer(client)
+    detail = viewer.get(f"/admin/duckgres_admin/reshardoperation/{restore.id}/change/")
+    assert detail.status_code == 200
+    assert f"restore of {key}" in detail.content.decode()
+    listed = viewer.get("/admin/duckgres_admin/reshardoperation/?kind=restore").content.decode()
+    assert f"/admin/duckgres_admin/reshardoperation/{restore.id}/change/" in listed
+    assert f"/admin/duckgres_admin/reshardoperation/{made.id}/change/" not in listed

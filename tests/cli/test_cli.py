@@ -127,11 +127,14 @@ def test_follow_tails_new_lines_until_succeeded_and_honours_its_deadline(
 
 @pytest.mark.safeguard("reshard-91")
 def test_routes_this_api_does_not_offer_transport_and_identity_errors(cli, transactional_db):
+    # An API build without the route (here: a URL where no API is mounted) answers Django's
+    # plain 404, not the API's JSON error: exit 5, the feature named.
     for args, feature, route in (
-        (("restore", "start", "acme", "--backup", "s3://b/k"), "restore start",
-         "POST /api/v1/warehouses/acme/restores"),
+        (("reshard", "list"), "GET /api/v1/reshards", "GET /api/v1/reshards"),
+        (("restore", "start", "acme", "--backup", "s3://b/k", "--to-shard", "s"),
+         "restore start", "POST /api/v1/warehouses/acme/restores"),
     ):  # fmt: skip
-        result = cli(*args)
+        result = cli(*args, DUCKGRES_API_URL=f"{cli.url}/no-api-here")
         assert result.returncode == 5, (args, result.stdout, result.stderr)
         assert f"this API does not offer {feature} yet ({route} answered 404)" in result.stderr
         assert result.stdout == ""

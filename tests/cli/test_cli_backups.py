@@ -1,5 +1,6 @@
-"""``duckgres backups list`` against the live API and a real S3 server (moto's): the table,
-``--retention-plan`` and ``--output json`` (docs/cli.md)."""
+"""``duckgres backups list`` and ``duckgres restore start`` against the live API and a real S3
+server (moto's): the table, ``--retention-plan``, ``--output json``, and a restore's dry run and
+refusals (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from duckgres_admin.models import ReshardOperation
 from reshard.backup import backup_key
 from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
@@ -61,4 +63,53 @@ def test_backups_list_prints_this_orgs_backups(
     missing = cli("backups", "list", "no-such-org-x")
     assert missing.returncode == 1
     assert "HTTP 404: org has no managed warehouse" in missing.stderr
+    cli.assert_no_secret()
+
+
+@pytest.mark.safeguard("reshard-103")
+def test_restore_start_against_the_live_api(
+    cli: Cli,
+    transactional_db: None,
+    s3_bucket: S3Bucket,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
+    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    name = unique("cat")
+    here, there = new_store(), new_store()
+    wh = new_warehouse(
+        store=here,
+        data_bucket=s3_bucket.bucket,
+        metadata_store_database=name,
+        metadata_store_user=name,
+        metadata_store_password_ref=f"env:DUCKGRES_TEST_PW_{name}",
+    )
+    op = new_op(wh, to_store=there, state="succeeded", finished_at=timezone.now())
+    key = backup_key(op.id)
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"dump")
+    uri = f"s3://{s3_bucket.bucket}/{key}"
+
+    # The dry run: the backup's facts, and the reshard's preflight (this warehouse's catalog
+    # does not exist on the store, so a check fails: exit 1, nothing created).
+    plan = cli("restore", "start", wh.org_id, "--backup", uri, "--to-shard", there.name,
+               "--dry-run", "-o", "json")  # fmt: skip
+    assert plan.returncode == 1, plan.stderr
+    doc = json.loads(plan.stdout)
+    assert (doc["kind"], doc["restore"]["backup_key"], doc["restore"]["made_by_op"]) == (
+        "restore",
+        key,
+        op.id,
+    )
+    assert any(not check["ok"] for check in doc["preflight"])
+    unknown = cli("restore", "start", wh.org_id, "--backup", key + "x", "--to-shard", there.name)
+    assert unknown.returncode == 1
+    assert "is not a backup of this warehouse" in unknown.stderr
+    same = cli("restore", "start", wh.org_id, "--backup", key, "--to-shard", here.name)
+    assert same.returncode == 1
+    assert f"the warehouse is on store {here.name}" in same.stderr
+    assert not ReshardOperation.objects.filter(kind="restore").exists()
     cli.assert_no_secret()
