@@ -57,7 +57,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseTrino,
 )
-from reshard import backups, drains, dryrun, operations, selectors
+from reshard import backups, drains, dryrun, operations, restores, selectors
 from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
@@ -92,6 +92,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 # --- reshard operations -------------------------------------------------------------------------
+
+
+class RestoreForm(forms.Form):
+    """A restore's start body (docs/restore.md): the backup key and the cnpg store to restore
+    onto; the services check everything past the shape."""
+
+    backup_key = forms.CharField(max_length=1024, label="Backup key")
+    cnpg_shard = forms.CharField(max_length=63, label="Restore onto cnpg store")
+    drain_timeout_seconds = forms.IntegerField(initial=1800, min_value=1, max_value=86400)
+
+    def start_request(self) -> StartRequest:
+        data = self.cleaned_data
+        return StartRequest(
+            target=TargetRequest(type="cnpg", cnpg_shard=data["cnpg_shard"].strip()),
+            drain_timeout_seconds=data["drain_timeout_seconds"] or 1800,
+        )
 
 
 class StartForm(forms.Form):
@@ -493,6 +509,11 @@ class WarehouseAdmin(ReadOnlyAdmin):
                 self.admin_site.admin_view(self.backups_view),
                 name="duckgres_warehouse_backups",
             ),
+            path(
+                "<str:org>/restore/",
+                self.admin_site.admin_view(self.restore_view),
+                name="duckgres_warehouse_restore",
+            ),
         ]
         return own + super().get_urls()
 
@@ -515,6 +536,62 @@ class WarehouseAdmin(ReadOnlyAdmin):
             "error": error,
         }
         return TemplateResponse(request, "admin/duckgres_admin/warehouse/backups.html", context)
+
+    def restore_view(self, request: HttpRequest, org: str) -> HttpResponse:
+        """Restore one of the org's backups: plan (the dry run), then confirm (docs/restore.md)."""
+        roles.require_act(request)
+        if request.method != "POST":
+            form = RestoreForm(initial={"backup_key": request.GET.get("key", "")})
+            return self._restore_page(request, org, form)
+        form = RestoreForm(request.POST)
+        if not form.is_valid():
+            return self._restore_page(request, org, form)
+        key, start = form.cleaned_data["backup_key"].strip(), form.start_request()
+        if request.POST.get("stage", "") == "start":
+            try:
+                outcome = restores.restore_start(
+                    org_id=org, key=key, request=start, actor=roles.user_email(request.user)
+                )
+            except ServiceError as exc:
+                _audit(request, "restore.create", org, exc.status, exc.message)
+                form.add_error(None, f"restore refused ({exc.status}): {exc.message}")
+                return self._restore_page(request, org, form)
+            _audit(request, "restore.create", org, 202, outcome.description)
+            messages.success(request, f"restore operation {outcome.op.id} started")
+            return HttpResponseRedirect(
+                reverse("admin:duckgres_admin_reshardoperation_change", args=[outcome.op.id])
+            )
+        try:
+            plan = restores.restore_dry_run(org, key, start)
+        except ServiceError as exc:
+            _audit(request, "restore.dry_run", org, exc.status, exc.message)
+            form.add_error(None, f"dry run refused ({exc.status}): {exc.message}")
+            return self._restore_page(request, org, form)
+        passed = sum(1 for entry in plan["preflight"] if entry.get("ok"))
+        _audit(
+            request, "restore.dry_run", org, 200,
+            f"restore of {key}: {passed}/{len(plan['preflight'])} preflight checks passed",
+        )  # fmt: skip
+        return self._restore_page(request, org, form, plan=plan)
+
+    def _restore_page(
+        self, request: HttpRequest, org: str, form: RestoreForm, plan: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Restore a backup of {org}",
+            "org": org,
+            "form": form,
+            "plan": plan,
+            "all_ok": bool(plan) and all(e.get("ok") for e in plan["preflight"]) if plan else False,
+            "stores": list(
+                MetadataStore.objects.filter(kind="cnpg")
+                .order_by("name")
+                .values_list("name", flat=True)[:500]
+            ),
+        }
+        return TemplateResponse(request, "admin/duckgres_admin/warehouse/restore.html", context)
 
 
 @admin.register(MetadataStore)

@@ -19,6 +19,7 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import BackupVerification, ReshardOperation, Warehouse
 from reshard import restores
 from reshard.start_checks import StartRequest, TargetRequest
+from tests.fixtures.admin import admin_client
 from tests.fixtures.backups_listing import warehouse_with_bucket
 from tests.fixtures.faults import backdate
 from tests.fixtures.rows import new_op
@@ -35,7 +36,7 @@ from tests.fixtures.runner import (
 )
 from tests.fixtures.stores import TenantCatalog
 
-__all__ = ["runner_moto_server", "runner_s3"]
+__all__ = ["admin_client", "runner_moto_server", "runner_s3"]
 
 pytestmark = pytest.mark.faults
 
@@ -200,3 +201,34 @@ def test_a_runner_killed_mid_pg_restore_is_taken_over_and_ends_consistent(
     assert wh.metadata_store_id == world.source_store.name
     assert _snapshots(world.catalog) == moved["backup_snapshots"]
     assert not database_exists(store_clusters.target, world.catalog.database)
+
+
+@pytest.mark.safeguard("reshard-102")
+def test_the_admin_plans_then_starts_a_restore(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3, admin_client: Any
+) -> None:
+    world = moved["world"]
+    org, store = world.op.org_id, world.source_store.name
+    backups_page = admin_client.get(f"/admin/duckgres_admin/warehouse/{org}/backups/")
+    page = f"/admin/duckgres_admin/warehouse/{org}/restore/"
+    assert f"{page}?key=" in backups_page.content.decode(), "each backup links its restore"
+    form = {"backup_key": moved["key"], "cnpg_shard": store, "drain_timeout_seconds": "1800"}
+    planned = admin_client.post(page, {**form, "stage": "plan"})
+    html = planned.content.decode()
+    assert planned.status_code == 200
+    assert 'id="restore-plan"' in html
+    assert f"made by operation {moved['op'].id}" in html
+    assert 'id="confirm-restore"' in html, "every preflight check passed"
+    assert not ReshardOperation.objects.filter(kind="restore").exists(), "a plan creates nothing"
+    started = admin_client.post(page, {**form, "stage": "start"})
+    op = ReshardOperation.objects.get(kind="restore", org_id=org)
+    assert started.status_code == 302
+    assert started["Location"].endswith(f"/reshardoperation/{op.id}/change/")
+    run_runner(op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    detail = admin_client.get(f"/admin/duckgres_admin/reshardoperation/{op.id}/change/")
+    assert reload(op).state == "succeeded"
+    assert f"restore of {moved['key']}" in detail.content.decode()
+    refused = admin_client.post(page, {**form, "cnpg_shard": store, "stage": "plan"})
+    assert "dry run refused (400): target.cnpg_shard: the warehouse is on store" in (
+        refused.content.decode()
+    )
