@@ -88,18 +88,29 @@ def _parse_start(data: Any) -> StartRequest:
     )
 
 
-class ReshardStartView(ApiView):
-    audit_action = "reshard.create"
+class _StartView(ApiView):
+    """A start that takes ``"dry_run": true``: a dry run is audited as ``dry_run_action``
+    (refused ones too, even before the view ran: a NUL or a size refusal of a body that asked
+    for one)."""
+
     accepts_dry_run = True
     parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
     dry_run = False
+    dry_run_action: ClassVar[str] = ""
 
     def audit_action_for(self, request: HttpRequest) -> str:
-        """A dry run is audited as ``reshard.dry_run`` (refused ones too, even before the view
-        ran: a NUL or a size refusal of a body that asked for one)."""
         body = self.parsed_body
         asked = isinstance(body, dict) and body.get("dry_run") is True
-        return "reshard.dry_run" if self.dry_run or asked else self.audit_action
+        return self.dry_run_action if self.dry_run or asked else self.audit_action
+
+    def note_dry_run(self, data: Any) -> None:
+        if isinstance(data, dict) and data.get("dry_run") is True:
+            self.dry_run = True  # audited as a dry run, even when refused
+
+
+class ReshardStartView(_StartView):
+    audit_action = "reshard.create"
+    dry_run_action = "reshard.dry_run"
 
     @extend_schema(
         operation_id="reshard_start",
@@ -115,8 +126,7 @@ class ReshardStartView(ApiView):
         from reshard import stash
 
         data = request.data
-        if isinstance(data, dict) and data.get("dry_run") is True:
-            self.dry_run = True  # audited as reshard.dry_run, even when refused
+        self.note_dry_run(data)
         try:
             start = _parse_start(data)
         except ServiceError:
@@ -135,19 +145,12 @@ class ReshardStartView(ApiView):
         return Response(op_json(outcome.op), status=202)
 
 
-class RestoreStartView(ApiView):
+class RestoreStartView(_StartView):
     """``POST /warehouses/<org>/restores`` (docs/restore.md): a restore operation, or its dry
     run. The body is the reshard start's (``target`` a cnpg store) plus ``backup_key``."""
 
     audit_action = "restore.create"
-    accepts_dry_run = True
-    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
-    dry_run = False
-
-    def audit_action_for(self, request: HttpRequest) -> str:
-        body = self.parsed_body
-        asked = isinstance(body, dict) and body.get("dry_run") is True
-        return "restore.dry_run" if self.dry_run or asked else self.audit_action
+    dry_run_action = "restore.dry_run"
 
     @extend_schema(
         operation_id="restore_start",
@@ -161,8 +164,7 @@ class RestoreStartView(ApiView):
     )
     def post(self, request: Request, org: str) -> Response:
         data = request.data
-        if isinstance(data, dict) and data.get("dry_run") is True:
-            self.dry_run = True
+        self.note_dry_run(data)
         body = dict(v.as_object(data))
         key = v.string(body, "backup_key", required=True, max_length=1024) or ""
         body.pop("backup_key", None)

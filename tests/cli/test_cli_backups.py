@@ -17,6 +17,14 @@ from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
 
 
+def _api_reaches(s3_bucket: S3Bucket, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
+    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
 @pytest.mark.safeguard("reshard-93")
 def test_backups_list_prints_this_orgs_backups(
     cli: Cli,
@@ -26,11 +34,7 @@ def test_backups_list_prints_this_orgs_backups(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The live server runs in this process: it reaches moto as the API would.
-    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
-    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
-    settings.DUCKGRES_AWS_REGION = s3_bucket.region
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    _api_reaches(s3_bucket, settings, monkeypatch)
     name = unique("cat")
     wh = new_warehouse(
         store=new_store(),
@@ -74,11 +78,7 @@ def test_restore_start_against_the_live_api(
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
-    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
-    settings.DUCKGRES_AWS_REGION = s3_bucket.region
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    _api_reaches(s3_bucket, settings, monkeypatch)
     name = unique("cat")
     here, there = new_store(), new_store()
     wh = new_warehouse(

@@ -1,0 +1,74 @@
+"""``POST /warehouses/<org>/restores`` at the API's edge (docs/restore.md, docs/api.md): who may
+call it, the body's shape, the refusals that create nothing, and the audit of a dry run. The
+restore itself, against real runner processes and stores, is in
+tests/reshard/test_restore_operation.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from duckgres_admin.models import AuditRecord, ReshardOperation
+from reshard.backup import backup_key
+from tests.fixtures.api import error
+from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
+from tests.fixtures.rows import new_store
+from tests.fixtures.s3 import S3Bucket
+
+pytestmark = pytest.mark.django_db
+
+
+def _url(org: str) -> str:
+    return f"/api/v1/warehouses/{org}/restores"
+
+
+@pytest.mark.safeguard("reshard-103")
+def test_the_shape_the_identity_and_the_refusals(clients, bucket: S3Bucket) -> None:
+    wh = warehouse_with_bucket(bucket.bucket)
+    made = op_in_state(wh, "succeeded")
+    key = put_object(bucket, backup_key(made.id))
+    other_store = new_store()
+    body = {"backup_key": key, "target": {"type": "cnpg", "cnpg_shard": other_store.name}}
+
+    assert clients.viewer.post(_url(wh.org_id), body, format="json").status_code == 403
+    assert clients.dataplane.post(_url(wh.org_id), body, format="json").status_code in (401, 403)
+    missing = clients.internal.post(_url(wh.org_id), {"target": body["target"]}, format="json")
+    assert (missing.status_code, error(missing)) == (400, "invalid body: backup_key: required")
+    unknown = clients.internal.post(_url(wh.org_id), {**body, "bogus": 1}, format="json")
+    assert (unknown.status_code, error(unknown)) == (400, "invalid body: bogus: unknown field")
+    external = clients.internal.post(
+        _url(wh.org_id), {**body, "target": {"type": "external", "endpoint": "h"}}, format="json"
+    )
+    assert external.status_code == 400
+    assert error(external).startswith("target.type: a restore's target is a cnpg metadata store")
+    same = clients.internal.post(
+        _url(wh.org_id),
+        {**body, "target": {"type": "cnpg", "cnpg_shard": wh.metadata_store_id}},
+        format="json",
+    )
+    assert same.status_code == 400
+    assert "the warehouse is on store" in error(same)
+    foreign = clients.internal.post(
+        _url(wh.org_id), {**body, "backup_key": backup_key(99_999_999)}, format="json"
+    )
+    assert foreign.status_code == 404
+    assert "is not a backup of this warehouse" in error(foreign)
+    assert clients.internal.post(_url("no-such-org"), body, format="json").status_code == 404
+    assert not ReshardOperation.objects.filter(kind="restore").exists()
+
+
+def test_a_dry_run_is_audited_as_one_even_when_refused(clients, bucket: S3Bucket) -> None:
+    wh = warehouse_with_bucket(bucket.bucket)
+    body = {
+        "backup_key": backup_key(99_999_998),
+        "target": {"type": "cnpg", "cnpg_shard": new_store().name},
+        "dry_run": True,
+    }
+    refused = clients.admin.post(_url(wh.org_id), body, format="json")
+    assert refused.status_code == 404
+    started = clients.admin.post(_url(wh.org_id), {**body, "dry_run": False}, format="json")
+    assert started.status_code == 404
+    actions = list(
+        AuditRecord.objects.filter(org_id=wh.org_id).order_by("id").values_list("action", flat=True)
+    )
+    assert actions == ["restore.dry_run", "restore.create"]
