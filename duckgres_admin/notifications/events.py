@@ -44,11 +44,15 @@ def _store(kind: str, name: str, host: str) -> dict[str, str]:
 
 
 def reshard_event(op: ReshardOperation) -> dict[str, Any]:
-    """The event of a terminal operation (``op.state`` is its terminal state)."""
+    """The event of a terminal operation (``op.state`` is its terminal state): ``kind``
+    ``reshard``, or ``restore`` (with the restored ``backup_key``)."""
+    kind = "restore" if op.kind == "restore" else "reshard"
+    extra = {"backup_key": op.restore_backup_key} if kind == "restore" else {}
     return {
         "schema": SCHEMA_VERSION,
-        "event": f"reshard.{op.state}",
-        "kind": "reshard",
+        "event": f"{kind}.{op.state}",
+        "kind": kind,
+        **extra,
         "operation_id": op.id,
         "org_id": op.org_id,
         "state": op.state,
@@ -104,7 +108,8 @@ def slack_text(event: dict[str, Any]) -> str:
         return _drain_text(event)
     state = str(event.get("state"))
     line = (
-        f"{_SLACK_ICON.get(state, ':information_source:')} reshard {event.get('operation_id')} "
+        f"{_SLACK_ICON.get(state, ':information_source:')} {event.get('kind')} "
+        f"{event.get('operation_id')} "
         f"of org `{event.get('org_id')}` *{state}*: {_where(event.get('source') or {})} → "
         f"{_where(event.get('target') or {})}"
     )

@@ -343,3 +343,25 @@ def test_a_drain_that_ended_is_delivered_once_with_its_counts(
         request.body,
         now=time.time(),
     )
+
+
+@pytest.mark.django_db
+def test_a_restore_is_announced_as_one(make_store, make_warehouse, make_op) -> None:
+    from duckgres_admin.notifications import events
+
+    source, target = make_store(), make_store()
+    op = make_op(_bound(make_warehouse, source), to_store=target)
+    key = "_reshard_catalog_backups/op-7-20260101T000000Z.dump"
+    op = _finished(op, "succeeded", kind="restore", restore_backup_key=key)
+    event = events.reshard_event(op)
+    assert (event["event"], event["kind"], event["backup_key"]) == (
+        "restore.succeeded",
+        "restore",
+        key,
+    )
+    assert f"restore {op.id} of org `{op.org_id}` *succeeded*" in events.slack_text(event)
+    plain = events.reshard_event(
+        _finished(make_op(_bound(make_warehouse, source), to_store=target), "failed")
+    )
+    assert (plain["event"], plain["kind"]) == ("reshard.failed", "reshard")
+    assert "backup_key" not in plain
