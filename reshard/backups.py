@@ -78,6 +78,7 @@ class Backup:
     op_id: int
     op_state: str
     recorded: bool  # the operation's backup_s3_uri names exactly this object
+    etag: str = ""  # as listed: a restore reads exactly this object (IfMatch)
     verified: bool | None = None  # the latest restore test (None: never tested)
     verified_at: dt.datetime | None = None
     verification_detail: str = ""
@@ -150,6 +151,7 @@ def belonging(
                 op_id=op_id,
                 op_state=op.state,
                 recorded=op.backup_s3_uri == f"s3://{wh.data_bucket}/{obj.key}",
+                etag=obj.etag,
             )
         )
     tests = {

@@ -85,6 +85,11 @@ BACKUP_VERIFIED_AGE = Gauge(
     "(+Inf: tested, none passed).",
     ["org_id"],
 )
+BACKUP_NEWEST_TESTED_FAILED = Gauge(
+    "duckgres_backup_newest_tested_failed",
+    "1 when the newest backup of the warehouse that had a restore test failed it, else 0.",
+    ["org_id"],
+)
 # Warehouses exported at most (a bounded label set; the oldest ages win a cut).
 MAX_BACKUP_AGE_SERIES = 5000
 
@@ -114,21 +119,28 @@ def _age(now: datetime, at: datetime | None) -> float:
 
 
 def set_backup_verified_ages(now: datetime) -> int:
-    """One query: the newest passed restore test per tested warehouse; replaces every series
-    (a warehouse whose rows are gone disappears). Returns the number of series."""
+    """One query: per tested warehouse, the age of its newest backup (the object's
+    ``LastModified``) that passed a restore test, and whether its newest tested backup failed;
+    replaces every series (a warehouse whose rows are gone disappears). Returns the number of
+    warehouses exported."""
     rows = list(
         BackupVerification.objects.values("org_id")
-        .annotate(at=Max("checked_at", filter=Q(result=VerificationResult.PASSED)))
-        .values_list("org_id", "at")
+        .annotate(
+            passed=Max("object_modified", filter=Q(result=VerificationResult.PASSED)),
+            tested=Max("object_modified"),
+        )
+        .values_list("org_id", "passed", "tested")
     )
     ages = sorted(
-        ((org, _age(now, at)) for org, at in rows),
+        ((org, _age(now, passed), passed != tested) for org, passed, tested in rows),
         key=lambda item: item[1],
         reverse=True,
     )[:MAX_BACKUP_AGE_SERIES]
     BACKUP_VERIFIED_AGE.clear()
-    for org, age in ages:
+    BACKUP_NEWEST_TESTED_FAILED.clear()
+    for org, age, failed in ages:
         BACKUP_VERIFIED_AGE.labels(org_id=org).set(age)
+        BACKUP_NEWEST_TESTED_FAILED.labels(org_id=org).set(1 if failed else 0)
     return len(ages)
 
 

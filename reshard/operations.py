@@ -42,6 +42,8 @@ class RestoreFields:
 
     key: str
     fingerprint: dict[str, Any] | None
+    bucket: str = ""
+    etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ def reshard_op_start(
         plan.fields.update(
             kind=OpKind.RESTORE,
             restore_backup_key=restore.key,
+            restore_backup_bucket=restore.bucket,
+            restore_backup_etag=restore.etag,
             restore_fingerprint=restore.fingerprint,
         )
         plan.description = f"restore of {restore.key} ({plan.description})"

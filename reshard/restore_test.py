@@ -12,14 +12,21 @@ Invariants:
 
 - **One run at a time.** The run holds the config-store advisory lock
   ``RESTORE_TEST_LOCK_KEY`` (``duckgres_admin.lockkeys``); a second run does nothing.
-- **Nothing is left behind.** The scratch database is ``duckgres_restore_test_op<id>`` (a name
-  no tenant database can have: tenants' names are ``duckgres_<org>``-shaped and never contain
-  ``restore_test``), dropped (``WITH (FORCE)``) when the test ends, whatever the result; a run
-  killed in the middle leaves one, which the next run drops before it starts.
-- **A tenant's backup only on the scratch store, never over a catalog.** The scratch database
-  is created by the run (``CREATE DATABASE`` fails when the name exists); the archive's owner
-  and privileges are not restored (``--no-owner --no-acl``): the restored objects belong to the
-  store's provisioner login, which drops them with the database.
+- **Nothing is left behind.** The scratch database and its role are both
+  ``duckgres_restore_test_<installation>_op<id>`` (:func:`installation_prefix`), dropped
+  (``WITH (FORCE)``) when the test ends, whatever the result — only when this run created them
+  (``CREATE`` fails when the name exists). A run killed in the middle leaves them, and the next
+  run drops them before it starts: a database of that name only when the role of the same name
+  owns it, and only with this installation's prefix (another installation's run may be live).
+- **The archive's code never runs with rights.** The scratch role has no login and no
+  privileges (no membership but the database owner's); it owns the scratch database, which
+  nobody else may connect to (``REVOKE ALL … FROM PUBLIC``). ``pg_restore`` restores with
+  ``--role`` to it, owner and privileges not restored (``--no-owner --no-acl``), and the state
+  is read after ``SET ROLE`` to it: a tenant's functions, checks or views run as that role,
+  never as the provisioner.
+- **A result is the backup's, not the attempt's.** ``failed`` is recorded only when
+  ``pg_restore`` refused the archive or the restored state differs; the scratch store, S3, the
+  deadline or a missing client failing records nothing (the backup is tried again next run).
 - **Bounded.** At most ``DUCKGRES_RESTORE_TEST_MAX_PER_RUN`` restores per run, each under
   ``DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS``; every statement on the scratch store has a
   statement and lock timeout.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +56,7 @@ from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.lib.s3 import S3, S3Error
 from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import (
+    ACTIVE_STATES,
     BackupVerification,
     MetadataStore,
     ReshardOperation,
@@ -56,7 +65,7 @@ from duckgres_admin.models import (
 )
 from reshard import backups, oplog, verify
 from reshard.backup import KEY_PREFIX, BackupSource
-from reshard.pgclients import NoPgClient, choose_client, server_major
+from reshard.pgclients import server_major
 from reshard.restore import RestoreError, stream_restore
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
@@ -83,8 +92,17 @@ class Candidate:
     op: ReshardOperation
 
 
+def installation_prefix() -> str:
+    """``duckgres_restore_test_<8 hex>_``: the hex names this installation's config store
+    (host, port, database), so installations sharing a scratch store — or test processes
+    sharing one server — never take, or sweep, each other's scratch databases."""
+    db = settings.DATABASES["default"]
+    where = f"{db.get('HOST', '')}:{db.get('PORT', '')}/{db.get('NAME', '')}"
+    return f"{SCRATCH_PREFIX}{hashlib.sha256(where.encode()).hexdigest()[:8]}_"
+
+
 def scratch_name(op_id: int) -> str:
-    return f"{SCRATCH_PREFIX}op{op_id}"
+    return f"{installation_prefix()}op{op_id}"
 
 
 def _store(report: RestoreTestReport) -> MetadataStore | None:
@@ -116,23 +134,42 @@ def _admin_conn(store: MetadataStore, password: str, dbname: str = "postgres") -
     )
 
 
+_DROP_DB = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
+
+
+def _drop_scratch(conn: Any, name: str) -> None:
+    conn.execute(sql.SQL(_DROP_DB).format(sql.Identifier(name)))
+    conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def sweep(store: MetadataStore, password: str) -> list[str]:
-    """Drop the scratch databases a killed run left on the store (only the provisioner's own:
-    a database of that name someone else made is not ours to drop)."""
+    """Drop the scratch databases (and their roles) a killed run left on the store: only those
+    a run makes — named ``duckgres_restore_test_…`` and owned by the role of the same name; a
+    database of that name someone else owns is not ours to drop."""
     with _admin_conn(store, password) as conn:
         names = [
             str(row[0])
             for row in conn.execute(
-                "SELECT datname FROM pg_catalog.pg_database WHERE starts_with(datname, %s) "
-                "AND datdba = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)",
-                (SCRATCH_PREFIX,),
+                "SELECT d.datname FROM pg_catalog.pg_database d "
+                "JOIN pg_catalog.pg_roles r ON r.oid = d.datdba "
+                "WHERE starts_with(d.datname, %s) AND r.rolname = d.datname",
+                (installation_prefix(),),
             )
         ]
         for name in names:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            _drop_scratch(conn, name)
     return names
+
+
+def _create_scratch(conn: Any, name: str) -> None:
+    """A role with no rights and no login, owning a database nobody else may connect to: the
+    archive's code (a tenant's functions, checks, views) runs as that role, never as the
+    provisioner, and no other login can reach what it restored."""
+    ident = sql.Identifier(name)
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(ident))
+    conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(ident))
+    conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(ident, ident))
+    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
 
 
 def candidates(
@@ -160,7 +197,10 @@ def candidates(
             report.errors.append(f"{wh.org_id}: s3://{wh.data_bucket}/{KEY_PREFIX}: {exc}")
             continue
         listing = backups.belonging(wh, objects, truncated, now)
-        untested = [b for b in listing.backups if b.verified is None]
+        # A backup of an active operation may still lack its fingerprint: tested once it ended.
+        untested = [
+            b for b in listing.backups if b.verified is None and b.op_state not in ACTIVE_STATES
+        ]
         if not untested:
             continue
         op = ReshardOperation.objects.filter(pk=untested[0].op_id, org_id=wh.org_id).first()
@@ -183,44 +223,58 @@ def _check(state: verify.DuckLakeState, fingerprint: Any) -> tuple[bool, str]:
     )
 
 
+def _restore_and_read(
+    candidate: Candidate, store: MetadataStore, password: str, s3: S3, scratch: str
+) -> verify.DuckLakeState:
+    with _admin_conn(store, password) as conn:
+        major = server_major(int(str(conn.execute("SHOW server_version_num").fetchone()[0])))
+    target = BackupSource(
+        store.host, store.port, scratch, store.provisioner_user, store.sslmode, password,
+        role=scratch,
+    )  # fmt: skip
+    stream_restore(
+        s3,
+        candidate.warehouse.data_bucket,
+        candidate.backup.key,
+        target,
+        server_major=major,
+        timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
+        if_match=candidate.backup.etag,
+    )
+    with _admin_conn(store, password, scratch) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(scratch)))
+        return verify.read_state(conn)
+
+
 def test_one(
     candidate: Candidate, store: MetadataStore, password: str, s3: S3
-) -> BackupVerification:
-    """Restore one backup into a fresh scratch database, check it, record the result, drop it."""
+) -> BackupVerification | None:
+    """Restore one backup into a fresh scratch database, check it, record the result, drop it.
+
+    A result is recorded only when the backup itself decided it: ``pg_restore`` refused the
+    archive, or the restored state differs. A problem of the attempt (the scratch store, S3,
+    the deadline, no client) records nothing — the backup is tried again next run — and raises
+    :class:`Inconclusive`."""
     wh, backup, op = candidate.warehouse, candidate.backup, candidate.op
     scratch = scratch_name(op.id)
     started = time.monotonic()
-    ok, detail, state = False, "", None
+    created = False
     try:
         with _admin_conn(store, password) as conn:
-            major = server_major(int(str(conn.execute("SHOW server_version_num").fetchone()[0])))
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(scratch))
-            )
-        target = BackupSource(
-            store.host, store.port, scratch, store.provisioner_user, store.sslmode, password
-        )
-        stream_restore(
-            s3,
-            wh.data_bucket,
-            backup.key,
-            choose_client(major),
-            target,
-            server_major=major,
-            timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
-        )
-        with _admin_conn(store, password, scratch) as conn:
-            state = verify.read_state(conn)
+            _create_scratch(conn, scratch)
+        created = True
+        state = _restore_and_read(candidate, store, password, s3, scratch)
         ok, detail = _check(state, op.catalog_fingerprint)
-    except (RestoreError, NoPgClient) as exc:
-        detail = str(exc)
+    except RestoreError as exc:
+        if not exc.archive_fault:
+            raise Inconclusive(str(exc)) from None
+        ok, detail, state = False, str(exc), None
     except psycopg.Error as exc:
-        detail = f"the scratch store failed: {exc}"
+        raise Inconclusive(f"the scratch store failed: {' '.join(str(exc).split())}") from None
     finally:
-        with contextlib.suppress(psycopg.Error), _admin_conn(store, password) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(scratch))
-            )
+        if created:
+            with contextlib.suppress(psycopg.Error), _admin_conn(store, password) as conn:
+                _drop_scratch(conn, scratch)
     detail = process_scrubber(password).scrub(detail)[:2000]
     row, _ = BackupVerification.objects.update_or_create(
         bucket=wh.data_bucket,
@@ -232,6 +286,7 @@ def test_one(
             "detail": detail,
             "store": store.name,
             "object_bytes": backup.size,
+            "object_modified": backup.last_modified,
             "snapshot_id": state.snapshot_id if state else None,
             "data_files": state.data_files if state else None,
             "restore_seconds": round(time.monotonic() - started, 3),
@@ -244,6 +299,33 @@ def test_one(
     with contextlib.suppress(Exception):
         oplog.append(op.id, message, level="info" if ok else "warn", source="janitor")
     return row
+
+
+class Inconclusive(Exception):
+    """The attempt failed for a reason that says nothing about the backup."""
+
+
+def _test_each(
+    report: RestoreTestReport,
+    store: MetadataStore,
+    password: str,
+    make_client: Callable[[Warehouse], S3],
+    now: dt.datetime,
+) -> None:
+    limit: int = settings.DUCKGRES_RESTORE_TEST_MAX_PER_RUN
+    for candidate in candidates(now, make_client, report):
+        if len(report.tested) >= limit or not backups.lock_held(RESTORE_TEST_LOCK_KEY):
+            report.bounded = True
+            return
+        uri = f"s3://{candidate.warehouse.data_bucket}/{candidate.backup.key}"
+        try:
+            row = test_one(candidate, store, password, make_client(candidate.warehouse))
+        except (Inconclusive, S3Error, OSError) as exc:
+            report.errors.append(f"{uri}: {exc}")
+            _log.warning("restore test of %s was inconclusive (tried again next run): %s", uri, exc)
+            continue
+        if row is not None:
+            report.tested.append(f"s3://{row.bucket}/{row.key}: {row.result}")
 
 
 def run(
@@ -267,11 +349,5 @@ def run(
             report.errors.append(f"store {store.name}: {exc}")
             _log.warning("restore test: the scratch store %s is unusable: %s", store.name, exc)
             return report
-        limit: int = settings.DUCKGRES_RESTORE_TEST_MAX_PER_RUN
-        for candidate in candidates(now or dt.datetime.now(dt.UTC), make_client, report):
-            if len(report.tested) >= limit or not backups.lock_held(RESTORE_TEST_LOCK_KEY):
-                report.bounded = True
-                break
-            row = test_one(candidate, store, password, make_client(candidate.warehouse))
-            report.tested.append(f"s3://{row.bucket}/{row.key}: {row.result}")
+        _test_each(report, store, password, make_client, now or dt.datetime.now(dt.UTC))
     return report

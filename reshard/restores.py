@@ -100,7 +100,12 @@ def _fields(
     check_target(wh, request)
     found, made_by = resolve_backup(wh, key)
     fingerprint = made_by.catalog_fingerprint
-    fields = operations.RestoreFields(key, fingerprint if isinstance(fingerprint, dict) else None)
+    fields = operations.RestoreFields(
+        key,
+        fingerprint if isinstance(fingerprint, dict) else None,
+        bucket=wh.data_bucket,
+        etag=found.etag,
+    )
     return fields, found, made_by
 
 

@@ -72,6 +72,7 @@ class ListedObject:
     key: str
     size: int
     last_modified: dt.datetime
+    etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,23 @@ def _client_config(addressing_style: str | None = None) -> Any:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
+
+
+class ObjectStream:
+    """An object's body being read (:meth:`S3.stream_object`): iterate for the chunks, then
+    ``close()`` (also when nothing was read: it releases the connection)."""
+
+    def __init__(self, uri: str, size: int, body: Any, chunk_bytes: int) -> None:
+        self.uri, self.size, self._body, self._chunk_bytes = uri, size, body, chunk_bytes
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._body.iter_chunks(chunk_size=self._chunk_bytes)
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise _wrap(f"read {self.uri}", exc) from exc
+
+    def close(self) -> None:
+        self._body.close()
 
 
 class S3:
@@ -266,26 +284,20 @@ class S3:
         return int(resp["ContentLength"])
 
     def stream_object(
-        self, bucket: str, key: str, chunk_bytes: int = 1024 * 1024
-    ) -> tuple[int, Iterator[bytes]]:
-        """The object's size and its body as chunks of at most ``chunk_bytes``, read from the
-        socket as they are consumed: memory stays bounded by one chunk whatever the size. A
-        read failure while iterating raises :class:`S3Error`."""
+        self, bucket: str, key: str, chunk_bytes: int = 1024 * 1024, *, if_match: str = ""
+    ) -> ObjectStream:
+        """The object's body as chunks of at most ``chunk_bytes``, read from the socket as they
+        are consumed: memory stays bounded by one chunk whatever the size. ``if_match``: the
+        object must still have that ETag (else ``S3Error`` code ``PreconditionFailed``). A read
+        failure while iterating raises :class:`S3Error`; close the stream when done."""
+        extra = {"IfMatch": if_match} if if_match else {}
         try:
-            resp = self.client.get_object(Bucket=bucket, Key=key)
+            resp = self.client.get_object(Bucket=bucket, Key=key, **extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _wrap(f"get s3://{bucket}/{key}", exc) from exc
-        body = resp["Body"]
-
-        def chunks() -> Iterator[bytes]:
-            try:
-                yield from body.iter_chunks(chunk_size=chunk_bytes)
-            except (botocore.exceptions.BotoCoreError, OSError) as exc:
-                raise _wrap(f"read s3://{bucket}/{key}", exc) from exc
-            finally:
-                body.close()
-
-        return int(resp["ContentLength"]), chunks()
+        return ObjectStream(
+            f"s3://{bucket}/{key}", int(resp["ContentLength"]), resp["Body"], chunk_bytes
+        )
 
     def delete_object(self, bucket: str, key: str) -> None:
         try:
@@ -314,7 +326,11 @@ class S3:
                     modified = item["LastModified"]
                     if modified.tzinfo is None:
                         modified = modified.replace(tzinfo=dt.UTC)
-                    out.append(ListedObject(str(item["Key"]), int(item["Size"]), modified))
+                    out.append(
+                        ListedObject(
+                            str(item["Key"]), int(item["Size"]), modified, str(item.get("ETag", ""))
+                        )
+                    )
                 token = page.get("NextContinuationToken")
                 if not page.get("IsTruncated") or not token:
                     break

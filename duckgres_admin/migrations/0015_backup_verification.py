@@ -27,6 +27,7 @@ class Migration(migrations.Migration):
                 ("detail", models.TextField(blank=True, default="")),
                 ("store", models.TextField()),
                 ("object_bytes", models.BigIntegerField(default=0)),
+                ("object_modified", models.DateTimeField(blank=True, null=True)),
                 ("snapshot_id", models.BigIntegerField(blank=True, null=True)),
                 ("data_files", models.BigIntegerField(blank=True, null=True)),
                 ("restore_seconds", models.FloatField(default=0)),

@@ -25,6 +25,16 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="reshardoperation",
+            name="restore_backup_bucket",
+            field=models.TextField(blank=True, db_default="", default=""),
+        ),
+        migrations.AddField(
+            model_name="reshardoperation",
+            name="restore_backup_etag",
+            field=models.TextField(blank=True, db_default="", default=""),
+        ),
+        migrations.AddField(
+            model_name="reshardoperation",
             name="restore_fingerprint",
             field=models.JSONField(blank=True, null=True),
         ),

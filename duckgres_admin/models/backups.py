@@ -27,6 +27,7 @@ class BackupVerification(models.Model):
     detail = models.TextField(default="", blank=True)
     store = models.TextField()  # the metadata store the scratch database was restored on
     object_bytes = models.BigIntegerField(default=0)
+    object_modified = models.DateTimeField(null=True, blank=True)  # the object's LastModified
     snapshot_id = models.BigIntegerField(null=True, blank=True)
     data_files = models.BigIntegerField(null=True, blank=True)
     restore_seconds = models.FloatField(default=0)

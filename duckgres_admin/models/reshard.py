@@ -100,6 +100,9 @@ class ReshardOperation(models.Model):
     # A restore: the backup object (a key under the org's bucket prefix, one of its own) and
     # the DuckLake fingerprint its operation recorded (None: that operation recorded none).
     restore_backup_key = models.TextField(default="", blank=True, db_default="")
+    # The object as checked at the start: read from that bucket, only while its ETag is that.
+    restore_backup_bucket = models.TextField(default="", blank=True, db_default="")
+    restore_backup_etag = models.TextField(default="", blank=True, db_default="")
     restore_fingerprint = models.JSONField(null=True, blank=True)
     # What the backup holds, read from the fenced source when the copy was verified
     # (reshard.verify.Verification.fingerprint): the restore test compares a restore against it.

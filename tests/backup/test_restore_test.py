@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from django.db import connection
 
+from duckgres_admin.lib.s3 import S3Error
 from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry
 from reshard import backups, metrics, restore, restore_test, verify
 from reshard.backup import BackupSource, backup_key
-from reshard.pgclients import choose_client
 from tests.fixtures.backups_listing import bucket, op_in_state, warehouse_with_bucket
 from tests.fixtures.rows import new_store
 from tests.fixtures.s3 import S3Bucket
@@ -55,7 +55,7 @@ def _scratch_databases(cluster: StoreCluster) -> list[str]:
             str(r[0])
             for r in conn.execute(
                 "SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
-                (restore_test.SCRATCH_PREFIX,),
+                (restore_test.installation_prefix(),),
             )
         ]
 
@@ -149,7 +149,8 @@ def test_a_restore_that_differs_from_the_recorded_state_fails(world) -> None:
 def test_the_age_metric_of_a_passed_backup(world) -> None:
     restore_test.run()
     row = BackupVerification.objects.get(key=world["key"])
-    later = row.checked_at + dt.timedelta(hours=2)
+    assert row.object_modified is not None
+    later = row.object_modified + dt.timedelta(hours=2)  # the backup's age, not the test's
     metrics.set_backup_verified_ages(later)
     value = metrics.BACKUP_VERIFIED_AGE.labels(org_id=world["wh"].org_id)._value.get()
     assert value == pytest.approx(7200, abs=1)
@@ -158,13 +159,18 @@ def test_the_age_metric_of_a_passed_backup(world) -> None:
 def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) -> None:
     leftover, foreign = restore_test.scratch_name(424242), restore_test.scratch_name(424243)
     with store_clusters.target.provisioner_conn() as conn:
-        conn.execute(f'CREATE DATABASE "{leftover}"')  # what a killed run leaves
+        restore_test._create_scratch(conn, leftover)  # what a killed run leaves
     with store_clusters.target.superuser_conn() as conn:
-        conn.execute(f'CREATE DATABASE "{foreign}"')  # not the provisioner's: left alone
+        conn.execute(f'CREATE DATABASE "{foreign}"')  # not a run's: left alone
     try:
         report = restore_test.run()
         assert report.swept == [leftover]
         assert _scratch_databases(store_clusters.target) == [foreign]
+        with store_clusters.target.superuser_conn() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_roles WHERE rolname = %s", (leftover,)
+            ).fetchone()
+        assert row == (0,), "its role went with it"
         assert report.tested  # the run went on
     finally:
         with store_clusters.target.superuser_conn() as conn:
@@ -199,15 +205,20 @@ def test_the_stream_holds_one_chunk_at_a_time(world, store_clusters) -> None:
     real = s3.stream_object
     sizes: list[int] = []
 
-    def recording(bucket: str, key: str, chunk_bytes: int = restore.CHUNK_BYTES) -> Any:
-        size, chunks = real(bucket, key, chunk_bytes)
+    class Counted:
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.size = stream, stream.size
 
-        def counted() -> Any:
-            for chunk in chunks:
+        def __iter__(self) -> Any:
+            for chunk in self.stream:
                 sizes.append(len(chunk))
                 yield chunk
 
-        return size, counted()
+        def close(self) -> None:
+            self.stream.close()
+
+    def recording(bucket: str, key: str, chunk_bytes: int = restore.CHUNK_BYTES, **kw: Any) -> Any:
+        return Counted(real(bucket, key, chunk_bytes, **kw))
 
     s3.stream_object = recording  # type: ignore[method-assign]
     cluster = store_clusters.target
@@ -229,7 +240,6 @@ def test_the_stream_holds_one_chunk_at_a_time(world, store_clusters) -> None:
             s3,
             world["wh"].data_bucket,
             world["key"],
-            choose_client(major),
             target,
             server_major=major,
             timeout_seconds=120,
@@ -254,3 +264,69 @@ def test_hostile_pg_restore_output_is_bounded_and_printable() -> None:
     assert "secret-value-123" not in text
     assert "***" in text
     assert len(text) <= restore.STDERR_TAIL_BYTES
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_the_archives_code_runs_without_rights(
+    bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any, settings: Any
+) -> None:
+    """A tenant's check calls a function that creates a role unless it runs as the tenant: on
+    the scratch store it runs as the scratch role, which may not, so the restore fails and no
+    role appears (run as the provisioner, which has CREATEROLE, it would have made one)."""
+    catalog = tenant_catalog(store_clusters.source, rows=2)
+    evil = f"duckgres_evil_{catalog.role}"
+    with catalog.tenant_conn() as conn:
+        conn.execute(
+            "CREATE FUNCTION public.sneaky() RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN "
+            f"IF current_user <> '{catalog.role}' THEN EXECUTE 'CREATE ROLE {evil}'; END IF; "
+            "RETURN true; END $f$"
+        )
+        conn.execute("ALTER TABLE ducklake_metadata ADD CONSTRAINT sneaky CHECK (public.sneaky())")
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
+    wh = warehouse_with_bucket(bucket.bucket)
+    op = op_in_state(wh, "succeeded")
+    key = backup_key(op.id)
+    bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=_dump(catalog))
+    report = restore_test.run()
+    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
+    row = BackupVerification.objects.get(key=key)
+    assert "permission denied to create role" in row.detail, row.detail
+    with store_clusters.target.superuser_conn() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname = %s", (evil,)
+        ).fetchone() == (0,)
+    assert _scratch_databases(store_clusters.target) == []
+
+
+def test_a_restore_past_its_deadline_records_nothing_and_is_tried_again(
+    world, settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's failure is not the backup's: no row, an error in the report."""
+    monkeypatch.setattr(restore, "WATCH_INTERVAL_SECONDS", 0.01)
+    settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS = 0
+    report = restore_test.run()
+    assert report.tested == []
+    assert len(report.errors) == 1
+    assert "ran past its deadline" in report.errors[0], report.errors
+    assert not BackupVerification.objects.exists()
+    settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS = 120
+    assert restore_test.run().tested == [f"s3://{world['wh'].data_bucket}/{world['key']}: passed"]
+
+
+def test_the_archive_header_names_its_pg_dump(world) -> None:
+    assert restore.archive_dump_major(world["dump"][:4096]) == 15
+    assert restore.archive_dump_major(world["dump"][:20]) is None  # cut inside the header
+    assert restore.archive_dump_major(b"PGDMP" + b"\xff" * 50) is None
+    assert restore.archive_dump_major(b"not an archive") is None
+
+
+def test_a_replaced_object_is_refused(world, bucket: S3Bucket) -> None:
+    """The ETag read with the listing must still be the object's when it is restored."""
+    s3 = backups.warehouse_client(world["wh"])
+    listed, _ = s3.list_objects(world["wh"].data_bucket, world["key"], limit=1)
+    etag = listed[0].etag
+    assert etag
+    bucket.client().put_object(Bucket=bucket.bucket, Key=world["key"], Body=world["dump"] + b"x")
+    with pytest.raises(S3Error) as caught:
+        s3.stream_object(world["wh"].data_bucket, world["key"], if_match=etag)
+    assert caught.value.code in ("PreconditionFailed", "412"), caught.value

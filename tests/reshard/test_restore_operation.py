@@ -232,3 +232,25 @@ def test_the_admin_plans_then_starts_a_restore(
     assert "dry run refused (400): target.cnpg_shard: the warehouse is on store" in (
         refused.content.decode()
     )
+
+
+@pytest.mark.safeguard("reshard-103")
+def test_an_object_replaced_after_the_start_is_not_restored(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3
+) -> None:
+    """The start records the object's ETag; the runner reads it only while it is unchanged,
+    so a backup overwritten in between fails the restore, which rolls back."""
+    world = moved["world"]
+    op = _start(moved)
+    assert op.restore_backup_bucket == runner_s3.bucket
+    assert op.restore_backup_etag
+    runner_s3.client().put_object(Bucket=runner_s3.bucket, Key=moved["key"], Body=b"PGDMP other")
+    runner = run_runner(op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "failed", (runner.output(), "\n".join(lines))
+    assert "could not read the backup" in op.error, op.error
+    assert "PreconditionFailed" in op.error or "412" in op.error, op.error
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready"), "rolled back"
+    assert _snapshots(moved["on_b"]) == moved["backup_snapshots"] + 1, "B's catalog untouched"
