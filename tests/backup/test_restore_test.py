@@ -22,6 +22,7 @@ from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry
 from reshard import backups, metrics, restore, restore_test, verify
 from reshard.backup import BackupSource, backup_key
+from reshard.pgclients import PgClient
 from tests.fixtures.backups_listing import bucket, op_in_state, warehouse_with_bucket
 from tests.fixtures.rows import new_store
 from tests.fixtures.s3 import S3Bucket
@@ -330,3 +331,29 @@ def test_a_replaced_object_is_refused(world, bucket: S3Bucket) -> None:
     with pytest.raises(S3Error) as caught:
         s3.stream_object(world["wh"].data_bucket, world["key"], if_match=etag)
     assert caught.value.code in ("PreconditionFailed", "412"), caught.value
+
+
+def test_only_the_one_refused_transaction_timeout_is_tolerated() -> None:
+    """A pg_restore 17+ on an older server: that one refusal is not a failure, anything else is."""
+    new = PgClient(
+        major=18, version="18.6", bin_dir="/x", pg_dump="/x/pg_dump", pg_restore="/x/pg_restore"
+    )
+    old = PgClient(
+        major=15, version="15.18", bin_dir="/y", pg_dump="/y/pg_dump", pg_restore="/y/pg_restore"
+    )
+    refused = (
+        "pg_restore: error: could not execute query: ERROR: unrecognized configuration parameter "
+        '"transaction_timeout" | Command was: SET transaction_timeout = 0; | pg_restore: warning: '
+        "errors ignored on restore: 1"
+    )
+    assert restore._tolerated(1, refused, new, 15)
+    assert not restore._tolerated(1, refused.replace("restore: 1", "restore: 2"), new, 15)
+    assert not restore._tolerated(1, refused, old, 15), "a same-major client has no excuse"
+    assert not restore._tolerated(1, refused, new, 17)
+    assert not restore._tolerated(2, refused, new, 15)
+    assert "--exit-on-error" not in restore.pg_restore_argv(new, _target(), server_major=15)
+    assert "--exit-on-error" in restore.pg_restore_argv(old, _target(), server_major=15)
+
+
+def _target() -> BackupSource:
+    return BackupSource("127.0.0.1", 5434, "db", "user", "require", "pw", role="scratch")
