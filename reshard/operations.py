@@ -97,6 +97,19 @@ def _insert_pending(
         raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
 
 
+def _as_restore(plan: start_checks.Plan, restore: RestoreFields) -> None:
+    """The checked start becomes a restore of that backup (the rest of the row is the
+    reshard's)."""
+    plan.fields.update(
+        kind=OpKind.RESTORE,
+        restore_backup_key=restore.key,
+        restore_backup_bucket=restore.bucket,
+        restore_backup_etag=restore.etag,
+        restore_fingerprint=restore.fingerprint,
+    )
+    plan.description = f"restore of {restore.key} ({plan.description})"
+
+
 def reshard_op_start(
     *,
     org_id: str,
@@ -118,14 +131,7 @@ def reshard_op_start(
     except ServiceError as exc:
         raise exc.scrubbed(scrubber) from None
     if restore is not None:
-        plan.fields.update(
-            kind=OpKind.RESTORE,
-            restore_backup_key=restore.key,
-            restore_backup_bucket=restore.bucket,
-            restore_backup_etag=restore.etag,
-            restore_fingerprint=restore.fingerprint,
-        )
-        plan.description = f"restore of {restore.key} ({plan.description})"
+        _as_restore(plan, restore)
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
 
     # 7. Insert pending.
