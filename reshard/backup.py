@@ -479,14 +479,16 @@ class _PartReader:
         return self._pos
 
 
-class _Stderr:
-    """Drains a pipe in a thread (a full stderr pipe would block ``pg_dump``), keeping a tail."""
+class StderrTail:
+    """Drains a child's pipe in a thread (a full stderr pipe would block the child), keeping
+    the last ``limit`` bytes (``pg_dump`` here, ``pg_restore`` in ``reshard.restore``)."""
 
-    def __init__(self, pipe: Any) -> None:
+    def __init__(self, pipe: Any, limit: int = STDERR_TAIL_BYTES, name: str = "pg_dump") -> None:
         self._pipe = pipe
+        self._limit = limit
         self._tail: deque[bytes] = deque()
         self._size = 0
-        self._thread = threading.Thread(target=self._run, name="pg_dump-stderr", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{name}-stderr", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -497,15 +499,18 @@ class _Stderr:
                     return
                 self._tail.append(chunk)
                 self._size += len(chunk)
-                while self._size > STDERR_TAIL_BYTES and len(self._tail) > 1:
+                while self._size > self._limit and len(self._tail) > 1:
                     self._size -= len(self._tail.popleft())
         except (OSError, ValueError):
             return
 
-    def text(self, timeout: float = 5.0) -> str:
+    def raw(self, timeout: float = 5.0) -> bytes:
+        """The tail once the pipe is drained (or ``timeout`` passed)."""
         self._thread.join(timeout)
-        raw = b"".join(self._tail)[-STDERR_TAIL_BYTES:]
-        return raw.decode("utf-8", "replace").strip()
+        return b"".join(self._tail)[-self._limit :]
+
+    def text(self, timeout: float = 5.0) -> str:
+        return self.raw(timeout).decode("utf-8", "replace").strip()
 
 
 @dataclass(frozen=True)
@@ -538,7 +543,7 @@ class _Backup:
         self.hooks = hooks
         self.source = source
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stderr: _Stderr | None = None
+        self.stderr: StderrTail | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.futures: list[Future[Uploaded]] = []
         self.free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
@@ -659,7 +664,7 @@ class _Backup:
                 start_new_session=True,
             )
             self.hooks.register_process(self.proc)
-            self.stderr = _Stderr(self.proc.stderr)
+            self.stderr = StderrTail(self.proc.stderr)
             watcher.start()
             assert self.proc.stdout is not None
             stdout = self.proc.stdout

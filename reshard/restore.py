@@ -34,14 +34,18 @@ import re
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib.s3 import S3, S3Error
-from reshard.backup import BackupSource, pg_dump_env, skips_transaction_timeout, source_conninfo
+from reshard.backup import (
+    BackupSource,
+    StderrTail,
+    pg_dump_env,
+    skips_transaction_timeout,
+    source_conninfo,
+)
 from reshard.pgclients import NoPgClient, PgClient, choose_client, knows_require_auth
 
 CHUNK_BYTES = 1024 * 1024
@@ -141,22 +145,6 @@ def clean_output(raw: bytes, *secrets: str) -> str:
     text = "".join(ch if ch.isprintable() or ch == "\n" else " " for ch in text)
     joined = " | ".join(line.strip() for line in text.splitlines() if line.strip())
     return process_scrubber(*secrets).scrub(joined)
-
-
-def _tail_reader(stream: IO[bytes] | None, tail: deque[bytes]) -> threading.Thread:
-    def read() -> None:
-        assert stream is not None
-        while True:
-            block = stream.read(4096)
-            if not block:
-                return
-            tail.append(block)
-            while sum(len(b) for b in tail) > STDERR_TAIL_BYTES and len(tail) > 1:
-                tail.popleft()
-
-    thread = threading.Thread(target=read, name="pg-restore-stderr", daemon=True)
-    thread.start()
-    return thread
 
 
 class _Watchdog:
@@ -298,8 +286,7 @@ def _run_child(
         )
     except OSError as exc:
         raise RestoreError(f"cannot start {client.pg_restore}: {exc}") from None
-    tail: deque[bytes] = deque()
-    reader = _tail_reader(proc.stderr, tail)
+    tail = StderrTail(proc.stderr, STDERR_TAIL_BYTES, name="pg_restore")
     watchdog = _Watchdog(proc, deadline, should_stop)
     try:
         if register is not None:
@@ -315,9 +302,8 @@ def _run_child(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=KILL_WAIT_SECONDS)
-        reader.join(timeout=KILL_WAIT_SECONDS)
         if unregister is not None:
             unregister(proc)
     if watchdog.reason:
         raise RestoreError(watchdog.reason)
-    return code, clean_output(b"".join(tail), target.password)
+    return code, clean_output(tail.raw(KILL_WAIT_SECONDS), target.password)

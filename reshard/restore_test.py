@@ -209,14 +209,12 @@ def candidates(
 
 
 def _check(state: verify.DuckLakeState, fingerprint: Any) -> tuple[bool, str]:
-    if isinstance(fingerprint, dict):
-        try:
-            restored = verify.matches_fingerprint(state, fingerprint)
-        except verify.VerifyError as exc:
-            return False, str(exc)
-        return True, restored.message.replace("passed", "of the restore matches the operation's")
-    if state.missing:
-        return False, f"the restored catalog lacks {', '.join(state.missing)}"
+    try:
+        restored = verify.check_restore(state, fingerprint)
+    except verify.VerifyError as exc:
+        return False, str(exc)
+    if restored is not None:
+        return True, restored.restore_line("operation's")
     return True, (
         "restored; the operation recorded no DuckLake fingerprint (it predates them or never "
         "verified its copy), so only the presence of the DuckLake tables was checked"

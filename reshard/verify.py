@@ -80,9 +80,16 @@ class Verification:
 
     @property
     def message(self) -> str:
+        return f"DuckLake verification passed: {self._figures()}"
+
+    def restore_line(self, whose: str) -> str:
+        """The line of a restore that matched ``whose`` fingerprint."""
+        return f"DuckLake verification of the restore matches the {whose}: {self._figures()}"
+
+    def _figures(self) -> str:
         return (
-            f"DuckLake verification passed: snapshot {_fmt_snapshot(self.snapshot_id)}, "
-            f"{self.data_files} data files, {self.metadata_keys} metadata keys"
+            f"snapshot {_fmt_snapshot(self.snapshot_id)}, {self.data_files} data files, "
+            f"{self.metadata_keys} metadata keys"
         )
 
 
@@ -205,6 +212,17 @@ def matches_fingerprint(state: DuckLakeState, fingerprint: Mapping[str, Any]) ->
             f"(md5 {restored.metadata_md5})",
         )
     return restored
+
+
+def check_restore(state: DuckLakeState, fingerprint: Any) -> Verification | None:
+    """A restored catalog against the fingerprint its backup's operation recorded; None when
+    that operation recorded none and the weaker check passed (the three DuckLake tables are
+    present). Raises :class:`VerifyError` otherwise."""
+    if isinstance(fingerprint, Mapping):
+        return matches_fingerprint(state, fingerprint)
+    if state.missing:
+        raise VerifyError("tables", f"the restored catalog lacks {', '.join(state.missing)}")
+    return None
 
 
 def _recorded(fingerprint: Mapping[str, Any], check: str) -> str:

@@ -5,36 +5,28 @@ refusals (docs/cli.md)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from django.utils import timezone
 
 from duckgres_admin.models import ReshardOperation
 from reshard.backup import backup_key
+from tests.fixtures.backups_listing import bucket
 from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
 
-
-def _api_reaches(s3_bucket: S3Bucket, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
-    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
-    settings.DUCKGRES_AWS_REGION = s3_bucket.region
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+assert bucket  # a fixture, used by name below
 
 
 @pytest.mark.safeguard("reshard-93")
 def test_backups_list_prints_this_orgs_backups(
     cli: Cli,
     transactional_db: None,
-    s3_bucket: S3Bucket,
-    settings: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    bucket: S3Bucket,
 ) -> None:
-    # The live server runs in this process: it reaches moto as the API would.
-    _api_reaches(s3_bucket, settings, monkeypatch)
+    # The live server runs in this process: ``bucket`` points its S3 settings at moto.
+    s3_bucket = bucket
     name = unique("cat")
     wh = new_warehouse(
         store=new_store(),
@@ -74,11 +66,9 @@ def test_backups_list_prints_this_orgs_backups(
 def test_restore_start_against_the_live_api(
     cli: Cli,
     transactional_db: None,
-    s3_bucket: S3Bucket,
-    settings: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    bucket: S3Bucket,
 ) -> None:
-    _api_reaches(s3_bucket, settings, monkeypatch)
+    s3_bucket = bucket
     name = unique("cat")
     here, there = new_store(), new_store()
     wh = new_warehouse(

@@ -185,14 +185,12 @@ def run_verify(env: StepEnv) -> None:
     """The restored catalog against its backup's fingerprint; the replaced one's recorded."""
     ctx, op = env.ctx, env.op
     restored = _read(env, connections.target_side(ctx, op))
-    if isinstance(op.restore_fingerprint, dict):
-        try:
-            result = verify.matches_fingerprint(restored, op.restore_fingerprint)
-        except verify.VerifyError as exc:
-            raise StepError(str(exc)) from None
-        env.log.info(result.message.replace("passed", "of the restore matches the backup's"))
-    elif restored.missing:
-        raise StepError(f"the restored catalog lacks {', '.join(restored.missing)}")
+    try:
+        result = verify.check_restore(restored, op.restore_fingerprint)
+    except verify.VerifyError as exc:
+        raise StepError(str(exc)) from None
+    if result is not None:
+        env.log.info(result.restore_line("backup's"))
     else:
         env.log.warn(
             "the backup's operation recorded no DuckLake fingerprint: only the presence of the "
