@@ -18,12 +18,13 @@ Invariants:
   (``CREATE`` fails when the name exists). A run killed in the middle leaves them, and the next
   run drops them before it starts: a database of that name only when the role of the same name
   owns it, and only with this installation's prefix (another installation's run may be live).
-- **The archive's code never runs with rights.** The scratch role has no login and no
-  privileges (no membership but the database owner's); it owns the scratch database, which
-  nobody else may connect to (``REVOKE ALL … FROM PUBLIC``). ``pg_restore`` restores with
-  ``--role`` to it, owner and privileges not restored (``--no-owner --no-acl``), and the state
-  is read after ``SET ROLE`` to it: a tenant's functions, checks or views run as that role,
-  never as the provisioner.
+- **The archive's code never runs with rights.** The scratch role has no privileges (no
+  membership but the database owner's) and a login password made fresh by this run, known only
+  to this process and ``pg_restore``'s environment; it owns the scratch database, which nobody
+  else may connect to (``REVOKE ALL … FROM PUBLIC``). ``pg_restore`` logs in **as it**, owner
+  and privileges not restored (``--no-owner --no-acl``), and the state is read logged in as
+  it: a tenant's functions, checks or views run as that role — one that runs ``RESET ROLE``
+  returns to it, since it is the session's own login — never as the provisioner.
 - **A result is the backup's, not the attempt's.** ``failed`` is recorded only when
   ``pg_restore`` refused the archive or the restored state differs; the scratch store, S3, the
   deadline or a missing client failing records nothing (the backup is tried again next run).
@@ -39,8 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ from duckgres_admin.models import (
 from reshard import backups, oplog, verify
 from reshard.backup import KEY_PREFIX, BackupSource
 from reshard.pgclients import server_major
-from reshard.restore import RestoreError, stream_restore
+from reshard.restore import RestoreError, installation_tag, stream_restore
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
 
@@ -96,9 +97,7 @@ def installation_prefix() -> str:
     """``duckgres_restore_test_<8 hex>_``: the hex names this installation's config store
     (host, port, database), so installations sharing a scratch store — or test processes
     sharing one server — never take, or sweep, each other's scratch databases."""
-    db = settings.DATABASES["default"]
-    where = f"{db.get('HOST', '')}:{db.get('PORT', '')}/{db.get('NAME', '')}"
-    return f"{SCRATCH_PREFIX}{hashlib.sha256(where.encode()).hexdigest()[:8]}_"
+    return f"{SCRATCH_PREFIX}{installation_tag()}_"
 
 
 def scratch_name(op_id: int) -> str:
@@ -161,12 +160,17 @@ def sweep(store: MetadataStore, password: str) -> list[str]:
     return names
 
 
-def _create_scratch(conn: Any, name: str) -> None:
-    """A role with no rights and no login, owning a database nobody else may connect to: the
-    archive's code (a tenant's functions, checks, views) runs as that role, never as the
-    provisioner, and no other login can reach what it restored."""
+def _create_scratch(conn: Any, name: str, password: str) -> None:
+    """A role with no rights, owning a database nobody else may connect to, that logs in with
+    a password only this run knows: ``pg_restore`` and the verification log in **as it**, so
+    the archive's code (a tenant's functions, checks, views) runs as that role — even one that
+    resets the role returns to it, never to the provisioner — and no other login can reach
+    what it restored."""
     ident = sql.Identifier(name)
-    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(ident))
+    verifier = conn.pgconn.encrypt_password(
+        password.encode(), name.encode(), b"scram-sha-256"
+    ).decode()
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(ident, sql.Literal(verifier)))
     conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(ident))
     conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(ident, ident))
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
@@ -222,14 +226,11 @@ def _check(state: verify.DuckLakeState, fingerprint: Any) -> tuple[bool, str]:
 
 
 def _restore_and_read(
-    candidate: Candidate, store: MetadataStore, password: str, s3: S3, scratch: str
+    candidate: Candidate, store: MetadataStore, password: str, s3: S3, scratch: str, login: str
 ) -> verify.DuckLakeState:
     with _admin_conn(store, password) as conn:
         major = server_major(int(str(conn.execute("SHOW server_version_num").fetchone()[0])))
-    target = BackupSource(
-        store.host, store.port, scratch, store.provisioner_user, store.sslmode, password,
-        role=scratch,
-    )  # fmt: skip
+    target = BackupSource(store.host, store.port, scratch, scratch, store.sslmode, login)
     stream_restore(
         s3,
         candidate.warehouse.data_bucket,
@@ -239,8 +240,14 @@ def _restore_and_read(
         timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
         if_match=candidate.backup.etag,
     )
-    with _admin_conn(store, password, scratch) as conn:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(scratch)))
+    with pgadmin.connect(
+        pgadmin.Endpoint(store.host, store.port, store.sslmode),
+        dbname=scratch,
+        user=scratch,
+        password=login,
+        application_name="duckgres-restore-test",
+        statement_timeout=STATEMENT_TIMEOUT_SECONDS,
+    ) as conn:
         return verify.read_state(conn)
 
 
@@ -255,13 +262,14 @@ def test_one(
     :class:`Inconclusive`."""
     wh, backup, op = candidate.warehouse, candidate.backup, candidate.op
     scratch = scratch_name(op.id)
+    login = secrets.token_urlsafe(32)
     started = time.monotonic()
     created = False
     try:
         with _admin_conn(store, password) as conn:
-            _create_scratch(conn, scratch)
+            _create_scratch(conn, scratch, login)
         created = True
-        state = _restore_and_read(candidate, store, password, s3, scratch)
+        state = _restore_and_read(candidate, store, password, s3, scratch, login)
         ok, detail = _check(state, op.catalog_fingerprint)
     except RestoreError as exc:
         if not exc.archive_fault:
@@ -273,7 +281,7 @@ def test_one(
         if created:
             with contextlib.suppress(psycopg.Error), _admin_conn(store, password) as conn:
                 _drop_scratch(conn, scratch)
-    detail = process_scrubber(password).scrub(detail)[:2000]
+    detail = process_scrubber(password, login).scrub(detail)[:2000]
     row, _ = BackupVerification.objects.update_or_create(
         bucket=wh.data_bucket,
         key=backup.key,

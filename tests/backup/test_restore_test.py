@@ -160,7 +160,7 @@ def test_the_age_metric_of_a_passed_backup(world) -> None:
 def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) -> None:
     leftover, foreign = restore_test.scratch_name(424242), restore_test.scratch_name(424243)
     with store_clusters.target.provisioner_conn() as conn:
-        restore_test._create_scratch(conn, leftover)  # what a killed run leaves
+        restore_test._create_scratch(conn, leftover, "pw")  # what a killed run leaves
     with store_clusters.target.superuser_conn() as conn:
         conn.execute(f'CREATE DATABASE "{foreign}"')  # not a run's: left alone
     try:
@@ -268,19 +268,26 @@ def test_hostile_pg_restore_output_is_bounded_and_printable() -> None:
 
 
 @pytest.mark.safeguard("reshard-100")
+@pytest.mark.parametrize("reset", ["", "EXECUTE 'RESET ROLE'; "], ids=["as-is", "reset-role"])
 def test_the_archives_code_runs_without_rights(
-    bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any, settings: Any
+    bucket: S3Bucket,
+    store_clusters: StoreClusters,
+    tenant_catalog: Any,
+    settings: Any,
+    reset: str,
 ) -> None:
     """A tenant's check calls a function that creates a role unless it runs as the tenant: on
     the scratch store it runs as the scratch role, which may not, so the restore fails and no
-    role appears (run as the provisioner, which has CREATEROLE, it would have made one)."""
+    role appears (run as the provisioner, which has CREATEROLE, it would have made one). The
+    function may first ``RESET ROLE``: that returns to the session's login — the scratch role
+    itself, never the provisioner (a ``pg_restore --role`` over a provisioner login would)."""
     catalog = tenant_catalog(store_clusters.source, rows=2)
     evil = f"duckgres_evil_{catalog.role}"
     with catalog.tenant_conn() as conn:
         conn.execute(
             "CREATE FUNCTION public.sneaky() RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN "
-            f"IF current_user <> '{catalog.role}' THEN EXECUTE 'CREATE ROLE {evil}'; END IF; "
-            "RETURN true; END $f$"
+            f"IF current_user <> '{catalog.role}' THEN {reset}EXECUTE 'CREATE ROLE {evil}'; "
+            "END IF; RETURN true; END $f$"
         )
         conn.execute("ALTER TABLE ducklake_metadata ADD CONSTRAINT sneaky CHECK (public.sneaky())")
     settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
