@@ -301,7 +301,7 @@ def _role_users_message(*, org_id: str, role: str, store: MetadataStore) -> str 
 
 
 def _role_catalog_message(
-    conn: PgConnection, *, role: str, database: str, store: MetadataStore
+    conn: PgConnection, *, role: str, database: str, store: MetadataStore, also: str = ""
 ) -> str | None:
     """What the store says about an existing role (None: absent or usable)."""
     attributes = ", ".join(column for column, _ in PRIVILEGED_ATTRIBUTES)
@@ -334,8 +334,8 @@ def _role_catalog_message(
         str(r[0])
         for r in conn.execute(
             "SELECT d.datname FROM pg_database d JOIN pg_roles r ON r.oid = d.datdba "
-            "WHERE r.rolname = %s AND d.datname <> %s ORDER BY 1",
-            [role, database],
+            "WHERE r.rolname = %s AND d.datname <> ALL(%s) ORDER BY 1",
+            [role, [name for name in (database, also) if name]],
         )
     ]
     if owned:
@@ -353,6 +353,7 @@ def tenant_role_message(
     role: str,
     database: str,
     store: MetadataStore,
+    also: str = "",
 ) -> str | None:
     """Whether a reshard of ``org_id`` may act on ``role`` on the cnpg ``store`` (create it,
     adopt it, fence it, set it NOLOGIN or LOGIN): the refusal, or None.
@@ -361,14 +362,15 @@ def tenant_role_message(
     ``pg_*`` role; no other live warehouse bound to the same server names it and no other org's
     active reshard targets it there; and, when it exists (read on ``conn``, a provisioner
     connection to the store), no superuser/createrole/createdb/replication/bypassrls, no
-    membership in any role, and it owns no database other than ``database``. Without ``conn``
-    only the first two parts are checked (submit when the store cannot be reached)."""
+    membership in any role, and it owns no database other than ``database`` (and ``also``: an
+    in-place restore's other catalog on the same server). Without ``conn`` only the first two
+    parts are checked (submit when the store cannot be reached)."""
     message = _role_name_message(role, store) or _role_users_message(
         org_id=org_id, role=role, store=store
     )
     if message or conn is None:
         return message
-    return _role_catalog_message(conn, role=role, database=database, store=store)
+    return _role_catalog_message(conn, role=role, database=database, store=store, also=also)
 
 
 # --- store hosts --------------------------------------------------------------------------------
@@ -380,12 +382,19 @@ def op_role_refusal(
     """:func:`tenant_role_message` for the ``source`` or ``target`` tenant role of ``op``, the
     refusal prefixed with the side ("target role … is …"), or None: the runner's re-check right
     before each statement on that role."""
-    role, database = (
-        (op.source_user, op.source_database)
+    role, database, other = (
+        (op.source_user, op.source_database, op.target_database)
         if side == "source"
-        else (op.target_user, op.target_database)
+        else (op.target_user, op.target_database, op.source_database)
     )
-    refusal = tenant_role_message(conn, org_id=op.org_id, role=role, database=database, store=store)
+    refusal = tenant_role_message(
+        conn,
+        org_id=op.org_id,
+        role=role,
+        database=database,
+        store=store,
+        also=other if op.in_place else "",
+    )
     return f"{side} {refusal}" if refusal else None
 
 

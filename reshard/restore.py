@@ -30,12 +30,15 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from django.conf import settings
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib.s3 import S3, S3Error
@@ -54,6 +57,24 @@ KILL_WAIT_SECONDS = 10
 WATCH_INTERVAL_SECONDS = 0.25
 APPLICATION_NAME = "duckgres-restore"
 _TRANSACTION_TIMEOUT_REFUSAL = 'unrecognized configuration parameter "transaction_timeout"'
+
+
+LOGIN_ROLE_PREFIX = "duckgres_restore_"
+
+
+def installation_tag() -> str:
+    """8 hex digits naming this installation's config store (host, port, database): the names
+    a restore creates on a shared metadata store carry it, so installations sharing a store —
+    or test processes sharing one server — never take, or sweep, each other's."""
+    db = settings.DATABASES["default"]
+    where = f"{db.get('HOST', '')}:{db.get('PORT', '')}/{db.get('NAME', '')}"
+    return hashlib.sha256(where.encode()).hexdigest()[:8]
+
+
+def login_role_name(op_id: int) -> str:
+    """The login role an in-place restore writes through (docs/restore.md "Onto the current
+    store"): ``duckgres_restore_<installation>_op<id>``."""
+    return f"{LOGIN_ROLE_PREFIX}{installation_tag()}_op{op_id}"
 
 
 class RestoreError(RuntimeError):

@@ -10,15 +10,20 @@ to the reshard's start checks, before anything is created:
   warehouse's backup in a shared bucket, or any other key, is refused;
 - its operation is terminal (a backup still being written is not restored);
 - a backup whose restore test failed is refused (the reason is quoted);
-- the target is a cnpg store **other than** the one the warehouse is on (the reshard's checks
-  then refuse a target database another warehouse binds, or one that exists);
+- the target is a cnpg store; the reshard's checks then refuse a target database another
+  warehouse binds, or one that exists. The store the warehouse is on is an **in-place**
+  restore (``ReshardOperation.in_place``): the target is a new sibling database on that store
+  (:func:`sibling_database`), the tenant role and its secret the warehouse's own;
 - the fingerprint the backup's operation recorded is copied onto the restore, for its
   verification (none recorded: the dry run and the op log say the check is weaker).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import re
+import secrets
 from typing import Any
 
 from duckgres_admin.base.errors import ServiceError
@@ -44,18 +49,32 @@ def _warehouse(org_id: str) -> Warehouse:
     return wh
 
 
-def check_target(wh: Warehouse, request: StartRequest) -> None:
+SIBLING_MARK = "_restored_"
+_SIBLING_SUFFIX = re.compile(re.escape(SIBLING_MARK) + "[0-9a-f]{8}$")
+SIBLING_BASE_MAX = 40  # + the mark (10) + 8 hex: within PostgreSQL's 63-byte names
+
+
+def sibling_database(current: str) -> str:
+    """The database an in-place restore of the catalog ``current`` restores into:
+    ``<current>_restored_<8 hex>``; an earlier in-place restore's suffix is replaced, not
+    stacked, so names never grow."""
+    base = _SIBLING_SUFFIX.sub("", current)[:SIBLING_BASE_MAX]
+    return f"{base}{SIBLING_MARK}{secrets.token_hex(4)}"
+
+
+def check_target(wh: Warehouse, request: StartRequest) -> StartRequest:
+    """The request a restore starts with: as given, or — onto the store the warehouse is on —
+    with the sibling database of the in-place restore."""
     target = request.target
     if target.type != StoreKind.CNPG:
         raise ServiceError(
             400, "target.type: a restore's target is a cnpg metadata store (type cnpg)"
         )
     if wh.metadata_store_kind == StoreKind.CNPG and target.cnpg_shard == wh.metadata_store_id:
-        raise ServiceError(
-            400,
-            f"target.cnpg_shard: the warehouse is on store {target.cnpg_shard}; a restore goes "
-            "onto another store (reshard it back afterwards if it must live there)",
+        return dataclasses.replace(
+            request, in_place_database=sibling_database(wh.metadata_store_database)
         )
+    return request
 
 
 def resolve_backup(wh: Warehouse, key: str) -> tuple[backups.Backup, ReshardOperation]:
@@ -96,8 +115,8 @@ def resolve_backup(wh: Warehouse, key: str) -> tuple[backups.Backup, ReshardOper
 
 def _fields(
     wh: Warehouse, key: str, request: StartRequest
-) -> tuple[operations.RestoreFields, backups.Backup, ReshardOperation]:
-    check_target(wh, request)
+) -> tuple[StartRequest, operations.RestoreFields, backups.Backup, ReshardOperation]:
+    request = check_target(wh, request)
     found, made_by = resolve_backup(wh, key)
     fingerprint = made_by.catalog_fingerprint
     fields = operations.RestoreFields(
@@ -106,22 +125,21 @@ def _fields(
         bucket=wh.data_bucket,
         etag=found.etag,
     )
-    return fields, found, made_by
+    return request, fields, found, made_by
 
 
 def restore_start(
     *, org_id: str, key: str, request: StartRequest, actor: str
 ) -> operations.StartOutcome:
     wh = _warehouse(org_id)
-    return operations.reshard_op_start(
-        org_id=org_id, request=request, actor=actor, restore=_fields(wh, key, request)[0]
-    )
+    request, fields, _, _ = _fields(wh, key, request)
+    return operations.reshard_op_start(org_id=org_id, request=request, actor=actor, restore=fields)
 
 
 def restore_dry_run(org_id: str, key: str, request: StartRequest) -> dict[str, Any]:
     """The reshard's dry run to the target, with the backup's facts; creates nothing."""
     wh = _warehouse(org_id)
-    fields, found, made_by = _fields(wh, key, request)
+    request, fields, found, made_by = _fields(wh, key, request)
     plan = dryrun.dry_run(org_id, request)
     plan["kind"] = OpKind.RESTORE.value
     tested = BackupVerification.objects.filter(bucket=wh.data_bucket, key=key).first()
@@ -143,9 +161,15 @@ def restore_dry_run(org_id: str, key: str, request: StartRequest) -> dict[str, A
             else f"operation {made_by.id} recorded no DuckLake fingerprint: only the presence "
             "of the DuckLake tables is verified"
         ),
+        "in_place": bool(request.in_place_database),
         "replaces": (
-            "the current catalog is backed up (mandatory), the restored one takes its place, "
-            "and the current one is dropped after the binding moved"
+            f"in place on store {request.target.cnpg_shard}: the backup is restored into the "
+            f"new database {request.in_place_database} while the tenant role stays fenced; "
+            "the current catalog is backed up (mandatory), the binding moves to the new "
+            "database, the current one is dropped, then the tenant role logs in again"
+            if request.in_place_database
+            else "the current catalog is backed up (mandatory), the restored one takes its "
+            "place, and the current one is dropped after the binding moved"
         ),
     }
     plan["backup"]["mandatory"] = True

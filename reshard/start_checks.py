@@ -82,6 +82,9 @@ class StartRequest:
     drain_timeout_seconds: int = DEFAULT_DRAIN_SECONDS
     cutover_timeout_seconds: int = 0
     dry_run: bool = False
+    # A restore onto the store the warehouse is on: the sibling database it restores into
+    # (reshard.restores; never set by a request body).
+    in_place_database: str = ""
 
 
 @dataclass
@@ -345,9 +348,10 @@ class ExternalTarget:
 
 
 def validate_cnpg_target(
-    warehouse: Warehouse, source_kind: str, target: TargetRequest
+    warehouse: Warehouse, source_kind: str, target: TargetRequest, in_place_database: str = ""
 ) -> CnpgTarget:
-    """Step 4 up to (not including) the reference resolution and the probe."""
+    """Step 4 up to (not including) the reference resolution and the probe. ``in_place_database``
+    (an in-place restore): the current store is the target, with that sibling database."""
     shard = target.cnpg_shard.strip()
     if not re.fullmatch(STORE_NAME_PATTERN, shard):
         raise ServiceError(
@@ -367,8 +371,11 @@ def validate_cnpg_target(
     if refusal:
         raise ServiceError(409, f"target: {refusal}", code="store_draining")
     if source_kind == StoreKind.CNPG:
-        if shard == str(warehouse.metadata_store_id or ""):
+        same = shard == str(warehouse.metadata_store_id or "")
+        if same and not in_place_database:
             raise ServiceError(400, f"target shard equals the org's current shard ({shard})")
+        if in_place_database and not same:
+            raise ServiceError(400, "an in-place restore's target is the warehouse's own store")
         if target.user or target.database or target.password_secret_ref:
             raise ServiceError(
                 400,
@@ -378,7 +385,7 @@ def validate_cnpg_target(
         return CnpgTarget(
             store,
             warehouse.metadata_store_user,
-            warehouse.metadata_store_database,
+            in_place_database or warehouse.metadata_store_database,
             warehouse.metadata_store_password_ref,
         )
     if not target.password_secret_ref:
@@ -497,12 +504,16 @@ def database_owner_check(conn: identity.PgConnection, target: CnpgTarget) -> Non
 def target_role_check(conn: identity.PgConnection, warehouse: Warehouse, target: CnpgTarget) -> str:
     """The cnpg target's tenant role may be created or adopted (400 otherwise); returns what
     was observed."""
+    in_place = target.database != warehouse.metadata_store_database and (
+        target.store.name == warehouse.metadata_store_id
+    )
     message = identity.tenant_role_message(
         conn,
         org_id=warehouse.org_id,
         role=target.user,
         database=target.database,
         store=target.store,
+        also=warehouse.metadata_store_database if in_place else "",
     )
     if message:
         raise ServiceError(400, f"target {message}")
@@ -832,7 +843,9 @@ def _target_valid(pf: Preflight) -> str:
     if pf.source_kind not in (StoreKind.CNPG, StoreKind.EXTERNAL):
         raise NotRun("the source binding's kind is unknown")
     if target.type == StoreKind.CNPG:
-        ct = pf.cnpg = validate_cnpg_target(pf.warehouse, pf.source_kind, target)
+        ct = pf.cnpg = validate_cnpg_target(
+            pf.warehouse, pf.source_kind, target, pf.request.in_place_database
+        )
         return f"cnpg store {ct.store.name}, database {ct.database}, user {ct.user}"
     et = pf.external = validate_external_target(pf.source_kind, target)
     return f"external {et.label}/{et.database} as {et.user}"

@@ -471,7 +471,11 @@ def restore() -> None:
     help="The backup: its key (_reshard_catalog_backups/op-…dump) or its s3:// URI, as "
     "`duckgres backups list ORG` shows them.",
 )
-@click.option("--to-shard", required=True, help="The cnpg store to restore onto (not the current).")
+@click.option(
+    "--to-shard",
+    required=True,
+    help="The cnpg store to restore onto (the current one: in place).",
+)
 @click.option("--drain-timeout", type=click.IntRange(0, 86400), default=None)
 @click.option("--dry-run", is_flag=True, help="Run every check; create nothing.")
 @click.option("--follow", "follow_after", is_flag=True, help="Follow the new operation.")
@@ -486,7 +490,8 @@ def restore_start(
     follow_after: bool,
     deadline: float,
 ) -> int:
-    """Restore one of ORG's backups onto another store (POST /warehouses/<org>/restores)."""
+    """Restore one of ORG's backups onto a store, in place when it is ORG's own
+    (POST /warehouses/<org>/restores)."""
     key = backup
     if backup.startswith("s3://"):
         key = backup.removeprefix("s3://").partition("/")[2]

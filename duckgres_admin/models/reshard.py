@@ -23,7 +23,8 @@ class OpState(models.TextChoices):
 
 class OpKind(models.TextChoices):
     """What an operation does. ``restore``: the catalog is replaced by a backup object of the
-    org's own, restored onto another store by the reshard step machine (docs/restore.md)."""
+    org's own, restored onto a store (another, or in place) by the reshard step machine
+    (docs/restore.md)."""
 
     RESHARD = "reshard"
     RESTORE = "restore"
@@ -208,6 +209,19 @@ class ReshardOperation(models.Model):
     @property
     def direction(self) -> str:
         return f"{self.source_kind}_to_{self.target_kind}"
+
+    @property
+    def in_place(self) -> bool:
+        """A restore onto the store the warehouse is on (docs/restore.md "Onto the current
+        store"): the backup goes into a sibling database on the same server, the tenant role
+        stays fenced until the replaced catalog is dropped."""
+        return (
+            self.kind == OpKind.RESTORE
+            and self.source_kind == "cnpg"
+            and self.target_kind == "cnpg"
+            and bool(self.to_shard)
+            and self.from_shard == self.to_shard
+        )
 
 
 class LogLevel(models.TextChoices):

@@ -97,6 +97,8 @@ class RunContext:
     finalized: bool = False
     source_password: str = field(default="", repr=False)
     target_password: str = field(default="", repr=False)
+    # An in-place restore's login role password: made fresh by each runner that needs it.
+    restore_login_password: str = field(default="", repr=False)
     _fenced: threading.Event = field(default_factory=threading.Event)
     _fence_logged: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -259,3 +261,4 @@ class RunContext:
     def wipe_passwords(self) -> None:
         self.source_password = ""
         self.target_password = ""
+        self.restore_login_password = ""

@@ -108,7 +108,10 @@ def commit_point_passed(op: ReshardOperation) -> bool:
 
 
 def before_cancel_cutoff(op: ReshardOperation) -> bool:
-    """§4.5: →cnpg until the cutover wait succeeded; →external until ``orphaning_source``."""
+    """§4.5: →cnpg until the cutover wait succeeded; →external until ``orphaning_source``; an
+    in-place restore until ``cleaning_up`` (its commit point: nothing before is irreversible)."""
+    if op.in_place:
+        return not sequences.at_or_past(op.step, "cleaning_up", "cnpg")
     if op.target_kind == "external":
         return not sequences.at_or_past(op.step, "orphaning_source", "external")
     return not (
@@ -494,6 +497,12 @@ def _takeover(env: StepEnv) -> None:
             "the target"
         )
         _run_steps(env, full[full.index("copying") :])
+        return
+    if step == "cleaning_up" and op.in_place:
+        # Before its commit point the tenant role is still NOLOGIN: finalizing alone would
+        # unblock a warehouse nobody can log in to. The cleanup is idempotent: run it again.
+        log.info("takeover at step cleaning_up of an in-place restore: running it again")
+        _run_steps(env, full[full.index("cleaning_up") :])
         return
     if step in ("cleaning_up", "finalizing"):
         log.error(

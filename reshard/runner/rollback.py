@@ -45,6 +45,7 @@ from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
+from reshard.runner.steps import inplace
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
@@ -168,6 +169,9 @@ def _drop_partial_target(env: StepEnv) -> None:
     op, ctx, log = env.op, env.ctx, env.log
     if not target_known(op):
         log.info("rollback: no target database was recorded; nothing to drop on a target")
+        return
+    if op.in_place:
+        inplace.drop_sibling(env)
         return
     where = target_where(op)
     if op.target_kind == "cnpg" and op.target_rendered_at is None:
@@ -494,4 +498,6 @@ def roll_forward(env: StepEnv, finish: Callable[[StepEnv], Any]) -> None:
     if op.source_kind == "cnpg" and op.source_dropped_at is None:
         env.log.info(f"roll-forward: re-running the source drop on store {op.from_shard}")
         drop_source(env)
+    if op.in_place:
+        inplace.open_tenant(env)
     finish(env)

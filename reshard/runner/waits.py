@@ -200,6 +200,12 @@ def full_source_timeout() -> float:
     return float(settings.DUCKGRES_RESHARD_FLIP_TIMEOUT)
 
 
+def cutover_timeout(op: ReshardOperation) -> float:
+    """The cutover's login wait: the op's override when set, else the default flip timeout."""
+    value = op.cutover_timeout_seconds
+    return float(value) if value and value > 0 else full_source_timeout()
+
+
 @contextlib.contextmanager
 def cancel_watch(
     ctx: RunContext, oplog: OpLogWriter, *, enabled: bool, interval: float | None = None

@@ -6,6 +6,8 @@ tests/reshard/test_restore_operation.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardOperation
@@ -43,11 +45,14 @@ def test_the_shape_the_identity_and_the_refusals(clients, bucket: S3Bucket) -> N
     assert error(external).startswith("target.type: a restore's target is a cnpg metadata store")
     same = clients.internal.post(
         _url(wh.org_id),
-        {**body, "target": {"type": "cnpg", "cnpg_shard": wh.metadata_store_id}},
+        {**body, "target": {"type": "cnpg", "cnpg_shard": wh.metadata_store_id}, "dry_run": True},
         format="json",
     )
-    assert same.status_code == 400
-    assert "the warehouse is on store" in error(same)
+    assert same.status_code == 200, "its own store: an in-place restore's plan"
+    assert same.json()["restore"]["in_place"] is True
+    assert re.fullmatch(
+        rf"{wh.metadata_store_database}_restored_[0-9a-f]{{8}}", same.json()["target"]["database"]
+    )
     foreign = clients.internal.post(
         _url(wh.org_id), {**body, "backup_key": backup_key(99_999_999)}, format="json"
     )

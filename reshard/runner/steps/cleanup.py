@@ -7,7 +7,8 @@ and only after the commit point is durable (``source_drop_committed_at`` for →
 ``external_verified_at`` for →external). An empty database name is never sent (ERROR, skip), nor
 is the drop of a catalog another live warehouse is bound to (ERROR naming it, skip: the bindings
 are re-read right before the statement). A failed drop is an ERROR, not fatal. The tenant role
-on the source stays NOLOGIN, never dropped.
+on the source stays NOLOGIN, never dropped — but for an in-place restore, whose one role logs
+in again to the restored catalog after the drop (:func:`reshard.runner.steps.inplace.open_tenant`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from reshard import identity, testhooks
 from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
+from reshard.runner.steps import inplace
 from reshard.runner.steps.copying import release_handle
 
 
@@ -38,6 +40,8 @@ def run(env: StepEnv) -> None:
     env.log.info("commit point reached: all subsequent failures roll forward")
     release_handle(env)
     drop_source(env)
+    if op.in_place:
+        inplace.open_tenant(env)
 
 
 def drop_source(env: StepEnv) -> None:
@@ -83,9 +87,10 @@ def drop_source(env: StepEnv) -> None:
         return
     env.fence.update(source_dropped_at=Now())
     op.refresh_from_db(fields=["source_dropped_at"])
+    role = "logs in again to the restored catalog next" if op.in_place else "stays NOLOGIN there"
     env.log.info(
         f"source database {database} dropped on store {op.from_shard} (tenant role "
-        f"{op.source_user} stays NOLOGIN there)"
+        f"{op.source_user} {role})"
     )
 
 

@@ -9,6 +9,10 @@ after :func:`reshard.identity.tenant_role_message` allows it: never the provisio
 cancel-aware, for ``rolcanlogin`` and a tenant ``SELECT 1`` through the tenant endpoint
 (``target_login_ready_at``, the →cnpg cancel cutoff).
 
+An in-place restore (the target is the warehouse's own store) renders and flips in
+:mod:`reshard.runner.steps.inplace` instead: the tenant role stays NOLOGIN, and there is no
+login wait here.
+
 M re-resolves the target secret and compares it in constant time with the password slot before
 the flip, flips, then waits with no cancel check for the binding to work as the data plane
 would use it.
@@ -19,7 +23,6 @@ from __future__ import annotations
 import hmac
 
 import psycopg
-from django.conf import settings
 from django.db.models.functions import Now
 from psycopg import sql
 
@@ -29,11 +32,7 @@ from reshard import identity, testhooks
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError
-
-
-def cutover_timeout(env: StepEnv) -> float:
-    value = env.op.cutover_timeout_seconds
-    return float(value) if value and value > 0 else float(settings.DUCKGRES_RESHARD_FLIP_TIMEOUT)
+from reshard.runner.steps import inplace
 
 
 def run(env: StepEnv) -> None:
@@ -97,6 +96,9 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
 def run_cnpg(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
+    if op.in_place:
+        inplace.run_cutover(env, prov)
+        return
     password = connections.resolve_secret(
         ctx,
         op.target_password_secret_ref,
@@ -122,7 +124,7 @@ def run_cnpg(env: StepEnv) -> None:
             f"user {op.target_user})"
         )
         testhooks.kill_point("after_flip")
-    timeout = cutover_timeout(env)
+    timeout = waits.cutover_timeout(op)
     role = op.target_user
 
     def ready() -> tuple[bool, str]:
@@ -193,7 +195,7 @@ def run_external(env: StepEnv) -> None:
             f"{op.target_database} (user {op.target_user})"
         )
         testhooks.kill_point("after_flip")
-    timeout = cutover_timeout(env)
+    timeout = waits.cutover_timeout(op)
 
     def works() -> tuple[bool, str]:
         wh = Warehouse.objects.get(org_id=op.org_id)

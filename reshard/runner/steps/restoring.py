@@ -26,6 +26,9 @@ Invariants:
 - **Interruptible.** A stop kills ``pg_restore`` (a registered child) and the step ends
   :class:`Interrupted`; the step's deadline bounds it. The runner's death closes the pipe, and
   ``pg_restore`` ends on the truncated archive.
+- **In place** (the warehouse's own store, :mod:`reshard.runner.steps.inplace`): the target is
+  the sibling database, reached as the operation's login role with ``SET ROLE`` tenant (the
+  tenant role itself stays NOLOGIN), and a cancel kills ``pg_restore``.
 - **Verified before anything irreversible.** ``verifying`` compares the restored DuckLake state
   with the fingerprint the backup's operation recorded; without one, the three DuckLake tables
   must be present. The fenced source's own state is recorded as this operation's
@@ -34,6 +37,7 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -44,12 +48,12 @@ from duckgres_admin.models import Warehouse
 from reshard import testhooks, verify
 from reshard.backup import BackupSource
 from reshard.pgclients import server_major
-from reshard.restore import APPLICATION_NAME, RestoreError, stream_restore
-from reshard.runner import connections
+from reshard.restore import APPLICATION_NAME, Restored, RestoreError, stream_restore
+from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
-from reshard.runner.errors import Interrupted, StepError
+from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import StepHooks
-from reshard.runner.steps import backup_catalog, preflight
+from reshard.runner.steps import backup_catalog, inplace, preflight
 
 PROGRESS_INTERVAL_SECONDS = 2.0
 
@@ -100,7 +104,7 @@ def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
     wh = _bucket(env)
     preflight.check_target_identity(env)  # before any write to the target, takeovers included
-    target = connections.target_side(ctx, op)
+    target = inplace.login_side(env) if op.in_place else connections.target_side(ctx, op)
     uri = f"s3://{wh.data_bucket}/{op.restore_backup_key}"
     try:
         s3 = S3(
@@ -111,6 +115,32 @@ def run(env: StepEnv) -> None:
     except S3Error as exc:
         raise StepError(f"cannot reach the backup {uri}: {exc}") from None
     hooks = StepHooks(env, progress_keys=("restore_bytes_total", "restore_bytes_done"))
+    # In place, nothing is irreversible before the cleanup: a cancel kills pg_restore.
+    with waits.cancel_watch(ctx, env.log, enabled=op.in_place) as cancelled:
+        restored = _restore(env, wh, s3, target, uri, hooks, cancelled)
+    hooks.progress(
+        {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
+    )
+    env.fence.update(bytes_copied=restored.object_bytes)
+    op.bytes_copied = restored.object_bytes
+    ctx.progress.copied = True
+    env.log.info(
+        f"restore complete: {restored.object_bytes} bytes in {restored.seconds:.1f} s "
+        f"(pg_restore {restored.client_major})"
+    )
+
+
+def _restore(
+    env: StepEnv,
+    wh: Warehouse,
+    s3: S3,
+    target: connections.Side,
+    uri: str,
+    hooks: StepHooks,
+    cancelled: threading.Event,
+) -> Restored:
+    """The locked, watched ``pg_restore`` of the object into ``target``."""
+    ctx, op = env.ctx, env.op
     try:
         with target.connect(ctx) as lock_conn, connections.registered(ctx, lock_conn):
             row = lock_conn.execute(
@@ -144,33 +174,27 @@ def run(env: StepEnv) -> None:
                     target.user,
                     target.endpoint.sslmode,
                     target.password,
+                    role=target.role,
                 ),
                 server_major=major,
                 timeout_seconds=ctx.statement_seconds(),
                 if_match=op.restore_backup_etag,
-                should_stop=ctx.stop.is_set,
+                should_stop=lambda: ctx.stop.is_set() or cancelled.is_set(),
                 register=ctx.register_process,
                 unregister=ctx.unregister_process,
                 after_chunk=progress,
             )
-    except RestoreError as exc:
+    except (RestoreError, Interrupted, psycopg.Error) as exc:
         if ctx.stop.is_set():
             raise Interrupted() from None
-        raise StepError(f"the restore of {uri} failed: {exc}") from None
-    except psycopg.Error as exc:
-        if ctx.stop.is_set():
-            raise Interrupted() from None
+        if cancelled.is_set():
+            raise Cancelled() from None
+        if isinstance(exc, Interrupted):
+            raise
+        if isinstance(exc, RestoreError):
+            raise StepError(f"the restore of {uri} failed: {exc}") from None
         raise StepError(f"cannot reach the target {target.redacted()}: {exc}") from None
-    hooks.progress(
-        {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
-    )
-    env.fence.update(bytes_copied=restored.object_bytes)
-    op.bytes_copied = restored.object_bytes
-    ctx.progress.copied = True
-    env.log.info(
-        f"restore complete: {restored.object_bytes} bytes in {restored.seconds:.1f} s "
-        f"(pg_restore {restored.client_major})"
-    )
+    return restored
 
 
 def _read(env: StepEnv, side: connections.Side) -> verify.DuckLakeState:
@@ -184,7 +208,9 @@ def _read(env: StepEnv, side: connections.Side) -> verify.DuckLakeState:
 def run_verify(env: StepEnv) -> None:
     """The restored catalog against its backup's fingerprint; the replaced one's recorded."""
     ctx, op = env.ctx, env.op
-    restored = _read(env, connections.target_side(ctx, op))
+    restored = _read(
+        env, inplace.login_side(env) if op.in_place else connections.target_side(ctx, op)
+    )
     try:
         result = verify.check_restore(restored, op.restore_fingerprint)
     except verify.VerifyError as exc:

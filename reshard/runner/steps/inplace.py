@@ -1,0 +1,288 @@
+"""A restore onto the store the warehouse is on (``ReshardOperation.in_place``; docs/restore.md
+"Onto the current store").
+
+On one server the tenant role is shared by the live catalog and the restored one, so the
+reshard's own way — render the role with LOGIN on the target, keep the source's NOLOGIN — does
+not apply. An in-place restore instead:
+
+1. ``cutover`` (:func:`run_cutover`): creates the **login role** of this operation
+   (``reshard.restore.login_role_name``: ``duckgres_restore_<installation>_op<id>``, NOLOGIN,
+   a member of the tenant role and nothing else) and the sibling database
+   (``target_database``, owned by the tenant), then flips the binding to the sibling. The
+   tenant role stays NOLOGIN: the fence holds on both databases.
+2. ``copying``/``verifying`` (``restoring``): log in as the login role with a password made
+   fresh by each runner (:func:`login_side`, never stored anywhere but this process) and
+   ``SET ROLE`` to the tenant, so every restored object belongs to the tenant and an archive
+   that resets the role gets the login role's rights — the tenant's — never the provisioner's.
+3. ``cleaning_up``: the reshard's commit point and the drop of the replaced catalog, then
+   :func:`open_tenant`: the login role dropped (whatever it owns reassigned to the tenant
+   first), ``ALTER ROLE <tenant> LOGIN``, and a tenant ``SELECT 1`` on the restored catalog
+   through the tenant endpoint (``target_login_ready_at``). A roll-forward runs it again.
+
+Invariants:
+
+- **The tenant never logs in while two catalogs are its.** LOGIN is given back only after the
+  commit point and the drop of the replaced catalog (or its ERROR, logged): until then only the
+  login role, whose password only the runner holds, reaches either database.
+- **Cancel until the commit point.** Nothing irreversible happens before ``cleaning_up``: a
+  cancel is honoured through the restore and the verification
+  (``reshard.runner.execute.before_cancel_cutoff``), and kills a running ``pg_restore``.
+- **Rollback leaves nothing** (:func:`drop_sibling`): once the binding names the source again,
+  the sibling database is dropped and the login role with it; the source's un-fence is the
+  reshard's. Both are decided by observation, never by milestones (a runner killed between
+  creating the role and recording ``target_rendered_at`` leaves the role; the rollback finds
+  it).
+- **Every statement on a role or a database is preceded by the fenced heartbeat**, and the
+  tenant-role identity rules hold with the sibling as the role's one other database.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import psycopg
+from django.db.models.functions import Coalesce, Now
+from psycopg import sql
+
+from reshard import identity, testhooks
+from reshard.restore import login_role_name
+from reshard.runner import binding, connections, waits
+from reshard.runner.env import StepEnv
+from reshard.runner.errors import Cancelled, StepError
+
+_SESSIONS = "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = %s"
+
+
+def _ensure_member(conn: connections.PgConn, member: str, of: str) -> None:
+    row = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", [member, of]).fetchone()
+    if not row or not row[0]:
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(of), sql.Identifier(member)))
+
+
+def render(env: StepEnv, prov: connections.Provisioner) -> None:
+    """The login role (NOLOGIN for now) and the empty sibling database owned by the tenant."""
+    op, ctx = env.op, env.ctx
+    login, tenant, sibling = login_role_name(op.id), op.target_user, op.target_database
+    with connections.provisioner_conn(ctx, prov) as conn:
+        refusal = identity.op_role_refusal(conn, op, "target", prov.store)
+        if refusal:
+            raise StepError(f"{refusal}; refusing to restore in place")
+        owner = identity.database_owner_message(
+            conn, database=sibling, tenant_role=tenant, store_name=prov.store.name
+        )
+        if owner:
+            raise StepError(owner)
+        env.fence.pre_statement_heartbeat()
+        if connections.role_state(conn, login) is None:
+            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(login)))
+        _ensure_member(conn, prov.store.provisioner_user, login)
+        _ensure_member(conn, login, tenant)
+        if not connections.database_exists(conn, sibling):
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(sibling), sql.Identifier(tenant)
+                )
+            )
+        present = connections.database_exists(conn, sibling)
+        tenant_state = connections.role_state(conn, tenant)
+    if not present:
+        raise StepError(f"database {sibling} missing on store {prov.store.name} after CREATE")
+    env.log.info(
+        f"in place on store {prov.store.name}: created database {sibling} owned by {tenant} and "
+        f"the restore's login role {login}; tenant role {tenant} stays "
+        f"{'LOGIN' if tenant_state else 'NOLOGIN'} until the replaced catalog is dropped"
+    )
+
+
+def run_cutover(env: StepEnv, prov: connections.Provisioner) -> None:
+    """``cutover`` of an in-place restore: render, then flip the binding to the sibling."""
+    op, ctx = env.op, env.ctx
+    if ctx.progress.flipped:
+        return
+    try:
+        render(env, prov)
+    except psycopg.Error as exc:
+        raise StepError(
+            f"preparing the in-place restore on store {prov.store.name} failed: {exc}"
+        ) from None
+    env.fence.update(target_rendered_at=Now())
+    op.refresh_from_db(fields=["target_rendered_at"])
+    if waits.cancel_requested(op.id):
+        raise Cancelled()
+    ctx.progress.flipped = True  # before the switch: a lost COMMIT ack may hide a flip
+    binding.switch(env, binding.target_binding(op), what="binding switch to the sibling database")
+    env.log.info(
+        f"binding switched to database {op.target_database} on store {op.to_shard} (the "
+        "warehouse stays blocked; cancel is honoured until the commit point)"
+    )
+    testhooks.kill_point("after_flip")
+
+
+def login_side(env: StepEnv) -> connections.Side:
+    """The sibling database, logged in as the login role (``SET ROLE`` tenant). The first call
+    of a runner gives the role LOGIN with a fresh password (a client-side SCRAM verifier)."""
+    op, ctx = env.op, env.ctx
+    prov = connections.provisioner(ctx, op.to_shard)
+    login = login_role_name(op.id)
+    if not ctx.restore_login_password:
+        password = secrets.token_urlsafe(32)
+        ctx.scrubber.add(password)
+        try:
+            with connections.provisioner_conn(ctx, prov) as conn:
+                if connections.role_state(conn, login) is None:
+                    raise StepError(
+                        f"the restore's login role {login} is missing on store "
+                        f"{prov.store.name}; the cutover creates it"
+                    )
+                verifier = conn.pgconn.encrypt_password(
+                    password.encode(), login.encode(), b"scram-sha-256"
+                ).decode()
+                ctx.scrubber.add(verifier)
+                env.fence.pre_statement_heartbeat()
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(
+                        sql.Identifier(login), sql.Literal(verifier)
+                    )
+                )
+        except psycopg.Error as exc:
+            raise StepError(
+                f"cannot give the restore's login role {login} a password on store "
+                f"{prov.store.name}: {exc}"
+            ) from None
+        ctx.restore_login_password = password
+    return connections.Side(
+        "target",
+        prov.direct,
+        op.target_database,
+        login,
+        ctx.restore_login_password,
+        role=op.target_user,
+        store=prov.store.name,
+    )
+
+
+def _drop_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
+    """End the login role's sessions and drop it; whatever it owns in the sibling (only a
+    hostile archive that reset the role creates anything as it) goes to the tenant first."""
+    op, ctx = env.op, env.ctx
+    login = login_role_name(op.id)
+    with connections.provisioner_conn(ctx, prov) as conn:
+        if connections.role_state(conn, login) is None:
+            return
+        env.fence.pre_statement_heartbeat()
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(login)))
+        for row in conn.execute(_SESSIONS, [login]).fetchall():
+            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", [row[0]])
+        sibling = connections.database_exists(conn, op.target_database)
+    if sibling:
+        with connections.provisioner_conn(ctx, prov, dbname=op.target_database) as conn:
+            conn.execute(
+                sql.SQL("REASSIGN OWNED BY {} TO {}").format(
+                    sql.Identifier(login), sql.Identifier(op.target_user)
+                )
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(login)))
+    with connections.provisioner_conn(ctx, prov) as conn:
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(login)))
+    env.log.info(f"the restore's login role {login} dropped on store {prov.store.name}")
+
+
+def open_tenant(env: StepEnv) -> None:
+    """After the commit point: the login role gone, the tenant role LOGIN again, and a tenant
+    ``SELECT 1`` on the restored catalog through the tenant endpoint (idempotent)."""
+    op, ctx = env.op, env.ctx
+    prov = connections.provisioner(ctx, op.to_shard)
+    tenant = op.target_user
+    password = connections.resolve_secret(
+        ctx, op.target_password_secret_ref, f"the tenant password {op.target_password_secret_ref}"
+    )
+    try:
+        _drop_login_role(env, prov)
+        with connections.provisioner_conn(ctx, prov) as conn:
+            refusal = identity.op_role_refusal(conn, op, "target", prov.store)
+            if refusal:
+                raise StepError(f"{refusal}; not sending ALTER ROLE … LOGIN")
+            env.fence.pre_statement_heartbeat()
+            conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(tenant)))
+    except psycopg.Error as exc:
+        raise StepError(
+            f"opening the restored catalog to tenant role {tenant} on store {prov.store.name} "
+            f"failed: {exc}"
+        ) from None
+    env.log.info(f"ALTER ROLE {tenant} LOGIN sent on store {prov.store.name}")
+    timeout = waits.cutover_timeout(op)
+
+    def ready() -> tuple[bool, str]:
+        try:
+            connections.tenant_probe(
+                ctx,
+                prov.tenant_endpoint,
+                database=op.target_database,
+                user=tenant,
+                password=password,
+            )
+        except psycopg.Error as exc:
+            return False, connections.classify(
+                exc,
+                role=tenant,
+                ref=op.target_password_secret_ref,
+                where=f"store {prov.store.name} tenant endpoint",
+            )
+        return True, f"tenant SELECT 1 on {op.target_database} succeeded"
+
+    waits.poll_until(
+        ctx,
+        env.log,
+        timeout,
+        ready,
+        purpose=f"for tenant role {tenant} to log in to the restored catalog",
+        timeout_message=(
+            f"tenant role {tenant} could not log in to {op.target_database} on store "
+            f"{prov.store.name} within {timeout:g} s"
+        ),
+        cancel_aware=False,
+    )
+    env.fence.update(target_login_ready_at=Coalesce("target_login_ready_at", Now()))
+    op.refresh_from_db(fields=["target_login_ready_at"])
+    env.log.info(f"restored catalog open: tenant role {tenant} logs in to {op.target_database}")
+
+
+def drop_sibling(env: StepEnv) -> None:
+    """Rollback: the sibling database and the login role, decided from what the store holds,
+    once the binding names the source again (every outcome logged; never fatal)."""
+    op, ctx, log = env.op, env.ctx, env.log
+    sibling = op.target_database
+    if not connections.binding_names_source(op):
+        log.error(
+            f"rollback: the binding may still name the sibling database {sibling}; it is kept"
+        )
+        return
+    try:
+        prov = connections.provisioner(ctx, op.to_shard)
+        shared = identity.shared_catalog_message(
+            org_id=op.org_id, database=sibling, store=prov.store
+        )
+        if shared:
+            raise StepError(f"{shared}; DROP DATABASE was not sent")
+        with connections.provisioner_conn(ctx, prov, role=op.target_user) as conn:
+            present = connections.database_exists(conn, sibling)
+            if present:
+                env.fence.pre_statement_heartbeat()
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(sibling)
+                    )
+                )
+                testhooks.kill_point("after_sibling_drop")
+        log.info(
+            f"rollback: the sibling database {sibling} dropped on store {op.to_shard}"
+            if present
+            else f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
+        )
+        _drop_login_role(env, prov)
+    except (psycopg.Error, StepError) as exc:
+        log.error(
+            f"rollback: dropping the in-place restore's sibling database {sibling} or its "
+            f"login role {login_role_name(op.id)} on store {op.to_shard} failed: {exc}; drop "
+            "them by hand"
+        )
