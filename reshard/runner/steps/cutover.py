@@ -61,13 +61,7 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
                 sql.Identifier(role), sql.Literal(verifier)
             )
         )
-        member = conn.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [role]).fetchone()
-        if not member or not member[0]:
-            conn.execute(
-                sql.SQL("GRANT {} TO {}").format(
-                    sql.Identifier(role), sql.Identifier(prov.store.provisioner_user)
-                )
-            )
+        connections.ensure_can_set_role(conn, role, prov.store.provisioner_user)
         owner = identity.database_owner_message(
             conn, database=database, tenant_role=role, store_name=prov.store.name
         )
