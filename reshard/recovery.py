@@ -48,6 +48,7 @@ from duckgres_admin.names import MILESTONES, runner_name
 from reshard import steps as sequences
 from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
+from reshard.restore import login_role_name
 from reshard.runner import connections
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
@@ -231,6 +232,13 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
                 f"redo DROP DATABASE IF EXISTS {op.source_database} on source store "
                 f"{op.from_shard} (source_dropped_at is not set)"
             )
+        if op.in_place:
+            actions.append(
+                f"drop the restore's login role {login_role_name(op.id)} (what it owns in "
+                f"{op.target_database} handed to {op.target_user}), ALTER ROLE "
+                f"{op.target_user} LOGIN on {op.to_shard}, then wait for a tenant SELECT 1 on "
+                f"{op.target_database}"
+            )
         actions.append(
             "unblock: warehouse resharding → ready (metadata-store reshard complete), "
             "restoring compaction_enabled from compaction_prior"
@@ -240,7 +248,13 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
     actions = []
     if progress.flipped:
         actions.append("flip the binding back to the source (only to a usable source binding)")
-    if sequences.at_or_past(op.step or "", "copying", op.target_kind):
+    if op.in_place:
+        actions.append(
+            f"end the sessions of the restore's login role {login_role_name(op.id)}, drop the "
+            f"sibling database {op.target_database} and the login role on {op.to_shard} (only "
+            "if the binding names the source again and no other warehouse binds the sibling)"
+        )
+    elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
         actions.append(
             f"drop every ducklake_* table the target {target_where(op)} holds when this runs "
             f"(re-read as the target tenant; the copy reached step {op.step}, and a copy killed "
@@ -250,7 +264,7 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
         )
     elif target_known(op):
         actions.append(f"nothing to drop on the target: the copy never started (step {op.step})")
-    if op.target_kind == "cnpg" and op.target_rendered_at is not None:
+    if op.target_kind == "cnpg" and op.target_rendered_at is not None and not op.in_place:
         actions.append(
             f"set the target tenant role {op.target_user} NOLOGIN on {op.to_shard} (only if "
             "it passes the tenant role identity check: never the provisioner or another "

@@ -288,6 +288,10 @@ def _restore_source_access(env: StepEnv) -> bool:
     )
     if op.source_kind == "cnpg" and not fenced_source:
         return True
+    if op.in_place and not connections.binding_names_source(op):
+        # One role, two catalogs: never give it LOGIN while the binding may name the sibling.
+        _log_binding_not_source(env)
+        return False
     if op.source_kind == "external" and not ctx.progress.flipped:
         if connections.binding_names_source(op):
             return True

@@ -38,7 +38,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import secrets
+import time
+from collections.abc import Iterator
 
 import psycopg
 from django.db.models.functions import Coalesce, Now
@@ -48,15 +52,17 @@ from reshard import identity, testhooks
 from reshard.restore import login_role_name
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
-from reshard.runner.errors import Cancelled, StepError
+from reshard.runner.errors import Cancelled, Interrupted, StepError
 
-_SESSIONS = "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = %s"
-
-
-def _ensure_member(conn: connections.PgConn, member: str, of: str) -> None:
-    row = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", [member, of]).fetchone()
-    if not row or not row[0]:
-        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(of), sql.Identifier(member)))
+# The login role's sessions at most: a runner's lock connection and its pg_restore (a
+# takeover's lock connection ends what a killed runner's pg_restore left before its own starts).
+# An archive that sets the role's password finds no free slot while the restore runs.
+LOGIN_CONNECTION_LIMIT = 2
+END_SESSIONS_SECONDS = 30.0
+_OTHER_SESSIONS = (
+    "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = current_user "
+    "AND pid <> pg_catalog.pg_backend_pid()"
+)
 
 
 def render(env: StepEnv, prov: connections.Provisioner) -> None:
@@ -73,10 +79,16 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
         if owner:
             raise StepError(owner)
         env.fence.pre_statement_heartbeat()
-        if connections.role_state(conn, login) is None:
-            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(login)))
-        _ensure_member(conn, prov.store.provisioner_user, login)
-        _ensure_member(conn, login, tenant)
+        # Never adopted: the cutover runs once per operation (a takeover at it rolls back, and
+        # the rollback drops the role), so an existing one is not this operation's.
+        conn.execute(
+            sql.SQL("CREATE ROLE {} NOLOGIN CONNECTION LIMIT {}").format(
+                sql.Identifier(login), sql.Literal(LOGIN_CONNECTION_LIMIT)
+            )
+        )
+        grant = sql.SQL("GRANT {} TO {}").format(sql.Identifier(tenant), sql.Identifier(login))
+        conn.execute(grant)
+        connections.ensure_can_set_role(conn, tenant, prov.store.provisioner_user)
         if not connections.database_exists(conn, sibling):
             conn.execute(
                 sql.SQL("CREATE DATABASE {} OWNER {}").format(
@@ -118,13 +130,14 @@ def run_cutover(env: StepEnv, prov: connections.Provisioner) -> None:
     testhooks.kill_point("after_flip")
 
 
-def login_side(env: StepEnv) -> connections.Side:
+def login_side(env: StepEnv, *, fresh: bool = False) -> connections.Side:
     """The sibling database, logged in as the login role (``SET ROLE`` tenant). The first call
-    of a runner gives the role LOGIN with a fresh password (a client-side SCRAM verifier)."""
+    of a runner — and every ``fresh`` one — gives the role LOGIN with a new password (a
+    client-side SCRAM verifier): a password an archive may have set is void from then on."""
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
     login = login_role_name(op.id)
-    if not ctx.restore_login_password:
+    if fresh or not ctx.restore_login_password:
         password = secrets.token_urlsafe(32)
         ctx.scrubber.add(password)
         try:
@@ -161,30 +174,70 @@ def login_side(env: StepEnv) -> connections.Side:
     )
 
 
-def _drop_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
-    """End the login role's sessions and drop it; whatever it owns in the sibling (only a
-    hostile archive that reset the role creates anything as it) goes to the tenant first."""
-    op, ctx = env.op, env.ctx
-    login = login_role_name(op.id)
-    with connections.provisioner_conn(ctx, prov) as conn:
-        if connections.role_state(conn, login) is None:
+@contextlib.contextmanager
+def as_login(env: StepEnv, *, fresh: bool = False) -> Iterator[connections.PgConn]:
+    """A session of the login role itself on the sibling (no ``SET ROLE``): the one identity
+    that may end the role's other sessions and hand over what it owns on every PostgreSQL
+    version (a CREATEROLE provisioner holds ADMIN on it, not its privileges, on 16+)."""
+    side = dataclasses.replace(login_side(env, fresh=fresh), role="")
+    with side.connect(env.ctx) as conn, connections.registered(env.ctx, conn):
+        yield conn
+
+
+def end_other_sessions(env: StepEnv, conn: connections.PgConn) -> None:
+    """End every other session of ``conn``'s role and see none left within a bound (twice, a
+    moment apart: a login that was past its password check when the password changed may
+    still be starting). It never stops early: a rollback (which ignores stop) runs it too."""
+    deadline = time.monotonic() + END_SESSIONS_SECONDS
+    quiet = 0
+    while True:
+        pids = [row[0] for row in conn.execute(_OTHER_SESSIONS).fetchall()]
+        quiet = 0 if pids else quiet + 1
+        if quiet >= 2:
             return
-        env.fence.pre_statement_heartbeat()
-        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(login)))
-        for row in conn.execute(_SESSIONS, [login]).fetchall():
-            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", [row[0]])
-        sibling = connections.database_exists(conn, op.target_database)
-    if sibling:
-        with connections.provisioner_conn(ctx, prov, dbname=op.target_database) as conn:
-            conn.execute(
-                sql.SQL("REASSIGN OWNED BY {} TO {}").format(
-                    sql.Identifier(login), sql.Identifier(op.target_user)
-                )
+        if not pids:
+            time.sleep(0.1)
+            continue
+        env.log.warn(f"ending {len(pids)} other session(s) of the restore's login role")
+        for pid in pids:
+            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
+        if time.monotonic() > deadline:
+            raise StepError(
+                f"{len(pids)} session(s) of the restore's login role did not end within "
+                f"{END_SESSIONS_SECONDS:.0f} s"
             )
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(login)))
-    with connections.provisioner_conn(ctx, prov) as conn:
+        time.sleep(0.25)  # bounded by the deadline; also on a rollback, which ignores stop
+
+
+def _login_role_exists(env: StepEnv, prov: connections.Provisioner) -> bool:
+    with connections.provisioner_conn(env.ctx, prov) as conn:
+        return connections.role_state(conn, login_role_name(env.op.id)) is not None
+
+
+def _drop_role(env: StepEnv, prov: connections.Provisioner) -> None:
+    login = login_role_name(env.op.id)
+    with connections.provisioner_conn(env.ctx, prov) as conn:
+        env.fence.pre_statement_heartbeat()
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(login)))
     env.log.info(f"the restore's login role {login} dropped on store {prov.store.name}")
+
+
+def _retire_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
+    """After the commit point: from the login role's own session, its other sessions ended and
+    whatever it owns in the sibling (only an archive that reset the role creates anything as
+    it) handed to the tenant; then the role dropped."""
+    if not _login_role_exists(env, prov):
+        return
+    with as_login(env, fresh=True) as conn:
+        end_other_sessions(env, conn)
+        env.fence.pre_statement_heartbeat()
+        conn.execute(
+            sql.SQL("REASSIGN OWNED BY CURRENT_USER TO {}").format(
+                sql.Identifier(env.op.target_user)
+            )
+        )
+        conn.execute("DROP OWNED BY CURRENT_USER")
+    _drop_role(env, prov)
 
 
 def open_tenant(env: StepEnv) -> None:
@@ -197,7 +250,7 @@ def open_tenant(env: StepEnv) -> None:
         ctx, op.target_password_secret_ref, f"the tenant password {op.target_password_secret_ref}"
     )
     try:
-        _drop_login_role(env, prov)
+        _retire_login_role(env, prov)
         with connections.provisioner_conn(ctx, prov) as conn:
             refusal = identity.op_role_refusal(conn, op, "target", prov.store)
             if refusal:
@@ -264,8 +317,19 @@ def drop_sibling(env: StepEnv) -> None:
         )
         if shared:
             raise StepError(f"{shared}; DROP DATABASE was not sent")
-        with connections.provisioner_conn(ctx, prov, role=op.target_user) as conn:
+        login = _login_role_exists(env, prov)
+        with connections.provisioner_conn(ctx, prov) as conn:
             present = connections.database_exists(conn, sibling)
+        if login and present:
+            # Its sessions first (as itself: see ``as_login``), then no more of them.
+            with as_login(env, fresh=True) as conn:
+                end_other_sessions(env, conn)
+            with connections.provisioner_conn(ctx, prov) as conn:
+                env.fence.pre_statement_heartbeat()
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(login_role_name(op.id)))
+                )
+        with connections.provisioner_conn(ctx, prov, role=op.target_user) as conn:
             if present:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
@@ -279,8 +343,9 @@ def drop_sibling(env: StepEnv) -> None:
             if present
             else f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
         )
-        _drop_login_role(env, prov)
-    except (psycopg.Error, StepError) as exc:
+        if login:
+            _drop_role(env, prov)
+    except (psycopg.Error, StepError, Interrupted) as exc:
         log.error(
             f"rollback: dropping the in-place restore's sibling database {sibling} or its "
             f"login role {login_role_name(op.id)} on store {op.to_shard} failed: {exc}; drop "

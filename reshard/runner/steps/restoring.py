@@ -37,6 +37,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -118,6 +119,11 @@ def run(env: StepEnv) -> None:
     # In place, nothing is irreversible before the cleanup: a cancel kills pg_restore.
     with waits.cancel_watch(ctx, env.log, enabled=op.in_place) as cancelled:
         restored = _restore(env, wh, s3, target, uri, hooks, cancelled)
+    if op.in_place:
+        # The archive ran as the login role and may have set its password: a new one, and
+        # every other session of the role ended, before anything reads what it restored.
+        with inplace.as_login(env, fresh=True) as conn:
+            inplace.end_other_sessions(env, conn)
     hooks.progress(
         {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
     )
@@ -141,8 +147,11 @@ def _restore(
 ) -> Restored:
     """The locked, watched ``pg_restore`` of the object into ``target``."""
     ctx, op = env.ctx, env.op
+    # Logged in as the writer itself (in place: the login role, without its SET ROLE), so it
+    # may end the pg_restore sessions an earlier runner left.
+    locker = dataclasses.replace(target, role="")
     try:
-        with target.connect(ctx) as lock_conn, connections.registered(ctx, lock_conn):
+        with locker.connect(ctx) as lock_conn, connections.registered(ctx, lock_conn):
             row = lock_conn.execute(
                 "SELECT pg_try_advisory_lock(%s), current_setting('server_version_num')::int",
                 (COPY_TARGET_LOCK_KEY,),
