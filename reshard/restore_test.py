@@ -134,10 +134,12 @@ def _admin_conn(store: MetadataStore, password: str, dbname: str = "postgres") -
 
 
 _DROP_DB = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
+RELOCK_SECONDS = 10.0
 
 
-def _drop_scratch(conn: Any, name: str) -> None:
-    conn.execute(sql.SQL(_DROP_DB).format(sql.Identifier(name)))
+def _drop_scratch(conn: Any, name: str, *, database: bool = True) -> None:
+    if database:
+        conn.execute(sql.SQL(_DROP_DB).format(sql.Identifier(name)))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
@@ -160,20 +162,59 @@ def sweep(store: MetadataStore, password: str) -> list[str]:
     return names
 
 
-def _create_scratch(conn: Any, name: str, password: str) -> None:
+def _verifier(conn: Any, name: str, password: str) -> str:
+    """A client-side SCRAM verifier: the password itself never reaches SQL or a server log."""
+    verifier = conn.pgconn.encrypt_password(password.encode(), name.encode(), b"scram-sha-256")
+    return str(verifier.decode())
+
+
+def _create_scratch(conn: Any, name: str, password: str, made: list[str]) -> None:
     """A role with no rights, owning a database nobody else may connect to, that logs in with
     a password only this run knows: ``pg_restore`` and the verification log in **as it**, so
     the archive's code (a tenant's functions, checks, views) runs as that role — even one that
     resets the role returns to it, never to the provisioner — and no other login can reach
-    what it restored."""
+    what it restored. One session at most (``pg_restore``'s, then the read's): an archive that
+    sets the role's password finds no free slot. ``made`` records what was created, for the
+    caller's cleanup."""
     ident = sql.Identifier(name)
-    verifier = conn.pgconn.encrypt_password(
-        password.encode(), name.encode(), b"scram-sha-256"
-    ).decode()
-    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(ident, sql.Literal(verifier)))
+    conn.execute(
+        sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1 PASSWORD {}").format(
+            ident, sql.Literal(_verifier(conn, name, password))
+        )
+    )
+    made.append("role")
     conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(ident))
     conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(ident, ident))
+    made.append("database")
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
+
+
+def _relock_scratch(conn: Any, name: str, password: str) -> None:
+    """After ``pg_restore``: NOLOGIN with a new password (one the archive may have set is void;
+    a login past its password check but not yet in is refused by the NOLOGIN it then reads),
+    every session of the role seen gone (a termination is asynchronous), then LOGIN again for
+    the read."""
+    ident = sql.Identifier(name)
+    conn.execute(
+        sql.SQL("ALTER ROLE {} NOLOGIN PASSWORD {}").format(
+            ident, sql.Literal(_verifier(conn, name, password))
+        )
+    )
+    deadline = time.monotonic() + RELOCK_SECONDS
+    while True:
+        ended = conn.execute(
+            "SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity "
+            "WHERE usename = %s",
+            (name,),
+        ).fetchone()
+        if not ended or not ended[0]:
+            break
+        if time.monotonic() > deadline:
+            raise psycopg.OperationalError(
+                f"{ended[0]} session(s) of {name} did not end within {RELOCK_SECONDS:.0f} s"
+            )
+        time.sleep(0.1)
+    conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(ident))
 
 
 def candidates(
@@ -240,11 +281,14 @@ def _restore_and_read(
         timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
         if_match=candidate.backup.etag,
     )
+    reader = secrets.token_urlsafe(32)
+    with _admin_conn(store, password) as conn:
+        _relock_scratch(conn, scratch, reader)
     with pgadmin.connect(
         pgadmin.Endpoint(store.host, store.port, store.sslmode),
         dbname=scratch,
         user=scratch,
-        password=login,
+        password=reader,
         application_name="duckgres-restore-test",
         statement_timeout=STATEMENT_TIMEOUT_SECONDS,
     ) as conn:
@@ -264,11 +308,10 @@ def test_one(
     scratch = scratch_name(op.id)
     login = secrets.token_urlsafe(32)
     started = time.monotonic()
-    created = False
+    made: list[str] = []
     try:
         with _admin_conn(store, password) as conn:
-            _create_scratch(conn, scratch, login)
-        created = True
+            _create_scratch(conn, scratch, login, made)
         state = _restore_and_read(candidate, store, password, s3, scratch, login)
         ok, detail = _check(state, op.catalog_fingerprint)
     except RestoreError as exc:
@@ -278,9 +321,9 @@ def test_one(
     except psycopg.Error as exc:
         raise Inconclusive(f"the scratch store failed: {' '.join(str(exc).split())}") from None
     finally:
-        if created:
+        if made:  # only what this run created: a database of that name may be another run's
             with contextlib.suppress(psycopg.Error), _admin_conn(store, password) as conn:
-                _drop_scratch(conn, scratch)
+                _drop_scratch(conn, scratch, database="database" in made)
     detail = process_scrubber(password, login).scrub(detail)[:2000]
     row, _ = BackupVerification.objects.update_or_create(
         bucket=wh.data_bucket,

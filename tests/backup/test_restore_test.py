@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 import subprocess
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -160,7 +162,7 @@ def test_the_age_metric_of_a_passed_backup(world) -> None:
 def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) -> None:
     leftover, foreign = restore_test.scratch_name(424242), restore_test.scratch_name(424243)
     with store_clusters.target.provisioner_conn() as conn:
-        restore_test._create_scratch(conn, leftover, "pw")  # what a killed run leaves
+        restore_test._create_scratch(conn, leftover, "pw", [])  # what a killed run leaves
     with store_clusters.target.superuser_conn() as conn:
         conn.execute(f'CREATE DATABASE "{foreign}"')  # not a run's: left alone
     try:
@@ -303,6 +305,87 @@ def test_the_archives_code_runs_without_rights(
         assert conn.execute(
             "SELECT count(*) FROM pg_roles WHERE rolname = %s", (evil,)
         ).fetchone() == (0,)
+    assert _scratch_databases(store_clusters.target) == []
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_a_scratch_name_taken_by_another_database_leaves_it_and_no_role(
+    world: dict[str, Any], store_clusters: StoreClusters
+) -> None:
+    """The role is created, the database is not (the name is taken): the run drops the role it
+    made — never the database it did not — and records nothing."""
+    name = restore_test.scratch_name(world["op"].id)
+    with store_clusters.target.superuser_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # someone else's, owned by postgres
+    try:
+        report = restore_test.run()
+        assert report.tested == [], report
+        assert len(report.errors) == 1, report
+        assert "already exists" in report.errors[0], report.errors
+        assert not BackupVerification.objects.filter(key=world["key"]).exists()
+        with store_clusters.target.superuser_conn() as conn:
+            role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+            kept = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        assert role is None, "the role this run created is dropped"
+        assert kept == (1,), "the database it did not create is left alone"
+    finally:
+        with store_clusters.target.superuser_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.mark.safeguard("reshard-100")
+def test_an_archive_that_sets_its_roles_password_finds_no_free_session(
+    bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any, settings: Any
+) -> None:
+    """The archive's code sets the scratch role's password to one its author knows and then
+    lingers: a login with it finds the role's one session slot taken (``pg_restore``'s), and no
+    session of the role outlives the run."""
+    catalog = tenant_catalog(store_clusters.source, rows=2)
+    known = "known-to-the-archive-0123456789"
+    body = (
+        f"IF current_user <> '{catalog.role}' THEN "
+        "EXECUTE format('ALTER ROLE %I PASSWORD %L', current_user, "
+        f"'{known}'); PERFORM pg_sleep(1.5); END IF; RETURN true;"
+    )
+    with catalog.tenant_conn() as conn:
+        conn.execute(
+            "CREATE FUNCTION public.lingers() RETURNS boolean LANGUAGE plpgsql AS "
+            f"$f$ BEGIN {body} END $f$"
+        )
+        conn.execute(
+            "ALTER TABLE ducklake_metadata ADD CONSTRAINT lingers CHECK (public.lingers())"
+        )
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
+    wh = warehouse_with_bucket(bucket.bucket)
+    op = op_in_state(wh, "succeeded")
+    key = backup_key(op.id)
+    bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=_dump(catalog))
+    name = restore_test.scratch_name(op.id)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def try_login() -> None:
+        while not done.is_set():
+            try:
+                with store_clusters.target.connect(name, known, name) as conn:
+                    conn.execute("SELECT pg_sleep(30)")  # an intruder that stays
+                    seen.append("an intruder outlived the run")
+            except psycopg.Error as exc:
+                seen.append(" ".join(str(exc).split()))
+            time.sleep(0.05)
+
+    attacker = threading.Thread(target=try_login)
+    attacker.start()
+    try:
+        report = restore_test.run()
+    finally:
+        done.set()
+        attacker.join()
+    assert report.tested == [f"s3://{bucket.bucket}/{key}: passed"], report
+    # While pg_restore ran, the known password met a full slot; a login in the moment between
+    # its end and the new password was ended with the run (never survives it).
+    assert any("too many connections for role" in line for line in seen), seen
+    assert "an intruder outlived the run" not in seen, seen
     assert _scratch_databases(store_clusters.target) == []
 
 
