@@ -369,10 +369,15 @@ def lease_renew(*, org_id: str, lease_id: int, ttl_seconds: int) -> LeaseOutcome
 def lease_release(*, org_id: str, lease_id: int) -> None:
     """``DELETE``: → ``released`` (idempotent; terminal leases are left as they are).
 
-    One guarded ``UPDATE``; only when it matches nothing is the lease's existence read (404
-    for an unknown lease, else the idempotent 204)."""
-    rows = ConnectionLease.objects.filter(
-        pk=lease_id, org_id=org_id, state__in=[LeaseState.QUEUED, LeaseState.GRANTED]
-    ).update(state=LeaseState.RELEASED, released_at=Now())
+    One guarded ``UPDATE`` (raw: the lease routes are the data plane's hot path); only when it
+    matches nothing is the lease's existence read (404 for an unknown lease, else the idempotent
+    204)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE duckgres_connection_leases SET state = 'released', released_at = now()"
+            " WHERE id = %s AND org_id = %s AND state IN ('queued', 'granted')",
+            [lease_id, org_id],
+        )
+        rows = cursor.rowcount
     if rows == 0 and not ConnectionLease.objects.filter(pk=lease_id, org_id=org_id).exists():
         raise ServiceError(404, "no such lease")

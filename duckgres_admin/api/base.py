@@ -14,14 +14,16 @@ from __future__ import annotations
 import io
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest
 from rest_framework import exceptions
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -245,3 +247,23 @@ class ApiView(APIView):
 
     def request_body(self, request: Request) -> Any:
         return request.data
+
+
+class JsonOnlyNegotiation(DefaultContentNegotiation):
+    """The renderer is the view's one renderer, chosen without parsing ``Accept``."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, str(renderer.media_type)
+
+
+class HotPathView(ApiView):
+    """The data plane's lease routes, its per-session hot path (docs/performance.md "Lease
+    path"): JSON only, with no ``Accept`` negotiation and no browsable API (their scope refuses
+    staff sessions, so a browser only ever saw an error page there). Everything else — identity,
+    hostile-input checks, error bodies — is :class:`ApiView`'s."""
+
+    renderer_classes: ClassVar[list[Any]] = [JSONRenderer]  # type: ignore[misc]
+    content_negotiation_class = JsonOnlyNegotiation

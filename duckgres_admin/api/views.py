@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from duckgres_admin.api import trino_views
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import AuthRefusal, Scope, describe_caller
-from duckgres_admin.api.base import ApiView, BoundedJSONParser
+from duckgres_admin.api.base import ApiView, BoundedJSONParser, HotPathView
 from duckgres_admin.api.serializers import log_entry_json, op_json, store_json, warehouse_json
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import (
@@ -334,7 +334,7 @@ def _lease_response(outcome: leases.LeaseOutcome) -> Response:
     return Response(outcome.body, status=outcome.status, headers=outcome.headers or None)
 
 
-class LeaseCreateView(ApiView):
+class LeaseCreateView(HotPathView):
     scope = Scope.DATAPLANE
     parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
@@ -355,7 +355,7 @@ class LeaseCreateView(ApiView):
         return _lease_response(leases.lease_request(org_id=org, request=req))
 
 
-class LeaseDetailView(ApiView):
+class LeaseDetailView(HotPathView):
     scope = Scope.DATAPLANE
 
     @extend_schema(
@@ -371,7 +371,7 @@ class LeaseDetailView(ApiView):
         return Response(status=204)
 
 
-class LeaseRenewView(ApiView):
+class LeaseRenewView(HotPathView):
     scope = Scope.DATAPLANE
     parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
 
