@@ -4,7 +4,8 @@
         [--large-mib 1024,3072] [--runs 3] [--port 5433]
 
 Prints ``name: value unit (ratio vs baseline)`` lines:
-- throughput of ``run_backup`` (pg_dump → S3 multipart into a moto server in ANOTHER process)
+- throughput of ``run_backup`` (pg_dump → S3 multipart into a moto server in ANOTHER process,
+  or with ``--s3 rgw`` into the Ceph RADOS Gateway of ``.ci/rgw.sh``, a C++ S3 server)
   against ``pg_dump -Fc > /dev/null`` with the same flags on the same catalog in the same run
   (medians of ``--runs``; ratio = baseline time / backup time, target ≥ 0.9);
 - this process's RSS while backing up catalogs whose dumps are ~1 GiB and ~3 GiB
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tests.testenv  # noqa: F401  (test defaults for the settings Django needs)
 
 MIB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def status_kib(field: str) -> int:
@@ -135,6 +137,25 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("moto server did not start")
+
+
+def rgw_server() -> tuple[Any, str]:
+    """The RADOS Gateway ``.ci/rgw.sh`` runs (started here when it is not answering); the
+    process whose CPU is counted is ``radosgw``."""
+    subprocess.run([os.path.join(ROOT, ".ci", "rgw.sh"), "start"], check=True)
+    pid = subprocess.run(["pgrep", "-o", "radosgw"], capture_output=True, text=True, check=True)
+
+    class Running:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def kill(self) -> None:  # left running for the next run, as .ci/rgw.sh leaves it
+            return None
+
+        def wait(self) -> None:
+            return None
+
+    return Running(int(pid.stdout.split()[0])), "http://127.0.0.1:7480"
 
 
 @dataclass
@@ -309,6 +330,12 @@ def main() -> None:
     parser.add_argument(
         "--large-baseline", action="store_true", help="also time pg_dump on the large dumps"
     )
+    parser.add_argument(
+        "--s3",
+        choices=("moto", "rgw"),
+        default="moto",
+        help="the S3 server: moto (Python, its own process) or the RGW of .ci/rgw.sh (7480)",
+    )
     parser.add_argument("--memory-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     parser.add_argument("--bucket", default="", help=argparse.SUPPRESS)
@@ -319,17 +346,20 @@ def main() -> None:
 
     from reshard.demo_catalog import build_demo_catalog
 
-    moto, endpoint = start_moto()
+    if args.s3 == "rgw":
+        moto, endpoint = rgw_server()
+    else:
+        moto, endpoint = start_moto()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     point_settings_at(endpoint)
     s3 = S3(region="us-east-1", endpoint_url=endpoint, addressing_style="path")
-    bucket = "bench-backup"
+    bucket = f"bench-backup-{os.getpid()}"
     s3.client.create_bucket(Bucket=bucket)
     tag = os.getpid()
     dbs: list[Db] = []
     try:
-        print(f"# backup benchmark, {os.cpu_count()} cores, moto at {endpoint} (own process)")
+        print(f"# backup benchmark, {os.cpu_count()} cores, {args.s3} at {endpoint} (own process)")
         line("idle_rss_interpreter", IDLE_RSS / MIB, "MiB")
         line("idle_rss_runner_imports", RUNNER_IDLE_RSS / MIB, "MiB")
         kube_loaded = "kubernetes" in sys.modules
@@ -391,7 +421,7 @@ def main() -> None:
             f"{b / q:.2f}x throughput vs baseline",
         )
         line(f"backup_cpu_runner_{args.tables}_tables", statistics.median(cpu_self), "s")
-        line(f"backup_cpu_moto_{args.tables}_tables", statistics.median(cpu_moto), "s")
+        line(f"backup_cpu_{args.s3}_{args.tables}_tables", statistics.median(cpu_moto), "s")
 
         # --- memory on large incompressible dumps ---------------------------------------------
         for mib in [int(x) for x in args.large_mib.split(",") if x.strip()]:
