@@ -342,19 +342,23 @@ def test_an_archive_that_sets_its_roles_password_finds_no_free_session(
     session of the role outlives the run."""
     catalog = tenant_catalog(store_clusters.source, rows=2)
     known = "known-to-the-archive-0123456789"
-    body = (
-        f"IF current_user <> '{catalog.role}' THEN "
-        "EXECUTE format('ALTER ROLE %I PASSWORD %L', current_user, "
-        f"'{known}'); PERFORM pg_sleep(1.5); END IF; RETURN true;"
+    # ducklake_metadata's data is restored (and committed) before ducklake_snapshot's: the
+    # first sets the password, the second keeps pg_restore busy with it known.
+    sets = (
+        f"IF current_user <> '{catalog.role}' THEN EXECUTE format('ALTER ROLE %I PASSWORD %L', "
+        f"current_user, '{known}'); END IF; RETURN true;"
     )
+    lingers = f"IF current_user <> '{catalog.role}' THEN PERFORM pg_sleep(1); END IF; RETURN true;"
     with catalog.tenant_conn() as conn:
-        conn.execute(
-            "CREATE FUNCTION public.lingers() RETURNS boolean LANGUAGE plpgsql AS "
-            f"$f$ BEGIN {body} END $f$"
-        )
-        conn.execute(
-            "ALTER TABLE ducklake_metadata ADD CONSTRAINT lingers CHECK (public.lingers())"
-        )
+        for fn, body, table in (
+            ("sets", sets, "ducklake_metadata"),
+            ("lingers", lingers, "ducklake_snapshot"),
+        ):
+            conn.execute(
+                f"CREATE FUNCTION public.{fn}() RETURNS boolean LANGUAGE plpgsql AS "
+                f"$f$ BEGIN {body} END $f$"
+            )
+            conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {fn} CHECK (public.{fn}())")
     settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
     wh = warehouse_with_bucket(bucket.bucket)
     op = op_in_state(wh, "succeeded")
