@@ -24,7 +24,8 @@ The single place runner work opens metadata-store connections. Rules:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +226,49 @@ def tenant_probe(
         registered(ctx, conn),
     ):  # fmt: skip
         conn.execute("SELECT 1")
+
+
+def tenant_login_observation(
+    ctx: RunContext, prov: Provisioner, *, database: str, user: str, password: str, ref: str
+) -> tuple[bool, str]:
+    """A poll observation: a tenant login and ``SELECT 1`` through the store's tenant endpoint
+    (the data plane's way in), a failure classified (§4.11)."""
+    try:
+        tenant_probe(ctx, prov.tenant_endpoint, database=database, user=user, password=password)
+    except psycopg.Error as exc:
+        return False, classify(
+            exc, role=user, ref=ref, where=f"store {prov.store.name} tenant endpoint"
+        )
+    return True, f"tenant SELECT 1 on {database} succeeded"
+
+
+def end_sessions(
+    conn: PgConn,
+    query: str,
+    params: Sequence[Any],
+    *,
+    what: str,
+    warn: Callable[[str], None],
+    seconds: float,
+    settle: int = 1,
+) -> None:
+    """Terminate the sessions ``query`` lists (their pids) until it lists none ``settle`` times
+    in a row, a moment apart; ``StepError`` past ``seconds``. Each pass is logged. It never
+    stops early: a rollback, which ignores stop, uses it too."""
+    deadline = time.monotonic() + seconds
+    quiet = 0
+    while True:
+        pids = [row[0] for row in conn.execute(query, params).fetchall()]
+        quiet = 0 if pids else quiet + 1
+        if quiet >= settle:
+            return
+        if pids:
+            warn(f"ending {len(pids)} {what}")
+            for pid in pids:
+                conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
+            if time.monotonic() > deadline:
+                raise StepError(f"{len(pids)} {what} did not end within {seconds:.0f} s")
+        time.sleep(0.25 if pids else 0.1)
 
 
 # --- the two sides of a copy ------------------------------------------------------------------

@@ -134,22 +134,15 @@ def run_cnpg(env: StepEnv) -> None:
             )
         if state is not True:
             return False, f"target role {role} is {'NOLOGIN' if state is False else 'missing'}"
-        try:
-            connections.tenant_probe(
-                ctx,
-                prov.tenant_endpoint,
-                database=op.target_database,
-                user=role,
-                password=password,
-            )
-        except psycopg.Error as exc:
-            return False, connections.classify(
-                exc,
-                role=role,
-                ref=op.target_password_secret_ref,
-                where=f"store {prov.store.name} tenant endpoint",
-            )
-        return True, f"role {role} LOGIN and tenant SELECT 1 succeeded"
+        ok, seen = connections.tenant_login_observation(
+            ctx,
+            prov,
+            database=op.target_database,
+            user=role,
+            password=password,
+            ref=op.target_password_secret_ref,
+        )
+        return ok, f"role {role} LOGIN and {seen}" if ok else seen
 
     waits.poll_until(
         ctx,

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import secrets
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -185,28 +184,17 @@ def as_login(env: StepEnv, *, fresh: bool = False) -> Iterator[connections.PgCon
 
 
 def end_other_sessions(env: StepEnv, conn: connections.PgConn) -> None:
-    """End every other session of ``conn``'s role and see none left within a bound (twice, a
-    moment apart: a login that was past its password check when the password changed may
-    still be starting). It never stops early: a rollback (which ignores stop) runs it too."""
-    deadline = time.monotonic() + END_SESSIONS_SECONDS
-    quiet = 0
-    while True:
-        pids = [row[0] for row in conn.execute(_OTHER_SESSIONS).fetchall()]
-        quiet = 0 if pids else quiet + 1
-        if quiet >= 2:
-            return
-        if not pids:
-            time.sleep(0.1)
-            continue
-        env.log.warn(f"ending {len(pids)} other session(s) of the restore's login role")
-        for pid in pids:
-            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
-        if time.monotonic() > deadline:
-            raise StepError(
-                f"{len(pids)} session(s) of the restore's login role did not end within "
-                f"{END_SESSIONS_SECONDS:.0f} s"
-            )
-        time.sleep(0.25)  # bounded by the deadline; also on a rollback, which ignores stop
+    """End every other session of ``conn``'s role, seen gone twice a moment apart (a login that
+    was past its password check when the password changed may still be starting)."""
+    connections.end_sessions(
+        conn,
+        _OTHER_SESSIONS,
+        (),
+        what="other session(s) of the restore's login role",
+        warn=env.log.warn,
+        seconds=END_SESSIONS_SECONDS,
+        settle=2,
+    )
 
 
 def _login_role_exists(env: StepEnv, prov: connections.Provisioner) -> bool:
@@ -266,22 +254,14 @@ def open_tenant(env: StepEnv) -> None:
     timeout = waits.cutover_timeout(op)
 
     def ready() -> tuple[bool, str]:
-        try:
-            connections.tenant_probe(
-                ctx,
-                prov.tenant_endpoint,
-                database=op.target_database,
-                user=tenant,
-                password=password,
-            )
-        except psycopg.Error as exc:
-            return False, connections.classify(
-                exc,
-                role=tenant,
-                ref=op.target_password_secret_ref,
-                where=f"store {prov.store.name} tenant endpoint",
-            )
-        return True, f"tenant SELECT 1 on {op.target_database} succeeded"
+        return connections.tenant_login_observation(
+            ctx,
+            prov,
+            database=op.target_database,
+            user=tenant,
+            password=password,
+            ref=op.target_password_secret_ref,
+        )
 
     waits.poll_until(
         ctx,

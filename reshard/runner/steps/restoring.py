@@ -82,22 +82,15 @@ def _bucket(env: StepEnv) -> Warehouse:
 
 def _end_earlier_restores(env: StepEnv, conn: connections.PgConn) -> None:
     """End the ``pg_restore`` sessions an earlier runner of this op left on the target (the
-    tenant may signal its own backends), and see them gone within a bound."""
-    deadline = time.monotonic() + END_EARLIER_SECONDS
-    while True:
-        pids = [row[0] for row in conn.execute(_EARLIER, (APPLICATION_NAME,)).fetchall()]
-        if not pids:
-            return
-        env.log.warn(f"ending {len(pids)} pg_restore session(s) an earlier runner left")
-        for pid in pids:
-            conn.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
-        if time.monotonic() > deadline:
-            raise StepError(
-                f"{len(pids)} earlier pg_restore session(s) on the target did not end within "
-                f"{END_EARLIER_SECONDS:.0f} s"
-            )
-        if env.ctx.stop.wait(0.5):
-            raise Interrupted()
+    writer may signal its own role's backends), and see them gone within a bound."""
+    connections.end_sessions(
+        conn,
+        _EARLIER,
+        (APPLICATION_NAME,),
+        what="earlier pg_restore session(s) on the target",
+        warn=env.log.warn,
+        seconds=END_EARLIER_SECONDS,
+    )
 
 
 def run(env: StepEnv) -> None:
