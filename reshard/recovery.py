@@ -234,8 +234,8 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             )
         if op.in_place:
             actions.append(
-                f"drop the restore's login role {login_role_name(op.id)} (what it owns in "
-                f"{op.target_database} handed to {op.target_user}), ALTER ROLE "
+                f"drop the restore's login role {login_role_name(op.id)} (NOLOGIN, its sessions "
+                f"ended, what it owns handed to {op.target_user}), ALTER ROLE "
                 f"{op.target_user} LOGIN on {op.to_shard}, then wait for a tenant SELECT 1 on "
                 f"{op.target_database}"
             )
@@ -252,7 +252,9 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
         actions.append(
             f"end the sessions of the restore's login role {login_role_name(op.id)}, drop the "
             f"sibling database {op.target_database} and the login role on {op.to_shard} (only "
-            "if the binding names the source again and no other warehouse binds the sibling)"
+            "if the binding names the source again and no other warehouse binds the sibling; "
+            "if either is left, the warehouse stays resharding); the tenant role gets LOGIN "
+            "only once the binding names the source"
         )
     elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
         actions.append(

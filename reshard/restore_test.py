@@ -146,8 +146,20 @@ def _drop_scratch(conn: Any, name: str, *, database: bool = True) -> None:
 def sweep(store: MetadataStore, password: str) -> list[str]:
     """Drop the scratch databases (and their roles) a killed run left on the store: only those
     a run makes — named ``duckgres_restore_test_…`` and owned by the role of the same name; a
-    database of that name someone else owns is not ours to drop."""
+    database of that name someone else owns is not ours to drop. A role of this installation's
+    prefix that owns no database (a run killed between creating the two) is dropped too. The
+    caller holds the run lock, so no run of this installation is creating one."""
     with _admin_conn(store, password) as conn:
+        orphans = [
+            str(row[0])
+            for row in conn.execute(
+                "SELECT r.rolname FROM pg_catalog.pg_roles r WHERE starts_with(r.rolname, %s) "
+                "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_database d WHERE d.datdba = r.oid)",
+                (installation_prefix(),),
+            )
+        ]
+        for name in orphans:
+            _drop_scratch(conn, name, database=False)
         names = [
             str(row[0])
             for row in conn.execute(
@@ -201,14 +213,17 @@ def _relock_scratch(conn: Any, name: str, password: str) -> None:
         )
     )
     deadline = time.monotonic() + RELOCK_SECONDS
-    while True:
+    quiet = 0
+    while quiet < 2:  # seen gone twice, a moment apart: a login may still be starting
         ended = conn.execute(
             "SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity "
             "WHERE usename = %s",
             (name,),
         ).fetchone()
-        if not ended or not ended[0]:
-            break
+        quiet = quiet + 1 if not ended or not ended[0] else 0
+        if quiet:
+            time.sleep(0.1)
+            continue
         if time.monotonic() > deadline:
             raise psycopg.OperationalError(
                 f"{ended[0]} session(s) of {name} did not end within {RELOCK_SECONDS:.0f} s"

@@ -113,7 +113,9 @@ def rollback(env: StepEnv) -> RollbackOutcome:
                         f"rollback: flip-back failed ({exc}); binding still points at {where}"
                     )
         # 3. partial target
-        _drop_partial_target(env)
+        if not _drop_partial_target(env):
+            recovered = False
+            reasons.append("the in-place restore's sibling database or login role is left")
         # 4. un-fence / source access
         if not _restore_source_access(env):
             recovered = False
@@ -161,25 +163,25 @@ def target_known(op: ReshardOperation) -> bool:
     return bool(op.target_endpoint and op.target_database and op.target_user)
 
 
-def _drop_partial_target(env: StepEnv) -> None:
+def _drop_partial_target(env: StepEnv) -> bool:
     """§4.6 step 3, decided from what exists on the target (re-read as the op's target tenant),
     never from ``tables_copied``: a copy killed part-way never set that counter, yet left tables.
     Every outcome is logged exactly: what was dropped, that nothing was there, or what is kept
-    and why."""
+    and why. False only when an in-place restore's sibling or login role is left (the warehouse
+    then stays blocked): a reshard's target is another store's, its leftovers are cruft."""
     op, ctx, log = env.op, env.ctx, env.log
     if not target_known(op):
         log.info("rollback: no target database was recorded; nothing to drop on a target")
-        return
+        return True
     if op.in_place:
-        inplace.drop_sibling(env)
-        return
+        return inplace.drop_sibling(env)
     where = target_where(op)
     if op.target_kind == "cnpg" and op.target_rendered_at is None:
         log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
-        return
+        return True
     if ctx.progress.flipped and not connections.binding_names_source(op):
         log.error("rollback: binding may still point at the target — its tables are kept")
-        return
+        return True
     if sequences.at_or_past(op.step or "", "copying", op.target_kind):
         left = _drop_target_tables(env, where)
     else:  # the copy step is stamped before its first write: nothing was written
@@ -205,6 +207,7 @@ def _drop_partial_target(env: StepEnv) -> None:
             raise
         except (psycopg.Error, StepError) as exc:
             log.error(f"rollback: could not set the target tenant role NOLOGIN: {exc}")
+    return True
 
 
 def target_where(op: ReshardOperation) -> str:

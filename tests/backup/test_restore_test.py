@@ -161,8 +161,11 @@ def test_the_age_metric_of_a_passed_backup(world) -> None:
 
 def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) -> None:
     leftover, foreign = restore_test.scratch_name(424242), restore_test.scratch_name(424243)
+    alone, elsewhere = restore_test.scratch_name(424244), "duckgres_restore_test_00000000_op1"
     with store_clusters.target.provisioner_conn() as conn:
         restore_test._create_scratch(conn, leftover, "pw", [])  # what a killed run leaves
+        for role in (alone, elsewhere):  # killed between the role and its database
+            conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
     with store_clusters.target.superuser_conn() as conn:
         conn.execute(f'CREATE DATABASE "{foreign}"')  # not a run's: left alone
     try:
@@ -174,10 +177,20 @@ def test_a_killed_runs_scratch_database_is_swept_first(world, store_clusters) ->
                 "SELECT count(*) FROM pg_roles WHERE rolname = %s", (leftover,)
             ).fetchone()
         assert row == (0,), "its role went with it"
+        with store_clusters.target.superuser_conn() as conn:
+            roles = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s) ORDER BY 1",
+                    ([alone, elsewhere],),
+                )
+            ]
+        assert roles == [elsewhere], "this installation's role without a database is swept"
         assert report.tested  # the run went on
     finally:
         with store_clusters.target.superuser_conn() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{foreign}"')
+            conn.execute(f'DROP ROLE IF EXISTS "{elsewhere}"')
 
 
 def test_a_second_run_does_nothing_while_one_holds_the_lock(world) -> None:

@@ -13,6 +13,7 @@ consistent, leaving no database or role behind.
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -206,3 +207,49 @@ def test_a_runner_killed_in_place_is_taken_over_and_ends_consistent(
     lines = op_log(op.id)
     assert op.state == "succeeded", (op.error, runner.output(), "\n".join(lines))
     _assert_restored_in_place(moved, op)
+
+
+@pytest.mark.safeguard("reshard-104")
+def test_an_archive_that_changes_the_login_role_cannot_empty_the_restored_catalog(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3
+) -> None:
+    """The backup is replaced (before the start, so its ETag is the one recorded) by an archive
+    whose check function, run by pg_restore as the login role, resets the role and sets the
+    login role's own defaults: every later session of it as the tenant, read-only. Had the
+    runner acted on ``CURRENT_USER`` in such a session, its cleanup's ``DROP OWNED`` would have
+    dropped the tenant's restored catalog after the commit point; it names the role and resets
+    the defaults first, so the restore ends with the backup's catalog, and nothing left."""
+    world, on_b = moved["world"], moved["on_b"]
+    tenant = world.catalog.role
+    with on_b.tenant_conn() as conn:  # B back to the backup's state, plus the hostile check
+        conn.execute(
+            "DELETE FROM ducklake_snapshot WHERE snapshot_id = "
+            "(SELECT max(snapshot_id) FROM ducklake_snapshot)"
+        )
+        conn.execute(
+            "CREATE FUNCTION public.hostile() RETURNS boolean LANGUAGE plpgsql AS $f$ BEGIN "
+            "IF session_user::text LIKE 'duckgres_restore_%' THEN EXECUTE 'RESET ROLE'; "
+            f"EXECUTE format('ALTER ROLE %I SET role = %L', session_user, '{tenant}'); "
+            "EXECUTE format('ALTER ROLE %I SET default_transaction_read_only = on', "
+            "session_user); END IF; RETURN true; END $f$"
+        )
+        conn.execute(
+            "ALTER TABLE ducklake_metadata ADD CONSTRAINT hostile CHECK (public.hostile())"
+        )
+    cluster = on_b.cluster
+    dump = subprocess.run(
+        ["pg_dump", "--format=custom", "--compress=1", "--no-owner", "--schema=public",
+         "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres", on_b.database],
+        capture_output=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    runner_s3.client().put_object(Bucket=runner_s3.bucket, Key=moved["key"], Body=dump)
+    op = _in_place(moved)
+    runner = run_runner(op.id, runner_state_dir, 240, env_extra=runner_s3.env())
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, runner.output(), "\n".join(lines))
+    _assert_restored_in_place(moved, op)
+    with _restored(moved, op).tenant_conn() as conn:
+        row = conn.execute("SELECT count(*) FROM ducklake_metadata").fetchone()
+    assert row is not None
+    assert int(str(row[0])) > 0, "the restored catalog kept its rows"

@@ -7,17 +7,21 @@ not apply. An in-place restore instead:
 
 1. ``cutover`` (:func:`run_cutover`): creates the **login role** of this operation
    (``reshard.restore.login_role_name``: ``duckgres_restore_<installation>_op<id>``, NOLOGIN,
-   a member of the tenant role and nothing else) and the sibling database
+   ``CONNECTION LIMIT 2``, a member of the tenant role and nothing else, granted to the
+   provisioner so that it can administer it on every version) and the sibling database
    (``target_database``, owned by the tenant), then flips the binding to the sibling. The
    tenant role stays NOLOGIN: the fence holds on both databases.
 2. ``copying``/``verifying`` (``restoring``): log in as the login role with a password made
    fresh by each runner (:func:`login_side`, never stored anywhere but this process) and
    ``SET ROLE`` to the tenant, so every restored object belongs to the tenant and an archive
    that resets the role gets the login role's rights — the tenant's — never the provisioner's.
+   Before the first login and again when ``pg_restore`` ends, the provisioner voids what an
+   archive may have changed on the role (settings, password) and ends its other sessions.
 3. ``cleaning_up``: the reshard's commit point and the drop of the replaced catalog, then
-   :func:`open_tenant`: the login role dropped (whatever it owns reassigned to the tenant
-   first), ``ALTER ROLE <tenant> LOGIN``, and a tenant ``SELECT 1`` on the restored catalog
-   through the tenant endpoint (``target_login_ready_at``). A roll-forward runs it again.
+   :func:`open_tenant`: the login role dropped by the provisioner, naming it
+   (:func:`retire_login_role`: whatever it owns in any database handed to the tenant first),
+   ``ALTER ROLE <tenant> LOGIN``, and a tenant ``SELECT 1`` on the restored catalog through
+   the tenant endpoint (``target_login_ready_at``). A roll-forward runs it again.
 
 Invariants:
 
@@ -27,9 +31,13 @@ Invariants:
 - **Cancel until the commit point.** Nothing irreversible happens before ``cleaning_up``: a
   cancel is honoured through the restore and the verification
   (``reshard.runner.execute.before_cancel_cutoff``), and kills a running ``pg_restore``.
-- **Rollback leaves nothing** (:func:`drop_sibling`): once the binding names the source again,
-  the sibling database is dropped and the login role with it; the source's un-fence is the
-  reshard's. Both are decided by observation, never by milestones (a runner killed between
+- **Rollback leaves nothing, or stays blocked** (:func:`drop_sibling`): once the binding names
+  the source again, the sibling database is dropped and the login role with it; the source's
+  un-fence is the reshard's, and only once the binding names the source. What cannot be
+  dropped leaves the warehouse blocked for ``reshard_recover``.
+- **The login role is always named**, never ``CURRENT_USER``: an archive can change the
+  defaults of the sessions it runs in, and none of the runner's statements about the role run
+  in those sessions. Both are decided by observation, never by milestones (a runner killed between
   creating the role and recording ``target_rendered_at`` leaves the role; the rollback finds
   it).
 - **Every statement on a role or a database is preceded by the fenced heartbeat**, and the
@@ -39,9 +47,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import secrets
-from collections.abc import Iterator
 
 import psycopg
 from django.db.models.functions import Coalesce, Now
@@ -53,14 +59,19 @@ from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 
-# The login role's sessions at most: a runner's lock connection and its pg_restore (a
-# takeover's lock connection ends what a killed runner's pg_restore left before its own starts).
-# An archive that sets the role's password finds no free slot while the restore runs.
+# The login role's sessions at most: a runner's lock connection and its pg_restore. An archive
+# that sets the role's password finds no free slot while the restore runs, and whatever it set
+# is voided (password, per-role and per-database settings) before each of the runner's logins.
 LOGIN_CONNECTION_LIMIT = 2
 END_SESSIONS_SECONDS = 30.0
-_OTHER_SESSIONS = (
-    "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = current_user "
-    "AND pid <> pg_catalog.pg_backend_pid()"
+_LOGIN_SESSIONS = (
+    "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = %s AND pid <> ALL(%s)"
+)
+_DEPENDENT_DATABASES = (
+    "SELECT DISTINCT d.datname FROM pg_catalog.pg_shdepend s "
+    "JOIN pg_catalog.pg_database d ON d.oid = s.dbid "
+    "WHERE s.refclassid = 'pg_catalog.pg_authid'::regclass AND s.refobjid = "
+    "(SELECT oid FROM pg_catalog.pg_roles WHERE rolname = %s) ORDER BY 1"
 )
 
 
@@ -85,8 +96,20 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
                 sql.Identifier(login), sql.Literal(LOGIN_CONNECTION_LIMIT)
             )
         )
-        grant = sql.SQL("GRANT {} TO {}").format(sql.Identifier(tenant), sql.Identifier(login))
-        conn.execute(grant)
+        for role, member in ((tenant, login), (login, prov.store.provisioner_user)):
+            conn.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(member))
+            )
+        # The provisioner administers the login role through its privileges (ending its
+        # sessions, reassigning what it owns): ADMIN alone does not give them on 16+.
+        usage = conn.execute(
+            "SELECT pg_catalog.pg_has_role(current_user, %s, 'USAGE')", [login]
+        ).fetchone()
+        if not usage or not usage[0]:
+            raise StepError(
+                f"provisioner {prov.store.provisioner_user} does not inherit the privileges of "
+                f"{login} after GRANT (is it NOINHERIT?); refusing to restore in place"
+            )
         connections.ensure_can_set_role(conn, tenant, prov.store.provisioner_user)
         if not connections.database_exists(conn, sibling):
             conn.execute(
@@ -129,36 +152,62 @@ def run_cutover(env: StepEnv, prov: connections.Provisioner) -> None:
     testhooks.kill_point("after_flip")
 
 
-def login_side(env: StepEnv, *, fresh: bool = False) -> connections.Side:
-    """The sibling database, logged in as the login role (``SET ROLE`` tenant). The first call
-    of a runner — and every ``fresh`` one — gives the role LOGIN with a new password (a
-    client-side SCRAM verifier): a password an archive may have set is void from then on."""
+def end_login_sessions(
+    env: StepEnv, conn: connections.PgConn, *, keep: tuple[int, ...] = ()
+) -> None:
+    """On a provisioner connection: end every session of the login role but ``keep``, seen gone
+    twice a moment apart (a login past its password check when the password changed may still
+    be starting)."""
+    env.fence.pre_statement_heartbeat()
+    connections.end_sessions(
+        conn,
+        _LOGIN_SESSIONS,
+        (login_role_name(env.op.id), list(keep)),
+        what="session(s) of the restore's login role",
+        warn=env.log.warn,
+        seconds=END_SESSIONS_SECONDS,
+        settle=2,
+    )
+
+
+def login_side(
+    env: StepEnv, *, fresh: bool = False, keep: tuple[int, ...] = ()
+) -> connections.Side:
+    """The sibling database, logged in as the login role (``SET ROLE`` tenant).
+
+    The first call of a runner, and every ``fresh`` one, voids what an archive may have set
+    before anyone logs in again: the role's and the sibling's settings are reset, the role gets
+    LOGIN with a new password (a client-side SCRAM verifier, scrubbed), and every session of it
+    but ``keep`` is ended — all by the provisioner, naming the role."""
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
-    login = login_role_name(op.id)
+    login, sibling = sql.Identifier(login_role_name(op.id)), sql.Identifier(op.target_database)
     if fresh or not ctx.restore_login_password:
         password = secrets.token_urlsafe(32)
         ctx.scrubber.add(password)
         try:
             with connections.provisioner_conn(ctx, prov) as conn:
-                if connections.role_state(conn, login) is None:
+                if connections.role_state(conn, login_role_name(op.id)) is None:
                     raise StepError(
-                        f"the restore's login role {login} is missing on store "
+                        f"the restore's login role {login_role_name(op.id)} is missing on store "
                         f"{prov.store.name}; the cutover creates it"
                     )
                 verifier = conn.pgconn.encrypt_password(
-                    password.encode(), login.encode(), b"scram-sha-256"
+                    password.encode(), login_role_name(op.id).encode(), b"scram-sha-256"
                 ).decode()
                 ctx.scrubber.add(verifier)
                 env.fence.pre_statement_heartbeat()
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(
-                        sql.Identifier(login), sql.Literal(verifier)
-                    )
-                )
+                for statement in (
+                    sql.SQL("ALTER ROLE {} RESET ALL").format(login),
+                    sql.SQL("ALTER ROLE {} IN DATABASE {} RESET ALL").format(login, sibling),
+                    sql.SQL("ALTER DATABASE {} RESET ALL").format(sibling),
+                    sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(login, sql.Literal(verifier)),
+                ):
+                    conn.execute(statement)
+                end_login_sessions(env, conn, keep=keep)
         except psycopg.Error as exc:
             raise StepError(
-                f"cannot give the restore's login role {login} a password on store "
+                f"cannot prepare the restore's login role {login_role_name(op.id)} on store "
                 f"{prov.store.name}: {exc}"
             ) from None
         ctx.restore_login_password = password
@@ -166,66 +215,43 @@ def login_side(env: StepEnv, *, fresh: bool = False) -> connections.Side:
         "target",
         prov.direct,
         op.target_database,
-        login,
+        login_role_name(op.id),
         ctx.restore_login_password,
         role=op.target_user,
         store=prov.store.name,
     )
 
 
-@contextlib.contextmanager
-def as_login(env: StepEnv, *, fresh: bool = False) -> Iterator[connections.PgConn]:
-    """A session of the login role itself on the sibling (no ``SET ROLE``): the one identity
-    that may end the role's other sessions and hand over what it owns on every PostgreSQL
-    version (a CREATEROLE provisioner holds ADMIN on it, not its privileges, on 16+)."""
-    side = dataclasses.replace(login_side(env, fresh=fresh), role="")
-    with side.connect(env.ctx) as conn, connections.registered(env.ctx, conn):
-        yield conn
-
-
-def end_other_sessions(env: StepEnv, conn: connections.PgConn) -> None:
-    """End every other session of ``conn``'s role, seen gone twice a moment apart (a login that
-    was past its password check when the password changed may still be starting)."""
-    connections.end_sessions(
-        conn,
-        _OTHER_SESSIONS,
-        (),
-        what="other session(s) of the restore's login role",
-        warn=env.log.warn,
-        seconds=END_SESSIONS_SECONDS,
-        settle=2,
-    )
-
-
-def _login_role_exists(env: StepEnv, prov: connections.Provisioner) -> bool:
-    with connections.provisioner_conn(env.ctx, prov) as conn:
-        return connections.role_state(conn, login_role_name(env.op.id)) is not None
-
-
-def _drop_role(env: StepEnv, prov: connections.Provisioner) -> None:
-    login = login_role_name(env.op.id)
-    with connections.provisioner_conn(env.ctx, prov) as conn:
+def retire_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
+    """NOLOGIN, its sessions ended, whatever it owns in any database (only an archive or an
+    intruder that reset the role creates anything as it) handed to the tenant and its grants
+    dropped, then the role dropped — all by the provisioner, naming the role. Idempotent."""
+    op, ctx = env.op, env.ctx
+    name = login_role_name(op.id)
+    login, tenant = sql.Identifier(name), sql.Identifier(op.target_user)
+    with connections.provisioner_conn(ctx, prov) as conn:
+        if connections.role_state(conn, name) is None:
+            return
         env.fence.pre_statement_heartbeat()
-        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(login)))
-    env.log.info(f"the restore's login role {login} dropped on store {prov.store.name}")
-
-
-def _retire_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
-    """After the commit point: from the login role's own session, its other sessions ended and
-    whatever it owns in the sibling (only an archive that reset the role creates anything as
-    it) handed to the tenant; then the role dropped."""
-    if not _login_role_exists(env, prov):
-        return
-    with as_login(env, fresh=True) as conn:
-        end_other_sessions(env, conn)
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(login))
+        end_login_sessions(env, conn)
+        databases = [str(row[0]) for row in conn.execute(_DEPENDENT_DATABASES, [name])]
+    for database in databases:
+        with connections.provisioner_conn(ctx, prov, dbname=database) as conn:
+            env.fence.pre_statement_heartbeat()
+            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO {}").format(login, tenant))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(login))
+    with connections.provisioner_conn(ctx, prov) as conn:
         env.fence.pre_statement_heartbeat()
-        conn.execute(
-            sql.SQL("REASSIGN OWNED BY CURRENT_USER TO {}").format(
-                sql.Identifier(env.op.target_user)
-            )
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(login))
+    env.log.info(
+        f"the restore's login role {name} dropped on store {prov.store.name}"
+        + (
+            f" (what it owned in {', '.join(databases)} handed to {op.target_user})"
+            if databases
+            else ""
         )
-        conn.execute("DROP OWNED BY CURRENT_USER")
-    _drop_role(env, prov)
+    )
 
 
 def open_tenant(env: StepEnv) -> None:
@@ -238,7 +264,7 @@ def open_tenant(env: StepEnv) -> None:
         ctx, op.target_password_secret_ref, f"the tenant password {op.target_password_secret_ref}"
     )
     try:
-        _retire_login_role(env, prov)
+        retire_login_role(env, prov)
         with connections.provisioner_conn(ctx, prov) as conn:
             refusal = identity.op_role_refusal(conn, op, "target", prov.store)
             if refusal:
@@ -280,16 +306,19 @@ def open_tenant(env: StepEnv) -> None:
     env.log.info(f"restored catalog open: tenant role {tenant} logs in to {op.target_database}")
 
 
-def drop_sibling(env: StepEnv) -> None:
+def drop_sibling(env: StepEnv) -> bool:
     """Rollback: the sibling database and the login role, decided from what the store holds,
-    once the binding names the source again (every outcome logged; never fatal)."""
+    once the binding names the source again. True when both are gone; False (logged, the
+    login role left NOLOGIN when it can be) otherwise: the rollback then leaves the warehouse
+    blocked for ``reshard_recover``."""
     op, ctx, log = env.op, env.ctx, env.log
     sibling = op.target_database
     if not connections.binding_names_source(op):
         log.error(
             f"rollback: the binding may still name the sibling database {sibling}; it is kept"
         )
-        return
+        return False
+    prov: connections.Provisioner | None = None
     try:
         prov = connections.provisioner(ctx, op.to_shard)
         shared = identity.shared_catalog_message(
@@ -297,19 +326,13 @@ def drop_sibling(env: StepEnv) -> None:
         )
         if shared:
             raise StepError(f"{shared}; DROP DATABASE was not sent")
-        login = _login_role_exists(env, prov)
         with connections.provisioner_conn(ctx, prov) as conn:
-            present = connections.database_exists(conn, sibling)
-        if login and present:
-            # Its sessions first (as itself: see ``as_login``), then no more of them.
-            with as_login(env, fresh=True) as conn:
-                end_other_sessions(env, conn)
-            with connections.provisioner_conn(ctx, prov) as conn:
+            name = login_role_name(op.id)
+            if connections.role_state(conn, name) is not None:
                 env.fence.pre_statement_heartbeat()
-                conn.execute(
-                    sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(login_role_name(op.id)))
-                )
-        with connections.provisioner_conn(ctx, prov, role=op.target_user) as conn:
+                conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))
+                end_login_sessions(env, conn)
+            present = connections.database_exists(conn, sibling)
             if present:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
@@ -323,11 +346,25 @@ def drop_sibling(env: StepEnv) -> None:
             if present
             else f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
         )
-        if login:
-            _drop_role(env, prov)
+        retire_login_role(env, prov)
     except (psycopg.Error, StepError, Interrupted) as exc:
         log.error(
             f"rollback: dropping the in-place restore's sibling database {sibling} or its "
-            f"login role {login_role_name(op.id)} on store {op.to_shard} failed: {exc}; drop "
-            "them by hand"
+            f"login role {login_role_name(op.id)} on store {op.to_shard} failed: {exc}; the "
+            f"warehouse stays blocked — drop them, then run reshard_recover {op.id}"
         )
+        _nologin_best_effort(env, prov)
+        return False
+    return True
+
+
+def _nologin_best_effort(env: StepEnv, prov: connections.Provisioner | None) -> None:
+    if prov is None:
+        return
+    name = login_role_name(env.op.id)
+    with (
+        contextlib.suppress(psycopg.Error, StepError),
+        connections.provisioner_conn(env.ctx, prov) as conn,
+    ):
+        if connections.role_state(conn, name) is not None:
+            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))

@@ -98,7 +98,10 @@ def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
     wh = _bucket(env)
     preflight.check_target_identity(env)  # before any write to the target, takeovers included
-    target = inplace.login_side(env) if op.in_place else connections.target_side(ctx, op)
+    # In place: a fresh login role (settings reset, new password, every session of it ended).
+    target = (
+        inplace.login_side(env, fresh=True) if op.in_place else connections.target_side(ctx, op)
+    )
     uri = f"s3://{wh.data_bucket}/{op.restore_backup_key}"
     try:
         s3 = S3(
@@ -112,11 +115,6 @@ def run(env: StepEnv) -> None:
     # In place, nothing is irreversible before the cleanup: a cancel kills pg_restore.
     with waits.cancel_watch(ctx, env.log, enabled=op.in_place) as cancelled:
         restored = _restore(env, wh, s3, target, uri, hooks, cancelled)
-    if op.in_place:
-        # The archive ran as the login role and may have set its password: a new one, and
-        # every other session of the role ended, before anything reads what it restored.
-        with inplace.as_login(env, fresh=True) as conn:
-            inplace.end_other_sessions(env, conn)
     hooks.progress(
         {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
     )
@@ -140,8 +138,8 @@ def _restore(
 ) -> Restored:
     """The locked, watched ``pg_restore`` of the object into ``target``."""
     ctx, op = env.ctx, env.op
-    # Logged in as the writer itself (in place: the login role, without its SET ROLE), so it
-    # may end the pg_restore sessions an earlier runner left.
+    # Logged in as the writer itself (in place: the login role, without its SET ROLE); for a
+    # reshard's target it ends the pg_restore sessions an earlier runner left.
     locker = dataclasses.replace(target, role="")
     try:
         with locker.connect(ctx) as lock_conn, connections.registered(ctx, lock_conn):
@@ -154,7 +152,8 @@ def _restore(
                     "target catalog is locked by another copier — refusing to interleave"
                 )
             major = server_major(int(str(row[1])))
-            _end_earlier_restores(env, lock_conn)
+            if not op.in_place:  # in place, login_side ended every session of the role
+                _end_earlier_restores(env, lock_conn)
             env.log.info(f"restoring {uri} into {target.redacted()} with stock pg_restore")
             last = [0.0]
 
@@ -186,6 +185,10 @@ def _restore(
                 unregister=ctx.unregister_process,
                 after_chunk=progress,
             )
+            if op.in_place:
+                # The archive ran as the login role and may have changed it: void that, and end
+                # its other sessions, before the lock is let go and anything reads the result.
+                inplace.login_side(env, fresh=True, keep=(lock_conn.info.backend_pid,))
     except (RestoreError, Interrupted, psycopg.Error) as exc:
         if ctx.stop.is_set():
             raise Interrupted() from None
