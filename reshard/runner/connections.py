@@ -191,6 +191,18 @@ def ensure_can_set_role(conn: PgConn, role: str, provisioner_user: str) -> None:
         )
 
 
+def ensure_database(conn: PgConn, database: str, owner: str) -> bool:
+    """``CREATE DATABASE … OWNER`` unless it exists (never adopted here: the callers check the
+    owner first); whether it exists now."""
+    if not database_exists(conn, database):
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(database), sql.Identifier(owner)
+            )
+        )
+    return database_exists(conn, database)
+
+
 def database_exists(conn: PgConn, database: str) -> bool:
     row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
     return row is not None

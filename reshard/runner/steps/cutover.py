@@ -67,14 +67,8 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
         )
         if owner:
             raise StepError(owner)
-        if not connections.database_exists(conn, database):
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(database), sql.Identifier(role)
-                )
-            )
+        present = connections.ensure_database(conn, database, role)
         state = connections.role_state(conn, role)
-        present = connections.database_exists(conn, database)
     if state is not True or not present:
         raise StepError(
             f"target tenant not rendered on store {prov.store.name}: role {role} "

@@ -111,13 +111,7 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
                 f"{login} after GRANT (is it NOINHERIT?); refusing to restore in place"
             )
         connections.ensure_can_set_role(conn, tenant, prov.store.provisioner_user)
-        if not connections.database_exists(conn, sibling):
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(sibling), sql.Identifier(tenant)
-                )
-            )
-        present = connections.database_exists(conn, sibling)
+        present = connections.ensure_database(conn, sibling, tenant)
         tenant_state = connections.role_state(conn, tenant)
     if not present:
         raise StepError(f"database {sibling} missing on store {prov.store.name} after CREATE")
@@ -181,19 +175,20 @@ def login_side(
     but ``keep`` is ended — all by the provisioner, naming the role."""
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
-    login, sibling = sql.Identifier(login_role_name(op.id)), sql.Identifier(op.target_database)
+    name = login_role_name(op.id)
+    login, sibling = sql.Identifier(name), sql.Identifier(op.target_database)
     if fresh or not ctx.restore_login_password:
         password = secrets.token_urlsafe(32)
         ctx.scrubber.add(password)
         try:
             with connections.provisioner_conn(ctx, prov) as conn:
-                if connections.role_state(conn, login_role_name(op.id)) is None:
+                if connections.role_state(conn, name) is None:
                     raise StepError(
-                        f"the restore's login role {login_role_name(op.id)} is missing on store "
+                        f"the restore's login role {name} is missing on store "
                         f"{prov.store.name}; the cutover creates it"
                     )
                 verifier = conn.pgconn.encrypt_password(
-                    password.encode(), login_role_name(op.id).encode(), b"scram-sha-256"
+                    password.encode(), name.encode(), b"scram-sha-256"
                 ).decode()
                 ctx.scrubber.add(verifier)
                 env.fence.pre_statement_heartbeat()
@@ -207,15 +202,14 @@ def login_side(
                 end_login_sessions(env, conn, keep=keep)
         except psycopg.Error as exc:
             raise StepError(
-                f"cannot prepare the restore's login role {login_role_name(op.id)} on store "
-                f"{prov.store.name}: {exc}"
+                f"cannot prepare the restore's login role {name} on store {prov.store.name}: {exc}"
             ) from None
         ctx.restore_login_password = password
     return connections.Side(
         "target",
         prov.direct,
         op.target_database,
-        login_role_name(op.id),
+        name,
         ctx.restore_login_password,
         role=op.target_user,
         store=prov.store.name,
