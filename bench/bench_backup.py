@@ -78,6 +78,7 @@ import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from duckgres_admin.lib.s3 import S3  # noqa: E402
+from reshard import backup as backup_mod  # noqa: E402
 from reshard.backup import (  # noqa: E402
     BackupDestination,
     BackupSource,
@@ -317,6 +318,95 @@ def memory_child(args: argparse.Namespace) -> None:
     )
 
 
+class Timeline:
+    """Where one backup's wall time goes after ``pg_dump`` exits: the first start and the last
+    end of each S3 call and of the pump (stdout read to EOF), in ms from the backup's start.
+    Instrumentation only: the calls run unchanged against the real server."""
+
+    WRAPPED = (
+        (S3, "upload_part"),
+        (S3, "complete_multipart_upload"),
+        (S3, "head_size"),
+        (backup_mod._Backup, "_pump"),
+    )
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Timeline:
+        for owner, name in self.WRAPPED:
+            original = getattr(owner, name)
+            self.saved.append((owner, name, original))
+            setattr(owner, name, self._timed(name, original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in self.saved:
+            setattr(owner, name, original)
+
+    def _timed(self, name: str, original: Any) -> Any:
+        marks = self.marks
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            marks.setdefault(f"{name}.start", time.monotonic())
+            try:
+                return original(*args, **kwargs)
+            finally:
+                marks[f"{name}.end"] = time.monotonic()
+
+        return timed
+
+    def span(self, name: str) -> float:
+        return (self.marks[f"{name}.end"] - self.marks[f"{name}.start"]) * 1000
+
+
+def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> None:
+    """The runner's path (client and facts prepared), timed call by call, beside the server's
+    own latency for a bodiless write (``CreateMultipartUpload`` + abort) and a ``HEAD``: the
+    serial tail after ``pg_dump`` exits is one upload of the last part, the completion and the
+    size check, so ``baseline / (baseline + tail)`` is the ceiling this server allows."""
+    to_eof: list[float] = []
+    last_part: list[float] = []
+    complete: list[float] = []
+    head: list[float] = []
+    for i in range(runs):
+        prepared_s3 = S3(region="us-east-1", session_name=f"duckgres-reshard-op-{2500 + i}")
+        facts = read_source_facts(db.source())
+        with Timeline() as tl:
+            started = time.monotonic()
+            backup_once(db, prepared_s3, bucket, 2500 + i, prebuilt=True, facts=facts)
+        to_eof.append(tl.marks["_pump.end"] - started)
+        last_part.append(tl.span("upload_part"))
+        complete.append(tl.span("complete_multipart_upload"))
+        head.append(tl.span("head_size"))
+    create_abort: list[float] = []
+    bare_head: list[float] = []
+    for i in range(runs):
+        key = f"latency-probe-{i}"
+        started = time.monotonic()
+        upload_id = s3.create_multipart_upload(bucket, key)
+        create_abort.append((time.monotonic() - started) * 1000)
+        s3.abort_multipart_upload(bucket, key, upload_id)
+        started = time.monotonic()
+        s3.head_size(bucket, key)
+        bare_head.append((time.monotonic() - started) * 1000)
+    eof = statistics.median(to_eof)
+    tail = statistics.median(last_part) + statistics.median(complete) + statistics.median(head)
+    line("breakdown_backup_start_to_pg_dump_eof", eof, "s", f"{baseline / eof:.2f}x of baseline")
+    line("breakdown_last_part_upload", statistics.median(last_part), "ms")
+    line("breakdown_complete_multipart_upload", statistics.median(complete), "ms")
+    line("breakdown_head_size_check", statistics.median(head), "ms")
+    line("server_bodiless_write_create_multipart_upload", statistics.median(create_abort), "ms")
+    line("server_head_of_a_missing_key", statistics.median(bare_head), "ms")
+    line(
+        "ceiling_with_this_servers_serial_tail",
+        baseline / (baseline + tail / 1000),
+        "x",
+        f"baseline {baseline:.3f} s / (baseline + {tail:.0f} ms of tail)",
+    )
+
+
 def line(name: str, value: float, unit: str, ratio: str = "") -> None:
     print(f"{name}: {value:.3f} {unit}" + (f" ({ratio})" if ratio else ""), flush=True)
 
@@ -422,6 +512,7 @@ def main() -> None:
         )
         line(f"backup_cpu_runner_{args.tables}_tables", statistics.median(cpu_self), "s")
         line(f"backup_cpu_{args.s3}_{args.tables}_tables", statistics.median(cpu_moto), "s")
+        tail_breakdown(db, s3, bucket, args.runs, b)
 
         # --- memory on large incompressible dumps ---------------------------------------------
         for mib in [int(x) for x in args.large_mib.split(",") if x.strip()]:

@@ -17,7 +17,8 @@ Measured, each with ``--clients`` concurrent wrk clients for ``--duration`` seco
   round trip on an open TLS connection to the config store, and a new TLS connection + ``SELECT
   1`` (what every request paid with ``CONN_MAX_AGE`` 0);
 - ``grant_release`` (grant, then release it) and ``mix`` (grant, renew, release), closed loop;
-  then ``grant_release`` at about 70 % of its maximum rate (think time per client) for p99;
+  then ``grant_release`` at about 70 % of its maximum rate (a think time per client, corrected
+  by two short calibration runs) for p99;
 - one client, ``grant_release`` (latency per request without queueing);
 - config-store queries per grant / renew / release (Django's ``CaptureQueriesContext`` around
   the same requests in this process), and, from ``pg_stat_database`` over the wrk runs,
@@ -296,6 +297,24 @@ def queries_per_request() -> dict[str, int]:
     return out
 
 
+def calibrate_think(
+    wrk: str, port: int, target: float, loaded_p50_ms: float, common: dict[str, Any]
+) -> float:
+    """The think time per client that offers about ``target`` requests/s: a first guess from
+    the closed-loop latency, then two short runs (a quarter of ``--duration`` each, at least
+    2 s) that correct it by the cycle time they measure (latency drops as the load does, so the
+    first guess overshoots the rate)."""
+    clients = int(common["clients"])
+    think = max(0.0, clients * 1000 / target - loaded_p50_ms * 0.6)
+    short = {**common, "duration": max(2.0, common["duration"] / 4)}
+    for _ in range(2):
+        probe = run_wrk(wrk, port, mode="grant_release", think_ms=think, **short)
+        if not probe.rps:
+            break
+        think = max(0.0, think + clients * 1000 / target - clients * 1000 / probe.rps)
+    return think
+
+
 def ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "n/a"
 
@@ -432,8 +451,7 @@ def main() -> None:
         mix = run_wrk(wrk, port, mode="mix", **common)
         print(f"mix (grant, renew, release): {mix.rps:.0f} requests/s "
               f"({ratio(mix.rps, livez.rps)} of /livez); {mix.describe()}")  # fmt: skip
-        target = 0.7 * grant.rps
-        think = max(0.0, args.clients * 1000 / target - grant.p50_ms * 0.6)
+        think = calibrate_think(wrk, port, 0.7 * grant.rps, grant.p50_ms, common)
         paced = run_wrk(wrk, port, mode="grant_release", think_ms=think, **common)
         print(f"grant+release at ~70 % of the maximum rate (think {think:.1f} ms per client): "
               f"{paced.rps:.0f} requests/s ({ratio(paced.rps, grant.rps)} of the maximum); "
