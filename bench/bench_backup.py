@@ -365,21 +365,24 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
     """The runner's path (client and facts prepared), timed call by call, beside the server's
     own latency for a bodiless write (``CreateMultipartUpload`` + abort) and a ``HEAD``: the
     serial tail after ``pg_dump`` exits is one upload of the last part, the completion and the
-    size check, so ``baseline / (baseline + tail)`` is the ceiling this server allows."""
+    size check, so ``baseline / (baseline + tail)`` is the ceiling this server allows (the tail
+    is the median over runs of ``pg_dump``'s EOF → the backup's return, not a sum of medians)."""
     to_eof: list[float] = []
     last_part: list[float] = []
     complete: list[float] = []
     head: list[float] = []
+    tails: list[float] = []  # per run: the three calls after EOF together
     for i in range(runs):
         prepared_s3 = S3(region="us-east-1", session_name=f"duckgres-reshard-op-{2500 + i}")
         facts = read_source_facts(db.source())
         with Timeline() as tl:
             started = time.monotonic()
-            backup_once(db, prepared_s3, bucket, 2500 + i, prebuilt=True, facts=facts)
+            elapsed, _ = backup_once(db, prepared_s3, bucket, 2500 + i, prebuilt=True, facts=facts)
         to_eof.append(tl.marks["_pump.end"] - started)
         last_part.append(tl.span("upload_part"))
         complete.append(tl.span("complete_multipart_upload"))
         head.append(tl.span("head_size"))
+        tails.append((started + elapsed - tl.marks["_pump.end"]) * 1000)
     create_abort: list[float] = []
     bare_head: list[float] = []
     for i in range(runs):
@@ -392,11 +395,12 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
         s3.head_size(bucket, key)
         bare_head.append((time.monotonic() - started) * 1000)
     eof = statistics.median(to_eof)
-    tail = statistics.median(last_part) + statistics.median(complete) + statistics.median(head)
+    tail = statistics.median(tails)
     line("breakdown_backup_start_to_pg_dump_eof", eof, "s", f"{baseline / eof:.2f}x of baseline")
     line("breakdown_last_part_upload", statistics.median(last_part), "ms")
     line("breakdown_complete_multipart_upload", statistics.median(complete), "ms")
     line("breakdown_head_size_check", statistics.median(head), "ms")
+    line("breakdown_tail_after_pg_dump_eof", tail, "ms", "median over runs of EOF -> backup done")
     line("server_bodiless_write_create_multipart_upload", statistics.median(create_abort), "ms")
     line("server_head_of_a_missing_key", statistics.median(bare_head), "ms")
     line(
