@@ -285,6 +285,16 @@ def backup_once(
     return elapsed, result
 
 
+def prepared_backup(db: Db, bucket: str, op_id: int) -> tuple[float, float]:
+    """What the runner's step does: client and facts prepared during the propagation wait (both
+    made before the clock starts, as the wait made them). Returns the backup's start
+    (``time.monotonic()``) and its seconds."""
+    prepared_s3 = S3(region="us-east-1", session_name=f"duckgres-reshard-op-{op_id}")
+    facts = read_source_facts(db.source())
+    started = time.monotonic()
+    return started, backup_once(db, prepared_s3, bucket, op_id, prebuilt=True, facts=facts)[0]
+
+
 def memory_child(args: argparse.Namespace) -> None:
     idle = status_kib("VmRSS") * 1024
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -319,8 +329,9 @@ def memory_child(args: argparse.Namespace) -> None:
 
 
 class Timeline:
-    """Where one backup's wall time goes after ``pg_dump`` exits: the first start and the last
-    end of each S3 call and of the pump (stdout read to EOF), in ms from the backup's start.
+    """Where one backup's wall time goes after ``pg_dump`` exits: the start and end
+    (``time.monotonic()``) of the last call of each S3 method and of the pump (stdout read to
+    EOF), so ``span("upload_part")`` is the last part's upload even in a multi-part dump.
     Instrumentation only: the calls run unchanged against the real server."""
 
     WRAPPED = (
@@ -349,7 +360,7 @@ class Timeline:
         marks = self.marks
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            marks.setdefault(f"{name}.start", time.monotonic())
+            marks[f"{name}.start"] = time.monotonic()
             try:
                 return original(*args, **kwargs)
             finally:
@@ -373,11 +384,8 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
     head: list[float] = []
     tails: list[float] = []  # per run: the three calls after EOF together
     for i in range(runs):
-        prepared_s3 = S3(region="us-east-1", session_name=f"duckgres-reshard-op-{2500 + i}")
-        facts = read_source_facts(db.source())
         with Timeline() as tl:
-            started = time.monotonic()
-            elapsed, _ = backup_once(db, prepared_s3, bucket, 2500 + i, prebuilt=True, facts=facts)
+            started, elapsed = prepared_backup(db, bucket, 2500 + i)
         to_eof.append(tl.marks["_pump.end"] - started)
         last_part.append(tl.span("upload_part"))
         complete.append(tl.span("complete_multipart_upload"))
@@ -485,13 +493,7 @@ def main() -> None:
             cpu_self.append(cpu_seconds("self") - self0)
             cpu_moto.append(cpu_seconds(str(moto.pid)) - moto0)
             ours_prebuilt.append(backup_once(db, s3, bucket, 1500 + i, prebuilt=True)[0])
-            # What the runner's step does now: client and facts prepared during the wait
-            # (both made before the clock starts, as the wait made them).
-            prepared_s3 = S3(region="us-east-1", session_name=f"duckgres-reshard-op-{2000 + i}")
-            facts = read_source_facts(db.source())
-            ours_prepared.append(
-                backup_once(db, prepared_s3, bucket, 2000 + i, prebuilt=True, facts=facts)[0]
-            )
+            ours_prepared.append(prepared_backup(db, bucket, 2000 + i)[1])
         b, o = statistics.median(base), statistics.median(ours)
         p = statistics.median(ours_prebuilt)
         q = statistics.median(ours_prepared)
