@@ -372,18 +372,23 @@ class Timeline:
         return (self.marks[f"{name}.end"] - self.marks[f"{name}.start"]) * 1000
 
 
-def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> None:
+def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int) -> None:
     """The runner's path (client and facts prepared), timed call by call, beside the server's
     own latency for a bodiless write (``CreateMultipartUpload`` + abort) and a ``HEAD``: the
     serial tail after ``pg_dump`` exits is one upload of the last part, the completion and the
     size check, so ``baseline / (baseline + tail)`` is the ceiling this server allows (the tail
-    is the median over runs of ``pg_dump``'s EOF → the backup's return, not a sum of medians)."""
+    is the median over runs of ``pg_dump``'s EOF → the backup's return, not a sum of medians;
+    the baseline is timed before each run, so both sides share the machine's state). Small
+    writes (``CreateMultipartUpload``, an empty ``PutObject``) far slower than a ``HEAD`` show
+    a server whose HTTP frontend stalls on Nagle's algorithm: a warning says so."""
     to_eof: list[float] = []
     last_part: list[float] = []
     complete: list[float] = []
     head: list[float] = []
     tails: list[float] = []  # per run: the three calls after EOF together
+    baselines: list[float] = []  # interleaved, so EOF and the ceiling compare like with like
     for i in range(runs):
+        baselines.append(baseline_seconds(db))
         with Timeline() as tl:
             started, elapsed = prepared_backup(db, bucket, 2500 + i)
         to_eof.append(tl.marks["_pump.end"] - started)
@@ -392,6 +397,7 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
         head.append(tl.span("head_size"))
         tails.append((started + elapsed - tl.marks["_pump.end"]) * 1000)
     create_abort: list[float] = []
+    empty_put: list[float] = []
     bare_head: list[float] = []
     for i in range(runs):
         key = f"latency-probe-{i}"
@@ -400,10 +406,15 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
         create_abort.append((time.monotonic() - started) * 1000)
         s3.abort_multipart_upload(bucket, key, upload_id)
         started = time.monotonic()
-        s3.head_size(bucket, key)
+        s3.client.put_object(Bucket=bucket, Key=key, Body=b"")  # its answer has no body
+        empty_put.append((time.monotonic() - started) * 1000)
+        s3.delete_object(bucket, key)
+        started = time.monotonic()
+        s3.head_size(bucket, f"{key}-missing")
         bare_head.append((time.monotonic() - started) * 1000)
     eof = statistics.median(to_eof)
     tail = statistics.median(tails)
+    baseline = statistics.median(baselines)
     line("breakdown_backup_start_to_pg_dump_eof", eof, "s", f"{baseline / eof:.2f}x of baseline")
     line("breakdown_last_part_upload", statistics.median(last_part), "ms")
     line("breakdown_complete_multipart_upload", statistics.median(complete), "ms")
@@ -411,11 +422,19 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int, baseline: float) -> N
     line("breakdown_tail_after_pg_dump_eof", tail, "ms", "median over runs of EOF -> backup done")
     line("server_bodiless_write_create_multipart_upload", statistics.median(create_abort), "ms")
     line("server_head_of_a_missing_key", statistics.median(bare_head), "ms")
+    line("server_put_of_an_empty_object", statistics.median(empty_put), "ms")
+    stall = statistics.median(create_abort) - statistics.median(bare_head)
+    if stall > 20:  # a small write ~40 ms slower than a HEAD: Nagle + the client's delayed ACK
+        print(
+            f"# WARNING: this server answers a small write {stall:.0f} ms later than a HEAD "
+            "(CreateMultipartUpload vs HEAD): its HTTP frontend waits on Nagle's algorithm "
+            "(for Ceph RGW: beast ... tcp_nodelay=1); every figure here carries that stall"
+        )
     line(
         "ceiling_with_this_servers_serial_tail",
         baseline / (baseline + tail / 1000),
         "x",
-        f"baseline {baseline:.3f} s / (baseline + {tail:.0f} ms of tail)",
+        f"interleaved baseline {baseline:.3f} s / (baseline + {tail:.0f} ms of tail)",
     )
 
 
@@ -518,7 +537,7 @@ def main() -> None:
         )
         line(f"backup_cpu_runner_{args.tables}_tables", statistics.median(cpu_self), "s")
         line(f"backup_cpu_{args.s3}_{args.tables}_tables", statistics.median(cpu_moto), "s")
-        tail_breakdown(db, s3, bucket, args.runs, b)
+        tail_breakdown(db, s3, bucket, args.runs)
 
         # --- memory on large incompressible dumps ---------------------------------------------
         for mib in [int(x) for x in args.large_mib.split(",") if x.strip()]:
