@@ -420,10 +420,11 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int) -> None:
     line("breakdown_complete_multipart_upload", statistics.median(complete), "ms")
     line("breakdown_head_size_check", statistics.median(head), "ms")
     line("breakdown_tail_after_pg_dump_eof", tail, "ms", "median over runs of EOF -> backup done")
-    line("server_bodiless_write_create_multipart_upload", statistics.median(create_abort), "ms")
-    line("server_head_of_a_missing_key", statistics.median(bare_head), "ms")
+    create_ms, head_ms = statistics.median(create_abort), statistics.median(bare_head)
+    line("server_bodiless_write_create_multipart_upload", create_ms, "ms")
+    line("server_head_of_a_missing_key", head_ms, "ms")
     line("server_put_of_an_empty_object", statistics.median(empty_put), "ms")
-    stall = statistics.median(create_abort) - statistics.median(bare_head)
+    stall = create_ms - head_ms
     if stall > 20:  # a small write ~40 ms slower than a HEAD: Nagle + the client's delayed ACK
         print(
             f"# WARNING: this server answers a small write {stall:.0f} ms later than a HEAD "
