@@ -22,12 +22,22 @@ Invariants:
    fail (naming the holder) while the holder's catalog is untouched.
 5. **Ready needs evidence.** ``ready`` is written only after the publication (if any) and a
    successful checkpoint of the catalog's revision onto ``publication_revision``; a failed
-   checkpoint is a failure (the org stays not ready) and the next pass checkpoints again
-   because the watermark is still behind the catalog's revision. With tenant admission the
-   publication row must also show an admitted target (§4.10 step 5).
-6. **Any other failure is recorded**: ``state=failed``, ``failed_at=now()``, the error text
-   clipped to 1024 characters (errors of the catalog store never carry its DSN).
-7. **Orphans are removed only with proof.** The sweep removes a pool's catalog only when its
+   checkpoint is a failure (an org not ready yet stays not ready; a ready one: see 7) and the
+   next pass checkpoints again because the watermark is still behind the catalog's revision.
+   With tenant admission the publication row must also show an admitted target (§4.10 step 5).
+6. **Any other failure is recorded** (except as in 7): ``state=failed``, ``failed_at=now()``,
+   the error text clipped to 1024 characters (errors of the catalog store never carry its DSN).
+7. **A publisher blip never un-readies a published org.** For a row that was ``ready`` when
+   the pass read it, a failure of the publication machinery after the name claim — the
+   catalog-store write (alter, create, drop of a former name), the read-back of the written
+   definition (an error or a definition that is not the rendered one), or the checkpoint of
+   the watermark — keeps ``state=ready`` (its previously published catalog still serves) and
+   records the error the same way (``status_message`` clipped, ``failed_at=now()``), guarded
+   by ``state = 'ready'`` as well. The sweep reconciles every enabled row, so the next pass
+   retries, and its success clears the message and ``failed_at``. Problems of the org itself
+   (an unrenderable warehouse, a catalog name held by another org) and refusals that are
+   decisions (``IntentChanged``) still mark it ``failed``.
+8. **Orphans are removed only with proof.** The sweep removes a pool's catalog only when its
    definition names an org that is deleted or owned by another pool (a move), checked under the
    org's advisory lock that a move also takes; catalogs naming no org are never touched.
 """
@@ -72,6 +82,7 @@ DISABLED = "disabled"
 REMOVED = "removed"
 FAILED = "failed"
 READY = "ready"
+READY_RETRYING = "ready_retrying"  # still ready; its republication failed (invariant 7)
 PROVISIONING = "provisioning"
 
 
@@ -81,6 +92,11 @@ class CatalogNameTaken(Exception):
 
 class _Raced(Exception):
     """The row changed under this reconcile (disabled or moved): drop the pass."""
+
+
+class _PublisherBlip(Exception):
+    """The publication machinery failed while republishing an org that was already ready
+    (invariant 7): recorded on the row, which stays ready."""
 
 
 def _name_taken(name: str, public_id: str, holder: str) -> str:
@@ -130,6 +146,19 @@ def _write_failed(org_id: str, owner: str, message: str) -> None:
         "failed_at = now(), updated_at = now() "
         "WHERE org_id = %s AND enabled = true AND trino_cell_id = %s",
         [clip_status_message(message), org_id, owner],
+    )
+
+
+def _write_ready_error(org_id: str, owner: str, message: str) -> bool:
+    """Record a publisher blip on a ready row (invariant 7); False if it is no longer ready."""
+    return (
+        _execute(
+            "UPDATE duckgres_managed_warehouse_trino SET status_message = %s, "
+            "failed_at = now(), updated_at = now() "
+            "WHERE org_id = %s AND enabled = true AND trino_cell_id = %s AND state = 'ready'",
+            [clip_status_message(message), org_id, owner],
+        )
+        == 1
     )
 
 
@@ -193,21 +222,17 @@ def _checkpoint(cell: Cell, revision: int) -> None:
     catalog_writer.checkpoint_revision(_live_authority(cell), revision)
 
 
-def _publish(row: WarehouseTrino, warehouse: Warehouse, cell: Cell) -> str:
-    """Steps 2 and 5 of §4.10 for an enabled row; raises on failure."""
-    org_id, owner = warehouse.org_id, cell.stored_id
-    client = catalog_writer.client_for(owner)
-    published = client.list_catalogs()  # NotThisReplica here, before any row write
-    _live_authority(cell)
-    if row.state == "pending":
-        _to_provisioning(org_id, owner)
-    settings = config.current()
-    definition = render_definition(warehouse, row, settings)
-    name = catalog_name(warehouse.database_name)
-    digest = payload_hash(definition)
-    old = row.catalog_name
-    if old != name:
-        _claim(org_id, owner, cell.id, old, name)
+def _write_and_check(
+    client: catalog_writer.CatalogClient,
+    cell: Cell,
+    org_id: str,
+    published: dict[str, str],
+    target: tuple[str, str, dict[str, Any], str],
+) -> None:
+    """Publish when the store's hash differs, remove a former name, read the catalog back and
+    checkpoint its revision (§4.10 step 2). ``target`` is ``(former name, name, definition,
+    payload hash)``. Raises on any failure (the caller decides what the row records)."""
+    old, name, definition, digest = target
     revision = 0
     if published.get(name) != digest:
         if name in published:
@@ -226,6 +251,29 @@ def _publish(row: WarehouseTrino, warehouse: Warehouse, cell: Cell) -> str:
             f"catalog {name} on Trino pool {cell.id} does not hold the rendered definition"
         )
     _checkpoint(cell, max(revision, entry.revision))
+
+
+def _publish(row: WarehouseTrino, warehouse: Warehouse, cell: Cell) -> str:
+    """Steps 2 and 5 of §4.10 for an enabled row; raises on failure."""
+    org_id, owner = warehouse.org_id, cell.stored_id
+    client = catalog_writer.client_for(owner)
+    published = client.list_catalogs()  # NotThisReplica here, before any row write
+    _live_authority(cell)
+    if row.state == "pending":
+        _to_provisioning(org_id, owner)
+    settings = config.current()
+    definition = render_definition(warehouse, row, settings)
+    name = catalog_name(warehouse.database_name)
+    digest = payload_hash(definition)
+    old = row.catalog_name
+    if old != name:
+        _claim(org_id, owner, cell.id, old, name)
+    try:
+        _write_and_check(client, cell, org_id, published, (old, name, definition, digest))
+    except (catalog_writer.CatalogStoreError, DatabaseError) as exc:
+        if row.state == READY:
+            raise _PublisherBlip(str(exc) or type(exc).__name__) from exc
+        raise
     state, message = _gate(org_id, cell)
     if state == READY:
         _write_ready(org_id, owner)
@@ -287,6 +335,18 @@ def reconcile_org(org_id: str) -> str:
             return _publish(row, warehouse, cell)
         except (NotThisReplica, WriterFenced, PoolConflict, _Raced):
             raise
+        except _PublisherBlip as blip:
+            if _write_ready_error(org_id, cell.stored_id, str(blip)):
+                _log.warning(
+                    "org %s: republishing its Trino catalog failed; it stays ready on the "
+                    "published catalog and the sweep retries: %s",
+                    org_id,
+                    blip,
+                )
+                return READY_RETRYING
+            _write_failed(org_id, cell.stored_id, str(blip))
+            _log.warning("org %s: Trino reconcile failed: %s", org_id, blip)
+            return FAILED
         except Exception as exc:  # noqa: BLE001 - §4.10 step 4: any other failure is recorded
             message = str(exc) or type(exc).__name__
             _write_failed(org_id, cell.stored_id, message)
@@ -379,6 +439,7 @@ def reconcile_orgs() -> int:
 
 
 __all__ = [
+    "READY_RETRYING",
     "REVOKED",
     "UNREADABLE",
     "WAITING_ADMIT",

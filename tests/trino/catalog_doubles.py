@@ -290,3 +290,92 @@ def commit_drop_proxy() -> Iterator[CommitDropProxy]:
         yield proxy
     finally:
         proxy.stop()
+
+
+# -- a proxy behind which the store goes dark right after a write ------------------------------
+
+
+@dataclass
+class DarkAfterWriteProxy:
+    """TCP proxy to 127.0.0.1:5432. When armed, the next transaction that writes a journal
+    entry commits normally and its answer reaches the client; then the store "goes dark": the
+    client's next request on that connection cuts it, and every new connection is closed at
+    once, until ``dark`` is set back to False. The write is done, its read-back cannot be: the
+    publisher blip of a network partition right after a COMMIT."""
+
+    port: int = 0
+    armed: bool = False
+    dark: bool = False
+    cut: int = 0
+    _listener: socket.socket | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def dsn(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}?sslmode=disable"
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.2)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                continue
+            if self.dark:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", 5432))
+            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket) -> None:
+        primed = committed = False
+        try:
+            while data := client.recv(65536):
+                if self.dark or committed:
+                    self.armed, self.dark = False, True
+                    self.cut += 1
+                    return  # the finally closes both ends: the request never arrives
+                primed = primed or (self.armed and JOURNAL_INSERT in data)
+                committed = self.armed and primed and COMMIT_MESSAGE in data
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    @staticmethod
+    def _down(upstream: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := upstream.recv(65536):
+                client.sendall(data)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def dark_after_write_proxy() -> Iterator[DarkAfterWriteProxy]:
+    proxy = DarkAfterWriteProxy()
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

@@ -1,10 +1,12 @@
 """Org reconcile and failure recording (spec trino-pools §4.10, §4.9; safeguards 14, 15, 17,
-18, 40, 42 (reconcile part), 43) on the real config store and a real catalog-store database."""
+18, 40, 42 (reconcile part), 43, 46) on the real config store and a real catalog-store database."""
 
 # The fixtures imported from tests.trino.catalog_doubles are parameters of the tests.
 # ruff: noqa: F811
 
 from __future__ import annotations
+
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,6 +17,7 @@ from tests.trino.catalog_doubles import (  # noqa: F401
     Pools,
     catalogs,
     commit_drop_proxy,
+    dark_after_write_proxy,
     journal,
     pool_revision,
     pools,
@@ -27,6 +30,7 @@ from trino_pools import authority, catalog_writer, placement
 from trino_pools.authority import Authority
 from trino_pools.catalogs import catalog_name, payload_hash
 from trino_pools.reconcile import (
+    READY_RETRYING,
     REVOKED,
     UNREADABLE,
     WAITING_PUBLISH,
@@ -44,6 +48,68 @@ def _store_sql(pools: Pools, sql: str) -> None:
         pools.store.dsn, autocommit=True, options="-c search_path=trino_catalogs"
     ) as c:
         c.execute(sql)
+
+
+# A catalog-store trigger that fails the statement: with a plain error, or by outliving the
+# writer's statement_timeout (a real deadline: PostgreSQL cancels the statement).
+REFUSE_WITH = {
+    "error": "RAISE EXCEPTION 'catalog store refuses writes';",
+    "timeout": "PERFORM pg_sleep(30);",
+}
+REFUSAL_TEXT = {
+    "error": "catalog store refuses writes",
+    "timeout": "canceling statement due to statement timeout",
+}
+
+
+def _refuse(pools: Pools, how: str, event: str) -> None:
+    """Make ``event`` (``INSERT`` or ``UPDATE``) on ``trino_catalogs`` fail as ``how`` says."""
+    _store_sql(
+        pools,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"{REFUSE_WITH[how]} RETURN NEW; END $$; "
+        f"CREATE TRIGGER refuse BEFORE {event} ON trino_catalogs "
+        "FOR EACH ROW EXECUTE FUNCTION refuse()",
+    )
+
+
+@pytest.fixture
+def short_statements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's statement_timeout lowered from 3 s to 400 ms (a test of 30 s sleeps
+    would otherwise wait 3 s per statement; the mechanism is the same)."""
+    monkeypatch.setattr(catalog_writer, "STATEMENT_TIMEOUT_MS", 400)
+
+
+def _ready_with_a_changed_binding(
+    pools: Pools,
+) -> tuple[Warehouse, WarehouseTrino, tuple[Any, ...]]:
+    """A published, ready org whose warehouse then moved to another shard: the next reconcile
+    must alter its catalog. Returns the warehouse, its ready row and its published catalog."""
+    pools.lead("pool-a")
+    wh = pools.warehouse("acme")
+    assert reconcile_org(wh.org_id) == "ready"
+    ready = trino_row(wh.org_id)
+    published = catalogs(pools.store)["org_acme"]
+    Warehouse.objects.filter(pk=wh.pk).update(metadata_store_host="meta-2.example.internal")
+    return wh, ready, published
+
+
+def _assert_still_ready(org_id: str, ready: WarehouseTrino, error: str) -> None:
+    row = trino_row(org_id)
+    assert row.state == "ready"
+    assert row.ready_at == ready.ready_at  # the ready stamp of the publication still serving
+    assert row.failed_at is not None
+    assert error in row.status_message
+    assert row.catalog_name == "org_acme"
+
+
+def _assert_retried_by_the_sweep(pools: Pools, org_id: str) -> None:
+    assert reconcile_orgs() == 1
+    row = trino_row(org_id)
+    assert (row.state, row.status_message, row.failed_at) == ("ready", "", None)
+    stored = catalogs(pools.store)["org_acme"]
+    assert stored[3]["properties"]["metadata.host"] == "meta-2.example.internal"
+    assert pool_revision() == stored[1]
 
 
 class TestHappyPath:
@@ -168,27 +234,120 @@ class TestFailures:
             assert whole_store(pools.store) == store_before
 
     @pytest.mark.safeguard("trino-15")
-    def test_a_publication_failure_is_recorded_and_a_later_success_clears_it(self, pools):
+    @pytest.mark.parametrize("how", ["error", "timeout"])
+    def test_a_publication_failure_is_recorded_and_a_later_success_clears_it(
+        self, pools, short_statements, how
+    ):
+        """A plain error and a deadline (the server cancels the write at statement_timeout)
+        take the same recovery path."""
         pools.lead("pool-a")
         wh = pools.warehouse("acme")
-        _store_sql(
-            pools,
-            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "RAISE EXCEPTION 'catalog store refuses writes'; END $$; "
-            "CREATE TRIGGER refuse BEFORE INSERT ON trino_catalogs "
-            "FOR EACH ROW EXECUTE FUNCTION refuse()",
-        )
+        _refuse(pools, how, "INSERT")
         assert reconcile_org(wh.org_id) == "failed"
         row = trino_row(wh.org_id)
         assert row.state == "failed"
         assert row.failed_at is not None
-        assert "catalog store refuses writes" in row.status_message
+        assert REFUSAL_TEXT[how] in row.status_message
         assert pools.store.database not in row.status_message
+        assert catalogs(pools.store) == {}
+        assert journal(pools.store) == []
         _store_sql(pools, "DROP TRIGGER refuse ON trino_catalogs")
         assert reconcile_org(wh.org_id) == "ready"
         row = trino_row(wh.org_id)
         assert (row.state, row.status_message, row.failed_at) == ("ready", "", None)
         assert row.ready_at is not None
+
+    @pytest.mark.safeguard("trino-46")
+    @pytest.mark.parametrize("how", ["error", "timeout"])
+    def test_a_failed_alter_keeps_a_ready_org_ready_and_the_sweep_retries(
+        self, pools, short_statements, how
+    ):
+        wh, ready, published = _ready_with_a_changed_binding(pools)
+        _refuse(pools, how, "UPDATE")
+        assert reconcile_org(wh.org_id) == READY_RETRYING
+        _assert_still_ready(wh.org_id, ready, REFUSAL_TEXT[how])
+        assert pools.store.database not in trino_row(wh.org_id).status_message
+        assert catalogs(pools.store)["org_acme"] == published  # the old catalog still serves
+        assert pool_revision() == published[1]
+        # Still failing: the sweep retries and the org stays ready.
+        assert reconcile_orgs() == 1
+        _assert_still_ready(wh.org_id, ready, REFUSAL_TEXT[how])
+        _store_sql(pools, "DROP TRIGGER refuse ON trino_catalogs")
+        _assert_retried_by_the_sweep(pools, wh.org_id)
+
+    @pytest.mark.safeguard("trino-46")
+    def test_a_read_back_that_differs_keeps_a_ready_org_ready(self, pools):
+        wh, ready, _published = _ready_with_a_changed_binding(pools)
+        # The write commits, but the store keeps another payload than the one rendered.
+        _store_sql(
+            pools,
+            "CREATE FUNCTION tamper() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "NEW.payload_hash := 'tampered'; RETURN NEW; END $$; "
+            "CREATE TRIGGER tamper BEFORE UPDATE ON trino_catalogs "
+            "FOR EACH ROW EXECUTE FUNCTION tamper()",
+        )
+        assert reconcile_org(wh.org_id) == READY_RETRYING
+        _assert_still_ready(
+            wh.org_id,
+            ready,
+            "catalog org_acme on Trino pool pool-a does not hold the rendered definition",
+        )
+        assert catalogs(pools.store)["org_acme"][0] == "tampered"
+        _store_sql(pools, "DROP TRIGGER tamper ON trino_catalogs")
+        _assert_retried_by_the_sweep(pools, wh.org_id)
+
+    @pytest.mark.safeguard("trino-46")
+    def test_a_read_back_lost_after_the_write_keeps_a_ready_org_ready(
+        self, pools, dark_after_write_proxy, tmp_path
+    ):
+        proxy = dark_after_write_proxy
+        pools.use(settings_for(tmp_path, proxy.dsn(pools.store.database), name="dark.json"))
+        wh, ready, published = _ready_with_a_changed_binding(pools)
+        proxy.armed = True
+        assert reconcile_org(wh.org_id) == READY_RETRYING
+        assert proxy.cut == 1
+        _assert_still_ready(wh.org_id, ready, "the Trino catalog store (describe for")
+        # The alter itself committed; its revision was never checkpointed.
+        stored = catalogs(pools.store)["org_acme"]
+        assert stored[3]["properties"]["metadata.host"] == "meta-2.example.internal"
+        assert pool_revision() == published[1] < stored[1]
+        proxy.dark = False
+        _assert_retried_by_the_sweep(pools, wh.org_id)
+        assert len(journal(pools.store)) == 2  # the retry republished nothing
+
+    @pytest.mark.safeguard("trino-46")
+    def test_a_failed_checkpoint_keeps_a_ready_org_ready(self, pools):
+        wh, ready, published = _ready_with_a_changed_binding(pools)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE FUNCTION catalogs_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN RAISE EXCEPTION 'checkpoint refused'; END $$"
+            )
+            cursor.execute(
+                "CREATE TRIGGER catalogs_test_refuse BEFORE UPDATE OF publication_revision ON "
+                "duckgres_trino_pools FOR EACH ROW EXECUTE FUNCTION catalogs_test_refuse()"
+            )
+        assert reconcile_org(wh.org_id) == READY_RETRYING
+        _assert_still_ready(wh.org_id, ready, "checkpoint refused")
+        assert pool_revision() == published[1]
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER catalogs_test_refuse ON duckgres_trino_pools")
+        _assert_retried_by_the_sweep(pools, wh.org_id)
+        assert len(journal(pools.store)) == 2  # repaired without republishing
+
+    @pytest.mark.safeguard("trino-46")
+    def test_a_ready_org_that_cannot_be_rendered_is_failed_not_retrying(self, pools):
+        """The boundary of the rule: a problem of the org itself is no publisher blip."""
+        pools.lead("pool-a")
+        wh = pools.warehouse("acme")
+        assert reconcile_org(wh.org_id) == "ready"
+        Warehouse.objects.filter(pk=wh.pk).update(data_bucket="")
+        assert reconcile_org(wh.org_id) == "failed"
+        row = trino_row(wh.org_id)
+        assert (row.state, row.status_message) == (
+            "failed",
+            f"warehouse {wh.org_id} has no data bucket",
+        )
 
     def test_a_long_error_is_clipped(self, pools):
         pools.lead("pool-a")
