@@ -7,7 +7,8 @@ connection, so ``AppConfig.ready()`` can run it in every process, ``migrate`` in
 Order, as the specification demands:
 
 1. retired variables set to a non-empty value are fatal, naming the variable (never its value)
-   and the migration step; older retired names only warn;
+   and the migration step; older retired names only warn; so are unsupported variables
+   (``DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME``: the Gateway protocol has no user name);
 2. every boolean is parsed before any dependency check, so an unparsable flag is reported as a
    parse error naming the variable and the value, never as "X requires Y=true";
 3. wiring, the registry, per-pool requirements, the operator/writer/Gateway chain and the
@@ -51,6 +52,15 @@ RETIRED_VARIABLES: dict[str, str] = {
         "set the cell's namespace in the registry, then remove the variable"
     ),
     "DUCKGRES_TRINO_REGISTRY_ONLY": "the registry is the only mode; remove the variable",
+}
+# Variables this control plane never reads; set to a non-empty value they are fatal, so an
+# operator who sets one is told it does nothing instead of believing it took effect.
+UNSUPPORTED_VARIABLES: dict[str, str] = {
+    "DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME": (
+        "the Gateway pooled-member protocol v1 has no user name: the shared-pool client "
+        "authenticates with the admin token of DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE alone "
+        "(docs/gateway-protocol.md §1); remove the variable"
+    ),
 }
 OLDER_RETIRED_VARIABLES = (
     "DUCKGRES_TRINO_PROVISIONER_ENABLED",
@@ -115,7 +125,6 @@ class TrinoSettings:
     catalog_schema: str = ""
     gateway_url: str = ""
     gateway_server_name: str = ""
-    gateway_username: str = ""
     rollout_token_file: str = ""
     config_configmap_prefix: str = ""
     config_namespace: str = ""
@@ -287,10 +296,14 @@ def _kube_client_loadable(environ: Mapping[str, str], service_account_token: str
 
 
 def _check_retired(reader: _Reader) -> None:
-    """Report retired variables: current names are errors, older names only warnings."""
+    """Report retired variables (current names are errors, older names only warnings) and
+    unsupported ones (errors)."""
     for name, step in RETIRED_VARIABLES.items():
         if reader.environ.get(name, "") != "":
             reader.errors.append(f"{name} is retired and must not be set: {step}")
+    for name, why in UNSUPPORTED_VARIABLES.items():
+        if reader.environ.get(name, "") != "":
+            reader.errors.append(f"{name} is not supported and must not be set: {why}")
     for name in OLDER_RETIRED_VARIABLES:
         if reader.environ.get(name, "") != "":
             reader.warnings.append(f"{name} is retired and ignored; remove it")
@@ -575,7 +588,6 @@ def load(
         catalog_schema=schema,
         gateway_url=gateway_url,
         gateway_server_name=reader.text("DUCKGRES_TRINO_MANAGED_GATEWAY_SERVER_NAME"),
-        gateway_username=reader.text("DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME"),
         rollout_token_file=token_file,
         config_configmap_prefix=prefix,
         config_namespace=reader.text("DUCKGRES_TRINO_POOL_CONFIG_NAMESPACE"),

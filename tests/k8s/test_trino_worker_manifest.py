@@ -21,7 +21,6 @@ TRINO_VARIABLES = {
     "DUCKGRES_TRINO_POOL_GATEWAY_URL",
     "DUCKGRES_TRINO_MANAGED_GATEWAY_URL",
     "DUCKGRES_TRINO_MANAGED_GATEWAY_SERVER_NAME",
-    "DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME",
     "DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE",
     "DUCKGRES_TRINO_POOL_CONFIG_CONFIGMAP",
     "DUCKGRES_TRINO_POOL_CONFIG_NAMESPACE",
@@ -119,6 +118,7 @@ def test_the_shipped_trino_configmap_example_names_every_variable():
 
 def test_no_manifest_carries_a_retired_trino_variable():
     retired = set(config.RETIRED_VARIABLES) | set(config.OLDER_RETIRED_VARIABLES)
+    retired |= set(config.UNSUPPORTED_VARIABLES)
     for path in sorted(Path(K8S_DIR).glob("*.yaml")):
         text = path.read_text()
         for name in retired:

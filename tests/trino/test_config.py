@@ -88,6 +88,29 @@ def test_retired_messages_match_the_spec_table():
     }
 
 
+GATEWAY_USERNAME = "DUCKGRES_TRINO_MANAGED_GATEWAY_USERNAME"
+
+
+@pytest.mark.safeguard("trino-47")
+def test_the_gateway_username_is_refused_naming_the_setting_and_the_fix(tmp_path):
+    """The Gateway protocol authenticates with the admin token only: a user name would be
+    silently ignored, so setting one stops every process, wired or not."""
+    value = "duckgres-admin-looks-like-a-login"
+    expected = [
+        f"{GATEWAY_USERNAME} is not supported and must not be set: the Gateway pooled-member "
+        "protocol v1 has no user name: the shared-pool client authenticates with the admin "
+        "token of DUCKGRES_TRINO_ROLLOUT_TOKEN_FILE alone (docs/gateway-protocol.md §1); "
+        "remove the variable"
+    ]
+    assert errors_of(full_env(tmp_path, **{GATEWAY_USERNAME: value})) == expected
+    assert errors_of({GATEWAY_USERNAME: value}) == expected
+    assert value not in "\n".join(expected)
+    # Blank (a chart clearing the value first) starts, and nothing keeps a user name.
+    loaded = load(full_env(tmp_path, **{GATEWAY_USERNAME: ""}), service_account_token=NO_SA)
+    assert loaded.operator_enabled
+    assert not any("username" in name for name in vars(loaded))
+
+
 @pytest.mark.safeguard("trino-4")
 def test_retired_variables_set_empty_start_and_older_names_only_warn(tmp_path):
     env = full_env(tmp_path, **dict.fromkeys(RETIRED_VARIABLES, ""))
