@@ -12,9 +12,11 @@ the same services as the API and are refused on the server unless the user may a
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
@@ -31,7 +33,10 @@ from django.http import (
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, re_path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
+from knox import admin as knox_admin
+from knox.models import AuthToken
 
 from duckgres_admin.adminui import roles, trino_actions
 from duckgres_admin.adminui.progress import display_ts, status_json, summary_rows
@@ -868,3 +873,33 @@ class AuditRecordAdmin(ReadOnlyAdmin):
     list_filter = ("action", "source", "status")
     search_fields = ("actor", "org_id", "path", "detail")
     ordering = ("-id",)
+
+
+# --- personal API tokens (docs/api.md "Personal tokens") -----------------------------------------
+
+
+class PersonalTokenForm(knox_admin.AuthTokenCreateForm):  # type: ignore[misc]
+    """knox's add form with a required expiry (a token that never expires is not offered)."""
+
+    expiry = forms.SplitDateTimeField(
+        required=True,
+        widget=admin.widgets.AdminSplitDateTime,
+        help_text="UTC; the token is refused from then on (401).",
+    )
+
+
+class PersonalTokenAdmin(knox_admin.AuthTokenAdmin):  # type: ignore[misc]
+    """Created here (the token is shown once, in the message after saving; only its digest is
+    stored) and revoked by deleting the row. Django model permissions decide who may: by
+    default superusers only, since a token acts as the user it is made for."""
+
+    add_form = PersonalTokenForm
+    list_display = ("token_key", "user", "created", "expiry")
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        days = int(settings.DUCKGRES_API_TOKEN_TTL_DAYS)
+        return {"expiry": timezone.now() + timedelta(days=days)}
+
+
+admin.site.unregister(AuthToken)
+admin.site.register(AuthToken, PersonalTokenAdmin)

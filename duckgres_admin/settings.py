@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,37 @@ for _name, _value in _secrets.items():
     if _value in _seen:
         env.errors.append(f"{_seen[_value]} and {_name} are equal: the three secrets must differ")
     _seen[_value] = _name
+# Rotation with an overlap window (docs/configuration.md "Rotating a shared secret"): the API
+# also accepts <NAME>_PREVIOUS while it is set. Never required, never sent by our own clients;
+# as long as, and as distinct from every other secret as, the current values.
+_previous: dict[str, str] = {}
+for _name in _SHARED_SECRETS:
+    _prev_name = f"{_name}_PREVIOUS"
+    _value = env.string(_prev_name)
+    if _value and len(_value) < SECRET_MIN_LENGTH:
+        env.errors.append(f"{_prev_name} must be at least {SECRET_MIN_LENGTH} characters")
+    if _value and _value == _secrets.get(_name):
+        env.errors.append(
+            f"{_prev_name} equals {_name}: set the new value in {_name}, or unset {_prev_name}"
+        )
+    elif _value:
+        _previous[_prev_name] = _value
+for _name, _value in _previous.items():
+    if _value in _seen:
+        env.errors.append(f"{_seen[_value]} and {_name} are equal: every secret must differ")
+    _seen[_value] = _name
 DUCKGRES_INTERNAL_SECRET = _secrets.get("DUCKGRES_INTERNAL_SECRET", "")
 DUCKGRES_RUNNER_SECRET = _secrets.get("DUCKGRES_RUNNER_SECRET", "")
 DUCKGRES_DATAPLANE_SECRET = _secrets.get("DUCKGRES_DATAPLANE_SECRET", "")
+DUCKGRES_INTERNAL_SECRET_PREVIOUS = _previous.get("DUCKGRES_INTERNAL_SECRET_PREVIOUS", "")
+DUCKGRES_RUNNER_SECRET_PREVIOUS = _previous.get("DUCKGRES_RUNNER_SECRET_PREVIOUS", "")
+DUCKGRES_DATAPLANE_SECRET_PREVIOUS = _previous.get("DUCKGRES_DATAPLANE_SECRET_PREVIOUS", "")
+# Personal API tokens (django-rest-knox, docs/api.md "Personal tokens"): the default lifetime of
+# a new token, in days (`manage.py create_api_token --days` and the admin's expiry field say
+# otherwise per token).
+DUCKGRES_API_TOKEN_TTL_DAYS = env.integer(
+    "DUCKGRES_API_TOKEN_TTL_DAYS", 90, minimum=1, maximum=3650
+)
 
 # --- reshard ----------------------------------------------------------------------------------
 DUCKGRES_RESHARD_LAUNCHER = env.choice("DUCKGRES_RESHARD_LAUNCHER", "local", ("local", "pod"))
@@ -344,7 +373,9 @@ DUCKGRES_RESTORE_TEST_MAX_PER_RUN = env.integer(
 )
 
 # --- notifications: the webhook (docs/notifications.md) ---------------------------------------
-DUCKGRES_WEBHOOK = webhook_config.from_env(env, shared_secrets=tuple(_secrets.values()))
+DUCKGRES_WEBHOOK = webhook_config.from_env(
+    env, shared_secrets=(*_secrets.values(), *_previous.values())
+)
 
 DUCKGRES_LOG_LEVEL = env.choice("DUCKGRES_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 
@@ -403,6 +434,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(_static_root)
 STATIC_MANIFEST = _static_storage == "manifest" or (
     _static_storage == "auto" and (IS_COLLECTSTATIC or (STATIC_ROOT / "staticfiles.json").is_file())
+    "knox",
 )
 STORAGES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -478,4 +510,12 @@ LOGGING: dict[str, Any] = {
         "urllib3": {"level": "WARNING"},
         "kubernetes": {"level": "WARNING"},
     },
+}
+# Personal tokens: stored as SHA-512 digests, never refreshed by use (a request writes nothing),
+# sent as `Authorization: Token <token>` (the runner's own credential is a Bearer one).
+REST_KNOX: dict[str, Any] = {
+    "TOKEN_TTL": timedelta(days=DUCKGRES_API_TOKEN_TTL_DAYS),
+    "AUTO_REFRESH": False,
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_PREFIX": "dgadm_",
 }

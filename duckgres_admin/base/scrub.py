@@ -58,13 +58,17 @@ class Scrubber:
 
 
 def shared_secrets() -> list[str]:
-    """The three shared secrets of this process (spec §6)."""
+    """The three shared secrets of this process (spec §6) and their ``_PREVIOUS`` values of a
+    rotation's overlap window."""
     return [
         s
         for s in (
             settings.DUCKGRES_INTERNAL_SECRET,
             settings.DUCKGRES_RUNNER_SECRET,
             settings.DUCKGRES_DATAPLANE_SECRET,
+            settings.DUCKGRES_INTERNAL_SECRET_PREVIOUS,
+            settings.DUCKGRES_RUNNER_SECRET_PREVIOUS,
+            settings.DUCKGRES_DATAPLANE_SECRET_PREVIOUS,
         )
         if s
     ]

@@ -69,6 +69,9 @@ DENIED_SECRET_NAMES = frozenset({"duckgres-admin", "duckgres-admin-trino"})
 # operation references as a `secretKeyRef` variable (`mounted_variable`) and sets this flag, and
 # `resolve` then reads `k8s:` references from those variables only.
 MOUNTED_MODE_VAR = "DUCKGRES_SECRET_REFS_MOUNTED"
+        "DUCKGRES_INTERNAL_SECRET_PREVIOUS",
+        "DUCKGRES_RUNNER_SECRET_PREVIOUS",
+        "DUCKGRES_DATAPLANE_SECRET_PREVIOUS",
 MOUNTED_PREFIX = "DUCKGRES_REF_"
 
 
