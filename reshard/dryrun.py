@@ -10,6 +10,11 @@ pass it.
 
 A failed entry's ``detail`` is the start's message followed by ``(start would answer <status>
 [<code>])``; details pass through the scrubber (no password ever appears).
+
+``source.tls`` / ``target.tls`` (``reshard.store_tls.summary``) say what the connections really
+use: the effective sslmode (never a default guessed here: an empty one is verify-full), the
+configured one, whether a weaker mode is in effect and which store's ``tls_policy`` allowed it
+with which reason, the channel binding and ``require_auth``. ``sslmode`` is that effective mode.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from django.conf import settings
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse
-from reshard import backup, start_checks, steps
+from reshard import backup, start_checks, steps, store_tls
 from reshard.start_checks import CnpgTarget, ExternalTarget, StartRequest
 from reshard.vetting import hostport
 
@@ -30,19 +35,26 @@ def _source_json(warehouse: Warehouse, store: MetadataStore | None) -> dict[str,
     out: dict[str, Any] = {"kind": kind}
     if kind == StoreKind.CNPG:
         out["store"] = str(warehouse.metadata_store_id or "")
-        out["sslmode"] = store.sslmode if store is not None else None
+        if store is not None:
+            out["tls"] = store_tls.summary(store.host, store.port, store.sslmode, store=store)
     else:
         port = warehouse.metadata_store_port or 5432
-        out["endpoint"] = (
-            hostport(warehouse.metadata_store_host, port) if warehouse.metadata_store_host else ""
-        )
-        out["sslmode"] = warehouse.metadata_store_sslmode or "require"
+        host = warehouse.metadata_store_host
+        out["endpoint"] = hostport(host, port) if host else ""
+        out["tls"] = store_tls.summary(host, port, warehouse.metadata_store_sslmode)
+    out["sslmode"] = _tls_mode(out)
     out.update(
         database=warehouse.metadata_store_database,
         user=warehouse.metadata_store_user,
         password_secret_ref=warehouse.metadata_store_password_ref,
     )
     return out
+
+
+def _tls_mode(side: dict[str, Any]) -> str | None:
+    """The sslmode a side's connections really use (None: unknown or refused)."""
+    tls = side.get("tls")
+    return str(tls["sslmode"]) if isinstance(tls, dict) and tls.get("sslmode") else None
 
 
 def _target_json(
@@ -52,21 +64,26 @@ def _target_json(
 ) -> dict[str, Any]:
     t = request.target
     if cnpg is not None:
+        store = cnpg.store
+        tls = store_tls.summary(store.host, store.port, store.sslmode, store=store)
         return {
             "kind": StoreKind.CNPG.value,
-            "store": cnpg.store.name,
+            "store": store.name,
             "database": cnpg.database,
             "user": cnpg.user,
-            "sslmode": cnpg.store.sslmode,
+            "sslmode": tls["sslmode"],
+            "tls": tls,
             "password_secret_ref": cnpg.ref,
         }
     if external is not None:
+        tls = store_tls.summary(external.host, external.port, external.sslmode)
         return {
             "kind": StoreKind.EXTERNAL.value,
             "endpoint": external.label,
             "database": external.database,
             "user": external.user,
-            "sslmode": external.sslmode,
+            "sslmode": tls["sslmode"],
+            "tls": tls,
             "password_secret_ref": external.ref,
         }
     # Invalid target: echo the structure of what was asked, never the password.
@@ -103,6 +120,13 @@ def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
         "dry_run": True,
         "direction": direction,
         "steps": list(steps.sequence(pf.source_kind, target.type)) if direction else [],
+        "cancel_cutoff": (
+            steps.cancel_cutoff(
+                kind="reshard", in_place=False, source_kind=pf.source_kind, target_kind=target.type
+            ).description
+            if direction
+            else None
+        ),
         "source": _source_json(pf.warehouse, pf.source_store),
         "target": _target_json(request, pf.cnpg, pf.external),
         "catalog": pf.catalog,

@@ -11,8 +11,15 @@ Each directory's version is read by running ``<dir>/pg_dump --version`` once per
 ``require_auth`` (libpq 16+; the client of a major may run on another major's libpq): the
 ``pg_dump`` binary is asked to parse a conninfo naming that keyword with a Unix socket directory
 that does not exist (nothing is contacted). A client whose libpq does not know it cannot refuse
-a server that asks for a cleartext password (docs/backup.md); a client that is not an ELF binary
-(a wrapper script) is never run for this and counts as not knowing it.
+a server that asks for a cleartext password by itself (docs/backup.md); a client that is not an
+ELF binary (a wrapper script) is never run for this and counts as not knowing it.
+
+**Refusing cleartext** (safeguard reshard-134): every conninfo carries ``channel_binding=require``
+(libpq 13+; clients of majors older than 13 are ignored), which already makes libpq 15 refuse a
+cleartext, MD5 or no-password request. Where channel binding cannot be required (an endpoint in
+``DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT``) the caller passes ``require_auth=True`` and only
+clients whose libpq knows ``require_auth`` are candidates; none → :class:`NoPgClient` naming what
+to install, never a client that would send the password to an impostor.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import threading
 from dataclasses import dataclass
 
 from django.conf import settings
+
+from duckgres_admin.lib import pgadmin
 
 _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 _cache: dict[str, PgClient | None] = {}
@@ -145,21 +154,43 @@ def available_clients(bin_dirs: str | None = None) -> list[PgClient]:
     by_major: dict[int, PgClient] = {}
     for bin_dir in _expand(spec):
         client = _probe_dir(bin_dir)
-        if client is not None and client.major not in by_major:
+        if (
+            client is not None
+            and client.major >= pgadmin.CHANNEL_BINDING_MIN_LIBPQ
+            and client.major not in by_major
+        ):
             by_major[client.major] = client
     return [by_major[m] for m in sorted(by_major, reverse=True)]
 
 
-def choose_client(major: int, bin_dirs: str | None = None) -> PgClient:
-    """Same major, else the newest client whose major is ≥ ``major``; else :class:`NoPgClient`."""
+def needs_require_auth(host: str, port: int) -> bool:
+    """Must the client for ``host:port`` know ``require_auth``? Only where channel binding
+    cannot be required (module doc)."""
+    return pgadmin.channel_binding_exempt(host, port)
+
+
+def choose_client(
+    major: int, bin_dirs: str | None = None, *, require_auth: bool = False
+) -> PgClient:
+    """Same major, else the newest client whose major is ≥ ``major``; else :class:`NoPgClient`.
+    ``require_auth``: among the clients whose libpq knows ``require_auth`` only."""
     clients = available_clients(bin_dirs)
-    for client in clients:
+    candidates = [c for c in clients if knows_require_auth(c)] if require_auth else clients
+    for client in candidates:
         if client.major == major:
             return client
-    newer = [c for c in clients if c.major >= major]
+    newer = [c for c in candidates if c.major >= major]
     if newer:
         return newer[0]  # newest first
     have = ", ".join(str(c.major) for c in sorted(clients, key=lambda c: c.major)) or "none"
+    if require_auth and [c for c in clients if c.major >= major]:
+        raise NoPgClient(
+            f"no pg_dump for PostgreSQL {major} whose libpq can refuse a cleartext password "
+            f"request (require_auth, libpq {pgadmin.REQUIRE_AUTH_MIN_LIBPQ}+; the endpoint is "
+            f"exempt from channel binding) (have: {have}, none with require_auth): install the "
+            "PostgreSQL 18 client (the image's PG_CLIENTS) and add its bin directory to "
+            "DUCKGRES_PG_BIN_DIRS"
+        )
     raise NoPgClient(f"no pg_dump for PostgreSQL {major} (have: {have})")
 
 

@@ -11,10 +11,26 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   check for the API edge). The CA is ``DUCKGRES_STORE_SSLROOTCERT`` (a PEM path, or ``system``:
   the OS trust store, which implies ``verify-full``). :func:`tls_params` is the same policy as
   libpq keywords, for the ``pg_dump`` conninfo.
-- **SCRAM only.** Every connection sets ``require_auth=scram-sha-256`` (libpq 16+; psycopg's
-  bundled libpq is 18): a server that asks for a cleartext or MD5 password, or for none, is
-  refused by libpq before anything secret is sent. An older libpq is refused
-  (:class:`LibpqTooOld`).
+- **verify-full unless explicitly allowed** (safeguard reshard-133). ``require`` and
+  ``verify-ca`` are accepted only with an opt-in: a store's ``tls_policy = allow-weaker`` (with a
+  reason), which is also the opt-in of an external endpoint registered as an ``external`` store.
+  The API edges (store, binding and start writes) refuse a weaker mode without it with
+  :func:`weaker_sslmode_refusal`; the database refuses a store row without it; this seam trusts
+  the vetted fields it is handed (as runners trust vetted secret references).
+- **SCRAM with channel binding only** (safeguard reshard-134). Every connection sets
+  ``require_auth=scram-sha-256`` (libpq 16+; psycopg's bundled libpq is 18) and
+  ``channel_binding=require`` (libpq 13+): a server that asks for a cleartext or MD5 password,
+  or for none, or that cannot bind the SCRAM exchange to the TLS channel it presented (a relay,
+  a TLS-terminating proxy), is refused by libpq before anything secret is sent. Two exceptions
+  get ``channel_binding=prefer`` (``require_auth`` still applies): a connection that may go
+  through a transaction pooler (``pin=False``: PgBouncer does not implement SCRAM-SHA-256-PLUS)
+  and an endpoint listed in ``DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT`` (TLS terminated in front
+  of the server). A conninfo that could refuse neither way — an exempt endpoint and a client
+  whose libpq predates ``require_auth`` — is never built (:class:`CannotRefuseCleartext`). An
+  older psycopg libpq is refused (:class:`LibpqTooOld`).
+- **Secrets go only where they are bound** (safeguard reshard-135): before connecting, the
+  password is checked against ``DUCKGRES_SECRET_REF_ENDPOINTS`` for the references it was
+  resolved from (``lib.secretrefs.check_endpoint``); a refusal is :class:`SecretNotBoundHere`.
 - **Pinned sessions.** Before its first query every session is pinned in one round trip of
   schema-qualified calls (:func:`pin_session`): ``search_path`` empty (a tenant's objects in
   ``public`` can never shadow a built-in function or operator), ``row_security = off`` (a table
@@ -50,13 +66,20 @@ import psycopg
 from django.conf import settings
 from psycopg import pq
 
+from duckgres_admin.lib import endpoints, secretrefs
+
 AUTH_SQLSTATES = frozenset({"28P01", "28000"})
 AUTH_TEXTS = ("sasl authentication failed", "password authentication failed")
 
 SECURE_SSLMODES = ("require", "verify-ca", "verify-full")
 DEFAULT_SSLMODE = "verify-full"
+WEAKER_SSLMODES = ("require", "verify-ca")  # accepted only with an explicit opt-in
+TLS_POLICY_FIELD = "tls_policy"
+ALLOW_WEAKER = "allow-weaker"
 REQUIRE_AUTH = "scram-sha-256"
 REQUIRE_AUTH_MIN_LIBPQ = 16  # the first libpq that knows require_auth
+CHANNEL_BINDING_MIN_LIBPQ = 13  # the first libpq that knows channel_binding
+CHANNEL_BINDING_EXEMPT_SETTING = "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT"
 SYSTEM_ROOTCERT = "system"
 # Statements of connections opened without explicit limits (the API's identity reads, the
 # backup's fact read): a minute is far more than any of them needs.
@@ -73,6 +96,14 @@ class LibpqTooOld(psycopg.OperationalError):
 
 class DeniedStoreAddress(psycopg.OperationalError):
     """The store's host is, or resolves to, a denied address; nothing was sent to it."""
+
+
+class CannotRefuseCleartext(psycopg.OperationalError):
+    """No conninfo was built: the client could not refuse a cleartext password request."""
+
+
+class SecretNotBoundHere(psycopg.OperationalError):
+    """The password's secret reference is not bound to this endpoint; nothing was sent."""
 
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -141,6 +172,38 @@ def sslmode_refusal(sslmode: str) -> str | None:
     )
 
 
+def weaker_sslmode_refusal(sslmode: str, *, field: str, allowed: bool, fix: str) -> str | None:
+    """The message refusing a weaker ``sslmode`` (``require``, ``verify-ca``) of ``field`` when
+    there is no explicit opt-in (``allowed``), else None; ``fix`` says how to opt in."""
+    mode = sslmode or DEFAULT_SSLMODE
+    if mode not in WEAKER_SSLMODES or allowed:
+        return None
+    unchecked = (
+        "the server's host name (and, without DUCKGRES_STORE_SSLROOTCERT, its certificate)"
+        if mode == "require"
+        else "the server's host name"
+    )
+    return (
+        f"{field}: sslmode {mode} does not check {unchecked}, so a server impersonating it "
+        f"would be trusted; it is accepted only with an explicit opt-in: {fix}, or use sslmode "
+        f"{DEFAULT_SSLMODE}"
+    )
+
+
+def store_opt_in_fix(store: str) -> str:
+    """How a store opts in (the ``fix`` of :func:`weaker_sslmode_refusal`)."""
+    return f"set {TLS_POLICY_FIELD} {ALLOW_WEAKER} and a tls_policy_reason on store {store}"
+
+
+def external_opt_in_fix(host: str, port: int) -> str:
+    """How an external endpoint opts in: an ``external`` store registered for it."""
+    return (
+        f"register {endpoints.hostport(host, port)} as an external metadata store (kind "
+        f"external, host {host}, port {port}) with {TLS_POLICY_FIELD} {ALLOW_WEAKER} and a "
+        "tls_policy_reason"
+    )
+
+
 def effective_sslmode(sslmode: str) -> str:
     """The sslmode a connection uses; raises :class:`InsecureSSLMode` for a refused one."""
     problem = sslmode_refusal(sslmode)
@@ -176,19 +239,86 @@ def _system_ca_file() -> str:
     )
 
 
-def tls_params(endpoint: Endpoint, *, libpq16: bool) -> dict[str, str]:
+def parse_channel_binding_exempt(
+    raw: str,
+) -> tuple[tuple[endpoints.EndpointPattern, ...], list[str]]:
+    """``DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT``: comma-separated ``host:port`` patterns."""
+    return endpoints.parse_patterns(CHANNEL_BINDING_EXEMPT_SETTING, raw)
+
+
+def channel_binding_exempt(host: str, port: int) -> bool:
+    """Is ``host:port`` listed in ``DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT``?"""
+    patterns = getattr(settings, CHANNEL_BINDING_EXEMPT_SETTING, ())
+    return any(p.matches(host, port) for p in patterns)
+
+
+def channel_binding_mode(endpoint: Endpoint, *, pooled: bool = False) -> str:
+    """``require``, or ``prefer`` for a pooled connection or an exempt endpoint (module rules)."""
+    if pooled or channel_binding_exempt(endpoint.host, endpoint.port):
+        return "prefer"
+    return "require"
+
+
+def tls_params(endpoint: Endpoint, *, libpq16: bool, pooled: bool = False) -> dict[str, str]:
     """The libpq keywords of the TLS and authentication policy: ``sslmode``, ``sslrootcert``
-    when configured, and ``require_auth`` when the client's libpq knows it (``libpq16``; an older
-    libpq, e.g. ``pg_dump`` 15's, cannot refuse a cleartext password request — docs/backup.md)."""
+    when configured, ``channel_binding`` (every supported client's libpq is 13+) and
+    ``require_auth`` when the client's libpq knows it (``libpq16``). Either of
+    ``channel_binding=require`` and ``require_auth`` makes libpq refuse a cleartext password
+    request; without both (an exempt endpoint and an older libpq, e.g. ``pg_dump`` 15's) this
+    raises :class:`CannotRefuseCleartext` instead of returning a conninfo that would send it."""
     params = {"sslmode": effective_sslmode(endpoint.sslmode)}
     rootcert = settings.DUCKGRES_STORE_SSLROOTCERT
     if rootcert == SYSTEM_ROOTCERT and not libpq16:
         params["sslrootcert"] = _system_ca_file()
     elif rootcert:
         params["sslrootcert"] = rootcert
+    params["channel_binding"] = channel_binding_mode(endpoint, pooled=pooled)
     if libpq16:
         params["require_auth"] = REQUIRE_AUTH
+    elif params["channel_binding"] != "require":
+        raise CannotRefuseCleartext(
+            f"{endpoints.hostport(endpoint.host, endpoint.port)} is exempt from channel binding "
+            f"({CHANNEL_BINDING_EXEMPT_SETTING}), and a libpq older than "
+            f"{REQUIRE_AUTH_MIN_LIBPQ} cannot refuse a cleartext password request otherwise "
+            "(require_auth): use a PostgreSQL 16 or newer client (the image's PostgreSQL 18 "
+            "client; DUCKGRES_PG_BIN_DIRS)"
+        )
     return params
+
+
+def tls_summary(endpoint: Endpoint, *, weaker_allowed_by: str = "") -> dict[str, object]:
+    """What a connection to ``endpoint`` really uses, for the dry run: the effective sslmode
+    (an empty one is verify-full; ``system`` CA turns every mode into verify-full), the mode as
+    configured, who allowed a weaker mode (``weaker_allowed_by``, e.g. ``store X: <reason>``; a
+    weaker mode in effect without it is ``explicit: false``), channel binding and require_auth."""
+    try:
+        mode: str | None = effective_sslmode(endpoint.sslmode)
+        problem = None
+    except InsecureSSLMode as exc:
+        mode, problem = None, str(exc)
+    weaker = mode in WEAKER_SSLMODES
+    out: dict[str, object] = {
+        "sslmode": mode,
+        "configured_sslmode": endpoint.sslmode,
+        "weaker_than_verify_full": weaker,
+        "weaker_allowed_explicitly": bool(weaker and weaker_allowed_by),
+        "weaker_allowed_by": weaker_allowed_by if weaker else None,
+        "channel_binding": channel_binding_mode(endpoint),
+        "require_auth": REQUIRE_AUTH,
+    }
+    if problem:
+        out["refused"] = problem
+    return out
+
+
+def check_secret_endpoint(password: str | None, host: str, port: int) -> None:
+    """Raise :class:`SecretNotBoundHere` when ``password`` came from secret references none of
+    which ``DUCKGRES_SECRET_REF_ENDPOINTS`` binds to ``host:port`` (module rules). Every
+    connection of this module calls it; the ``pg_dump``/``pg_restore`` conninfo does too."""
+    try:
+        secretrefs.check_endpoint(password, host, port)
+    except secretrefs.SecretRefError as exc:
+        raise SecretNotBoundHere(str(exc)) from None
 
 
 def libpq_major() -> int:
@@ -241,13 +371,16 @@ def connect(
     pin: bool = True,
 ) -> psycopg.Connection[tuple[object, ...]]:
     """Open a connection under the rules above (``lock_timeout`` defaults to
-    ``statement_timeout``); the password travels only as its own keyword argument."""
+    ``statement_timeout``); the password travels only as its own keyword argument. ``pin=False``
+    marks a connection that may go through a transaction pooler (no pin, channel binding
+    ``prefer``)."""
     major = libpq_major()
     if major < REQUIRE_AUTH_MIN_LIBPQ:
         raise LibpqTooOld(
             f"libpq {pq.version()} cannot enforce require_auth={REQUIRE_AUTH}; metadata-store "
             f"connections need libpq {REQUIRE_AUTH_MIN_LIBPQ} or newer (psycopg[binary])"
         )
+    check_secret_endpoint(password, endpoint.host, endpoint.port)
     params: dict[str, Any] = {
         **pinned_host(endpoint.host, endpoint.port),
         "port": endpoint.port,
@@ -256,7 +389,7 @@ def connect(
         "password": password or None,
         "connect_timeout": connect_timeout,
         "application_name": application_name,
-        **tls_params(endpoint, libpq16=True),
+        **tls_params(endpoint, libpq16=True, pooled=not pin),
     }
     conn = psycopg.connect(autocommit=autocommit, **params)
     if pin:

@@ -20,18 +20,33 @@ behind it and present it to a server. Two rules bound it:
 - **Runner pods never call the Kubernetes API** (``MOUNTED_MODE_VAR``): their ``k8s:``
   references arrive as ``secretKeyRef`` variables the pod launcher mounted, so a runner's
   identity needs no RBAC at all and a compromised runner can read no other Secret.
+- **Only to the endpoints it is bound to** (:func:`check_endpoint`; safeguard reshard-135):
+  ``DUCKGRES_SECRET_REF_ENDPOINTS`` binds references (allowlist-entry forms) to the
+  ``host:port`` patterns of the servers their secret may be presented to (entries parsed by
+  :func:`parse_endpoint_bindings`). :func:`resolve` remembers, for the life of the process,
+  which references produced each value (an HMAC of the value under a per-process random key,
+  never the value); the connection seams (``lib.pgadmin.connect``, the ``pg_dump``/``pg_restore``
+  conninfo) call :func:`check_endpoint` with the password and the endpoint before any packet
+  is sent, and a value that came from references none of which is bound to that endpoint is
+  refused. Unset (no entry): nothing is bound — the behaviour before the setting existed,
+  warned at startup; set: a reference no entry names may be sent nowhere.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
 from django.conf import settings
+
+from duckgres_admin.lib import endpoints
 
 _NS = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _K8S_RE = re.compile(
@@ -54,6 +69,9 @@ DENIED_VARIABLES = frozenset(
         "DUCKGRES_INTERNAL_SECRET",
         "DUCKGRES_RUNNER_SECRET",
         "DUCKGRES_DATAPLANE_SECRET",
+        "DUCKGRES_INTERNAL_SECRET_PREVIOUS",
+        "DUCKGRES_RUNNER_SECRET_PREVIOUS",
+        "DUCKGRES_DATAPLANE_SECRET_PREVIOUS",
         "DUCKGRES_BROKER_URL",
         "DUCKGRES_KUBE_TOKEN",
         "DUCKGRES_WEBHOOK_SECRET",
@@ -69,9 +87,6 @@ DENIED_SECRET_NAMES = frozenset({"duckgres-admin", "duckgres-admin-trino"})
 # operation references as a `secretKeyRef` variable (`mounted_variable`) and sets this flag, and
 # `resolve` then reads `k8s:` references from those variables only.
 MOUNTED_MODE_VAR = "DUCKGRES_SECRET_REFS_MOUNTED"
-        "DUCKGRES_INTERNAL_SECRET_PREVIOUS",
-        "DUCKGRES_RUNNER_SECRET_PREVIOUS",
-        "DUCKGRES_DATAPLANE_SECRET_PREVIOUS",
 MOUNTED_PREFIX = "DUCKGRES_REF_"
 
 
@@ -243,6 +258,133 @@ def check_allowed(ref: str, purpose: Purpose, *, launcher: str | None = None) ->
     return parsed
 
 
+# --- endpoint bindings ------------------------------------------------------------------------
+
+ENDPOINTS_SETTING = "DUCKGRES_SECRET_REF_ENDPOINTS"
+
+
+@dataclass(frozen=True)
+class EndpointBinding:
+    """``<reference entry>=<host:port>[,<host:port>…]``: where the secrets the entry names may
+    be sent."""
+
+    ref: AllowEntry
+    endpoints: tuple[endpoints.EndpointPattern, ...]
+
+    def __str__(self) -> str:
+        return f"{self.ref}={','.join(str(e) for e in self.endpoints)}"
+
+
+def _parse_ref_entry(variable: str, text: str) -> AllowEntry | str:
+    if m := _ALLOW_K8S_RE.match(text):
+        entry = AllowEntry("k8s", m["ns"], m["name"], bool(m["star"]))
+        if not entry.prefix and not entry.name:
+            return f"{variable}: {text!r} names no secret"
+        return entry
+    if m := _ALLOW_ENV_RE.match(text):
+        return AllowEntry("env", "", m["name"], bool(m["star"]))
+    if text == "env:*":
+        return (
+            f"{variable}: 'env:*' would bind every variable; name the variable (env:<NAME>) or "
+            "a prefix of its own (env:<PREFIX>*)"
+        )
+    return (
+        f"{variable}: {text!r} is not a reference entry; write k8s:<namespace>/<secret>, "
+        "k8s:<namespace>/<prefix>*, env:<VARIABLE> or env:<PREFIX>*"
+    )
+
+
+def parse_endpoint_bindings(variable: str, raw: str) -> tuple[
+    tuple[EndpointBinding, ...], list[str]
+]:  # fmt: skip
+    """``;``-separated ``<reference entry>=<endpoint>[,<endpoint>…]`` items (reference entries
+    as in the allowlists, endpoints as in ``lib.endpoints``); strict, one error per bad item."""
+    bindings: list[EndpointBinding] = []
+    errors: list[str] = []
+    if not raw.strip():
+        return (), errors
+    for item in (part.strip() for part in raw.split(";")):
+        if not item:
+            errors.append(f"{variable}: an entry is empty (remove the extra ';')")
+            continue
+        ref_text, sep, endpoint_text = item.partition("=")
+        if not sep or not endpoint_text.strip():
+            errors.append(
+                f"{variable}: {item!r} binds no endpoint; write <reference>=<host>:<port>"
+                "[,<host>:<port>…], entries separated by ';'"
+            )
+            continue
+        ref = _parse_ref_entry(variable, ref_text.strip())
+        if isinstance(ref, str):
+            errors.append(ref)
+            continue
+        patterns, problems = endpoints.parse_patterns(f"{variable}: {ref}", endpoint_text)
+        errors.extend(problems)
+        if patterns and not problems:
+            bindings.append(EndpointBinding(ref, patterns))
+    return tuple(bindings), errors
+
+
+def endpoint_bindings() -> tuple[EndpointBinding, ...]:
+    return tuple(getattr(settings, ENDPOINTS_SETTING, ()))
+
+
+def endpoint_refusal(ref: SecretRef, host: str, port: int) -> str | None:
+    """Why the secret behind ``ref`` may not be sent to ``host:port`` (None: it may)."""
+    bindings = endpoint_bindings()
+    if not bindings:
+        return None
+    named = [b for b in bindings if b.ref.matches(ref)]
+    if any(p.matches(host, port) for b in named for p in b.endpoints):
+        return None
+    where = endpoints.hostport(host, port)
+    bound = ", ".join(str(p) for b in named for p in b.endpoints)
+    return (
+        f"secret {ref} may not be sent to {where}: {ENDPOINTS_SETTING} binds it to "
+        f"{bound or 'no endpoint (no entry names it)'}; use the password of that server, or "
+        f"have an operator add {where} to the reference's entry"
+    )
+
+
+_ORIGIN_KEY = os.urandom(32)
+_ORIGINS_MAX = 4096
+_origins: OrderedDict[bytes, tuple[SecretRef, ...]] = OrderedDict()
+_origins_lock = threading.Lock()
+
+
+def _digest(value: str) -> bytes:
+    return hmac.new(_ORIGIN_KEY, value.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+
+def _remember(value: str, parsed: SecretRef) -> None:
+    key = _digest(value)
+    with _origins_lock:
+        known = _origins.pop(key, ())
+        _origins[key] = known if parsed in known else (*known, parsed)
+        while len(_origins) > _ORIGINS_MAX:
+            _origins.popitem(last=False)
+
+
+def origins(value: str) -> tuple[SecretRef, ...]:
+    """The references that resolved to ``value`` in this process (most recent last)."""
+    with _origins_lock:
+        return _origins.get(_digest(value), ())
+
+
+def check_endpoint(value: str | None, host: str, port: int) -> None:
+    """Refuse (:class:`SecretRefError`) sending ``value`` to ``host:port`` when it came from
+    references and none of them is bound there. A value no reference produced in this process
+    (a password the caller supplied itself) is not a reference's to bind."""
+    if not value:
+        return
+    refs = origins(value)
+    if not refs or not endpoint_bindings():
+        return
+    refusals = [endpoint_refusal(ref, host, port) for ref in refs]
+    if all(refusals):
+        raise SecretRefError(str(refusals[-1]))
+
+
 # --- resolution -------------------------------------------------------------------------------
 
 
@@ -282,6 +424,7 @@ def resolve(ref: str, *, launcher: str | None = None) -> str:
         raise SecretRefError(
             f"secret {parsed}: the secret value must be the raw password, not JSON"
         )
+    _remember(value, parsed)
     return value
 
 

@@ -2,10 +2,12 @@
 reshard-69).
 
 - Every connection the runner and the API make (``lib.pgadmin.connect``) sets
-  ``require_auth=scram-sha-256``: a fake server (``PgWireStub``) that completes TLS and then asks
-  for a cleartext password receives no password: libpq refuses before sending it. ``pg_dump`` 18
-  gets the same through its conninfo; ``pg_dump`` 15's libpq cannot (the backup warns unless the
-  source is ``verify-full``, which keeps an impostor out before authentication).
+  ``require_auth=scram-sha-256`` and ``channel_binding=require``: a fake server (``PgWireStub``)
+  that completes TLS and then asks for a cleartext password receives no password: libpq refuses
+  before sending it. ``pg_dump`` 18 gets the same through its conninfo; ``pg_dump`` 15's libpq
+  knows no ``require_auth`` but does know ``channel_binding=require``, which refuses the
+  cleartext request just as well (safeguard reshard-134). Where channel binding is exempt, only
+  a ``require_auth`` client dumps, else the backup is refused (no more warn-and-continue).
 - ``disable``, ``allow`` and ``prefer`` are refused for every store kind before any packet is
   sent; an empty sslmode is ``verify-full``; ``verify-full`` uses ``DUCKGRES_STORE_SSLROOTCERT``
   (the test CA of ``.ci/test-ca.sh`` here).
@@ -153,25 +155,30 @@ def test_pg_dump_18_sends_no_password_to_a_cleartext_server(
     assert not [m for _, m in hooks.logs if "cannot refuse a cleartext password" in m]
 
 
-def test_pg_dump_15_cannot_refuse_so_the_backup_warns_unless_verify_full(
-    s3_bucket_name: str,
+@pytest.mark.safeguard("reshard-134")
+def test_pg_dump_15_refuses_a_cleartext_server_through_channel_binding(
+    stub: Stub, s3_bucket_name: str
 ) -> None:
-    """libpq 15 does not know require_auth: the conninfo leaves it out (it would be an invalid
-    option), and the backup says what that means unless the source is verify-full."""
+    """libpq 15 does not know require_auth (the conninfo leaves it out: it would be an invalid
+    option), but channel_binding=require makes it refuse any non-SCRAM request: the real
+    pg_dump 15 reaches authentication and sends no password; no warning is needed any more."""
     source = BackupSource("127.0.0.1", 1, "catalog", "tenant", "require", PASSWORD)
     assert "require_auth" not in source_conninfo(source, require_auth=False)
+    assert "channel_binding=require" in source_conninfo(source, require_auth=False)
     assert "require_auth=scram-sha-256" in source_conninfo(source, require_auth=True)
-    with PgWireStub() as closed:  # no TLS at all: libpq stops at the SSLRequest answer
-        source = BackupSource("127.0.0.1", closed.port, "catalog", "tenant", "require", PASSWORD)
-        hooks = Hooks()
-        with pytest.raises(BackupError):
-            run_backup(
-                82, source, BackupDestination(s3_bucket_name), hooks,
-                facts=SourceFacts(15, None), pg_bin_dirs=DEBIAN_PG15,
-            )  # fmt: skip
-        assert closed.startups == []
-        assert closed.passwords == []
-    assert [m for lvl, m in hooks.logs if lvl == "warn" and "cannot refuse a cleartext" in m]
+    source = BackupSource("127.0.0.1", stub.port, "catalog", "tenant", stub.sslmode, PASSWORD)
+    hooks = Hooks()
+    with pytest.raises(BackupError) as info:
+        run_backup(
+            82, source, BackupDestination(s3_bucket_name), hooks,
+            facts=SourceFacts(15, None), pg_bin_dirs=DEBIAN_PG15,
+        )  # fmt: skip
+    assert "channel binding required but not supported by server's authentication request" in (
+        str(info.value)
+    )
+    assert stub.server.startups, "pg_dump never reached the server"
+    assert stub.server.passwords == []
+    assert not [m for _, m in hooks.logs if "cannot refuse a cleartext" in m]
 
 
 @pytest.mark.parametrize("mode", ["disable", "allow", "prefer", "DISABLE", "bogus"])
@@ -221,6 +228,7 @@ def test_an_empty_sslmode_is_verify_full(settings: Any) -> None:
     assert params == {
         "sslmode": "verify-full",
         "sslrootcert": "/etc/duckgres/ca.pem",
+        "channel_binding": "require",
         "require_auth": "scram-sha-256",
     }
     assert pgadmin.Endpoint("db", 5432, "").redacted("d", "u").endswith("sslmode verify-full)")
@@ -228,12 +236,14 @@ def test_an_empty_sslmode_is_verify_full(settings: Any) -> None:
     # libpq without sslrootcert=system (15) gets the OpenSSL default bundle file instead.
     settings.DUCKGRES_STORE_SSLROOTCERT = "system"
     assert pgadmin.tls_params(pgadmin.Endpoint("db", 5432, "require"), libpq16=True) == {
-        "sslmode": "verify-full", "sslrootcert": "system", "require_auth": "scram-sha-256",
+        "sslmode": "verify-full", "sslrootcert": "system", "channel_binding": "require",
+        "require_auth": "scram-sha-256",
     }  # fmt: skip
     old = pgadmin.tls_params(pgadmin.Endpoint("db", 5432, "require"), libpq16=False)
     assert old["sslmode"] == "verify-full"
     assert os.path.isfile(old["sslrootcert"])
     assert "require_auth" not in old
+    assert old["channel_binding"] == "require"
 
 
 def _test_ca() -> Path:
