@@ -9,6 +9,9 @@ import asyncio
 import concurrent.futures
 import secrets
 import socket
+import sys
+import threading
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import generate_latest
@@ -16,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trino_pools import term_metrics as tm
 from trino_pools.metrics import TRINO_REGISTRY
+from trino_pools.term_metrics import MEMBER_PHASES as MEMBER_ORDER
 from trino_pools.term_metrics import BackoffOnly, SnapshotRow
 
 TERM_FAMILIES = {
@@ -134,6 +138,8 @@ def test_oldest_drain_is_zero_without_draining_rows_and_never_negative():
 
 @pytest.mark.safeguard("trino-32")
 def test_term_end_removes_every_term_gauge_and_late_writes_do_not_recreate_them():
+    """The rules one call at a time; the same calls racing on real threads:
+    ``test_late_snapshots_racing_the_term_end_never_recreate_the_gauges``."""
     pool, other = _pool(), _pool()
     token = tm.begin_term(pool)
     other_token = tm.begin_term(other)
@@ -161,6 +167,8 @@ def test_term_end_removes_every_term_gauge_and_late_writes_do_not_recreate_them(
 
 @pytest.mark.safeguard("trino-32")
 def test_only_the_current_term_writes_and_ends():
+    """The rules one call at a time; the same calls racing on real threads:
+    ``test_a_stale_term_racing_a_new_term_never_touches_it``."""
     pool = _pool()
     old = tm.begin_term(pool)
     assert tm.record_snapshot(old, pool, [row("cell-00000001")], 2, "trino-a", now=10.0)
@@ -185,6 +193,133 @@ def test_only_the_current_term_writes_and_ends():
     assert tm.current_token(pool) is new
     assert value("duckgres_trino_pool_snapshot_timestamp_seconds", pool=pool) == 12.0
     assert tm.end_term(pool, new)
+    assert term_series(pool) == []
+
+
+# Races with real threads (safeguard trino-32). The tests above pin each rule one call at a
+# time; these run the racing calls on threads released together by a barrier, with the
+# interpreter switching threads every microsecond while they run, many rounds each. Whatever
+# the interleaving, the assertions are the same: they state what every interleaving must end in.
+
+RACE_ROUNDS = 1000
+JOIN_SECONDS = 30.0
+
+
+def _race(*racers: Callable[[], None]) -> None:
+    """Run ``racers`` on their own threads, released at once by a barrier, switching threads
+    every microsecond (default 5 ms) until they are done; re-raise the first failure."""
+    barrier = threading.Barrier(len(racers))
+    errors: list[BaseException] = []
+
+    def run(racer: Callable[[], None]) -> None:
+        try:
+            barrier.wait(timeout=JOIN_SECONDS)
+            racer()
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in racers]
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=JOIN_SECONDS)
+            assert not thread.is_alive(), "a racer did not finish within its deadline"
+    finally:
+        sys.setswitchinterval(before)
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.safeguard("trino-32")
+def test_late_snapshots_racing_the_term_end_never_recreate_the_gauges():
+    """The ending term's tick still writing snapshots while the term is ended three times at
+    once (a cancel, a fence refusal and the tick's own end): one end wins, nothing outlives
+    it."""
+    pool = _pool()
+    for _ in range(RACE_ROUNDS):
+        token = tm.begin_term(pool)
+        assert tm.record_snapshot(token, pool, [row("cell-00000001")], 2, "trino-a", now=1.0)
+        ended: list[bool] = []
+        written: list[bool] = []
+
+        def end(token: tm.TermToken = token, ended: list[bool] = ended) -> None:
+            ended.append(tm.end_term(pool, token))
+
+        def late_writes(token: tm.TermToken = token, written: list[bool] = written) -> None:
+            for i in range(20):
+                snapshot = [row("cell-00000002")]
+                written.append(tm.record_snapshot(token, pool, snapshot, 3, "ns", now=2.0 + i))
+
+        _race(end, end, end, late_writes)
+        assert sorted(ended) == [False, False, True]  # exactly one end removed the term
+        assert tm.current_token(pool) is None
+        assert value("duckgres_trino_pool_snapshot_timestamp_seconds", pool=pool) is None
+        # Once a late write was refused, no later one got through.
+        assert written == sorted(written, reverse=True)
+    assert term_series(pool) == []  # the last round's whole export: nothing of the pool
+
+
+@pytest.mark.safeguard("trino-32")
+def test_a_stale_term_racing_a_new_term_never_touches_it():
+    """The old term (cancelled: its end and its late snapshots still arrive) racing the new
+    term's beginning and first snapshot: the new term's gauges always survive."""
+    pool = _pool()
+    for _ in range(RACE_ROUNDS):
+        old = tm.begin_term(pool)
+        assert tm.record_snapshot(old, pool, [row("cell-0000000a")], 9, "trino-old", now=1.0)
+        new: list[tm.TermToken] = []
+
+        def stale_term(old: tm.TermToken = old) -> None:
+            tm.end_term(pool, old)
+            for i in range(10):
+                tm.record_snapshot(old, pool, [row("cell-0000000a")], 9, "trino-old", now=2.0 + i)
+            tm.end_term(pool, old)
+
+        def new_term(new: list[tm.TermToken] = new) -> None:
+            token = tm.begin_term(pool)
+            new.append(token)
+            assert tm.record_snapshot(token, pool, [row("cell-00000002")], 2, "trino-a", 50.0)
+
+        _race(stale_term, new_term)
+        [token] = new
+        assert token is not old
+        assert tm.current_token(pool) is token
+        assert value("duckgres_trino_pool_snapshot_timestamp_seconds", pool=pool) == 50.0
+        floor = value("duckgres_trino_pool_min_serving", pool=pool, workload_namespace="trino-a")
+        assert floor == 2.0
+        assert (
+            value("duckgres_trino_pool_min_serving", pool=pool, workload_namespace="trino-old")
+            is None
+        )
+    # The last round's whole export, series by series: only the new term's snapshot.
+    assert term_series(pool) == [
+        *(
+            ("duckgres_trino_pool_members", {"pool": pool, "phase": phase}, count)
+            for phase, count in ((p, 1.0 if p == "SERVING" else 0.0) for p in MEMBER_ORDER)
+        ),
+        (
+            "duckgres_trino_pool_serving_instance_info",
+            {
+                "pool": pool,
+                "pool_instance": "cell-00000002",
+                "workload_namespace": "ns-a",
+                "coordinator_deployment": "cell-00000002-coordinator",
+                "worker_deployment": "cell-00000002-worker",
+            },
+            1.0,
+        ),
+        (
+            "duckgres_trino_pool_min_serving",
+            {"pool": pool, "workload_namespace": "trino-a"},
+            2.0,
+        ),
+        ("duckgres_trino_pool_oldest_drain_seconds", {"pool": pool}, 0.0),
+        ("duckgres_trino_pool_snapshot_timestamp_seconds", {"pool": pool}, 50.0),
+    ]
+    assert tm.end_term(pool, token)
     assert term_series(pool) == []
 
 
