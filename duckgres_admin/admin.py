@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -883,7 +884,7 @@ class PersonalTokenForm(knox_admin.AuthTokenCreateForm):  # type: ignore[misc]
 
     expiry = forms.SplitDateTimeField(
         required=True,
-        widget=admin.widgets.AdminSplitDateTime,
+        widget=AdminSplitDateTime,
         help_text="UTC; the token is refused from then on (401).",
     )
 

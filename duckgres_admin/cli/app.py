@@ -35,6 +35,8 @@ class State:
     timeout: float = 30.0
     ca_file: str | None = None
     output: str = "text"
+    token_file: str | None = None
+    insecure_http: bool = False
     _client: ApiClient | None = None
 
     def client(self) -> ApiClient:
@@ -44,6 +46,8 @@ class State:
                 timeout=self.timeout,
                 ca_file=self.ca_file,
                 environ=default_environ(),
+                token_file=self.token_file,
+                insecure_http=self.insecure_http,
             )
         return self._client
 
@@ -147,12 +151,34 @@ def call_and_print(
     default=None,
     help="CA bundle for an https API (env DUCKGRES_API_CA_FILE).",
 )
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="File holding your personal API token (or env DUCKGRES_API_TOKEN[_FILE]); never "
+    "the token itself on the command line.",
+)
+@click.option(
+    "--insecure-http",
+    is_flag=True,
+    default=False,
+    help="Allow plain http:// to a host that is not loopback (env DUCKGRES_INSECURE_HTTP=1).",
+)
 @output_option
 @click.pass_context
-def cli(ctx: click.Context, api_url: str | None, timeout: float, ca_file: str | None) -> None:
-    """Duckgres Admin API client. Identity: DUCKGRES_INTERNAL_SECRET or DUCKGRES_API_TOKEN."""
+def cli(
+    ctx: click.Context,
+    api_url: str | None,
+    timeout: float,
+    ca_file: str | None,
+    token_file: str | None,
+    insecure_http: bool,
+) -> None:
+    """Duckgres Admin API client. Identity: your personal token (DUCKGRES_API_TOKEN or
+    --token-file) or, for automation, DUCKGRES_INTERNAL_SECRET."""
     state = ctx.ensure_object(State)
     state.api_url, state.timeout, state.ca_file = api_url, timeout, ca_file
+    state.token_file, state.insecure_http = token_file, insecure_http
 
 
 # --- reshard ----------------------------------------------------------------------------------

@@ -1,9 +1,16 @@
 """The CLI's API client: JSON over ``duckgres_admin.lib.http`` (docs/cli.md).
 
-Identity from the environment, never from an argument (argv is visible to every user of the
-machine): ``DUCKGRES_INTERNAL_SECRET`` (or ``DUCKGRES_INTERNAL_SECRET_FILE``) as
-``X-Duckgres-Internal-Secret``, else ``DUCKGRES_API_TOKEN`` (or ``_FILE``) as
-``Authorization: Bearer``. Every message this module builds is scrubbed of both values.
+Identity from the environment or a file, never from an argument's value (argv is visible to
+every user of the machine): ``DUCKGRES_INTERNAL_SECRET`` (or ``DUCKGRES_INTERNAL_SECRET_FILE``)
+as ``X-Duckgres-Internal-Secret`` (automation), or a personal token, ``DUCKGRES_API_TOKEN`` (or
+``DUCKGRES_API_TOKEN_FILE``, or ``--token-file``) as ``Authorization: Token`` (a person, audited
+by name). Both at once is a usage error: which one acts must never be a guess. Every message this
+module builds is scrubbed of both values.
+
+Transport: a credential never travels over plain ``http://`` to a host that is not loopback
+(``localhost``, 127.0.0.0/8, ``::1``) unless the caller says so (``--insecure-http`` or
+``DUCKGRES_INSECURE_HTTP=1``, e.g. for an in-cluster Service); the refusal happens before any
+connection is opened.
 
 Every failure is a :class:`CliError` carrying its exit code:
 
@@ -14,6 +21,7 @@ Every failure is a :class:`CliError` carrying its exit code:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -59,28 +67,95 @@ def _from_env(environ: Mapping[str, str], name: str) -> str:
     return direct
 
 
+TOKEN_SCHEME = "Token"
+INSECURE_HTTP_VAR = "DUCKGRES_INSECURE_HTTP"
+
+
+def _token(environ: Mapping[str, str], token_file: str | None) -> str:
+    """The personal token: ``--token-file`` or the environment (not both)."""
+    if token_file is None:
+        return _from_env(environ, "DUCKGRES_API_TOKEN")
+    if environ.get("DUCKGRES_API_TOKEN") or environ.get("DUCKGRES_API_TOKEN_FILE"):
+        raise CliError(
+            "--token-file and DUCKGRES_API_TOKEN (or DUCKGRES_API_TOKEN_FILE) are both given: "
+            "supply exactly one",
+            EXIT_USAGE,
+        )
+    return _from_env({"DUCKGRES_API_TOKEN_FILE": token_file}, "DUCKGRES_API_TOKEN")
+
+
 @dataclass(frozen=True)
 class Credentials:
     header: str
     value: str = field(repr=False)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> Credentials:
+    def from_environ(
+        cls, environ: Mapping[str, str], *, token_file: str | None = None
+    ) -> Credentials:
         secret = _from_env(environ, "DUCKGRES_INTERNAL_SECRET")
+        token = _token(environ, token_file)
+        if secret and token:
+            raise CliError(
+                "both the internal secret (DUCKGRES_INTERNAL_SECRET[_FILE]) and a personal "
+                "token (DUCKGRES_API_TOKEN[_FILE] or --token-file) are given: supply exactly "
+                "one (a person uses the token, automation the secret)",
+                EXIT_USAGE,
+            )
         if secret:
             return cls("X-Duckgres-Internal-Secret", secret)
-        token = _from_env(environ, "DUCKGRES_API_TOKEN")
         if token:
-            return cls("Authorization", f"Bearer {token}")
+            if any(ch.isspace() for ch in token):
+                raise CliError(
+                    "the personal token contains whitespace: paste it exactly as "
+                    "`manage.py create_api_token` or the admin printed it",
+                    EXIT_USAGE,
+                )
+            return cls("Authorization", f"{TOKEN_SCHEME} {token}")
         raise CliError(
-            "no identity: set DUCKGRES_INTERNAL_SECRET (or DUCKGRES_INTERNAL_SECRET_FILE) or "
-            "DUCKGRES_API_TOKEN (or DUCKGRES_API_TOKEN_FILE)",
+            "no identity: set DUCKGRES_API_TOKEN (or DUCKGRES_API_TOKEN_FILE, or pass "
+            "--token-file) for your personal token, or DUCKGRES_INTERNAL_SECRET (or "
+            "DUCKGRES_INTERNAL_SECRET_FILE) for automation",
             EXIT_USAGE,
         )
 
     def secrets(self) -> tuple[str, ...]:
-        raw = self.value.removeprefix("Bearer ")
+        raw = self.value.removeprefix(f"{TOKEN_SCHEME} ")
         return (raw, quote(raw, safe=""))
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ``::1``)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_http_from(environ: Mapping[str, str]) -> bool:
+    raw = environ.get(INSECURE_HTTP_VAR, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise CliError(f"{INSECURE_HTTP_VAR} must be 1/true/yes or 0/false/no", EXIT_USAGE)
+
+
+def check_transport(base_url: str, *, insecure_http: bool) -> None:
+    """Refuse to send a credential over plain HTTP to a host that is not loopback, unless
+    ``insecure_http`` (before any connection)."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if parts.scheme != "http" or is_loopback(host) or insecure_http:
+        return
+    raise CliError(
+        f"refusing to send credentials over plain http:// to {host}, which is not a loopback "
+        "host: use an https:// API URL, or pass --insecure-http (or set "
+        f"{INSECURE_HTTP_VAR}=1) if the network to it is trusted (e.g. an in-cluster Service)",
+        EXIT_USAGE,
+    )
 
 
 @dataclass(frozen=True)
@@ -179,14 +254,22 @@ class ApiClient:
 
 
 def client_from_environ(
-    *, api_url_value: str | None, timeout: float, ca_file: str | None, environ: Mapping[str, str]
+    *,
+    api_url_value: str | None,
+    timeout: float,
+    ca_file: str | None,
+    environ: Mapping[str, str],
+    token_file: str | None = None,
+    insecure_http: bool = False,
 ) -> ApiClient:
     base = api_url_value or environ.get("DUCKGRES_API_URL", "")
     if not base:
         raise CliError("no API URL: pass --api-url or set DUCKGRES_API_URL", EXIT_USAGE)
+    base = api_url(base)
+    check_transport(base, insecure_http=insecure_http or insecure_http_from(environ))
     return ApiClient(
-        api_url(base),
-        Credentials.from_environ(environ),
+        base,
+        Credentials.from_environ(environ, token_file=token_file),
         timeout=timeout,
         ca_file=ca_file or environ.get("DUCKGRES_API_CA_FILE") or None,
     )

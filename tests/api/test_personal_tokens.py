@@ -34,7 +34,8 @@ def make_token(username: str, *extra: str) -> str:
     out, err = io.StringIO(), io.StringIO()
     call_command("create_api_token", username, *extra, stdout=out, stderr=err)
     token = out.getvalue().strip()
-    assert token.startswith("dgadm_") and len(token) == 6 + 64
+    assert token.startswith("dgadm_")
+    assert len(token) == 6 + 64
     assert token not in err.getvalue()
     return token
 
@@ -73,7 +74,8 @@ def test_an_admin_token_starts_a_reshard_as_the_person(clients, published, cnpg_
     )
     assert not AuditRecord.objects.filter(actor="internal-secret").exists()
     line = ReshardLogEntry.objects.filter(operation_id=op.id).first()
-    assert line is not None and "created by ops@example.com" in line.message
+    assert line is not None
+    assert "created by ops@example.com" in line.message
     # The token itself is nowhere: not in an audit row, not on the op log.
     for row in AuditRecord.objects.all():
         assert token not in f"{row.actor} {row.source} {row.path} {row.detail}"
@@ -202,7 +204,9 @@ def test_a_token_is_refused_on_the_runner_and_lease_routes(clients):
     line = ReshardLogEntry.objects.get(operation_id=op.id)
     assert "a personal token" in line.message
     response = client.post(
-        "/api/v1/warehouses/tok-lease-org/leases", {"holder": "h", "purpose": "query"}, format="json"
+        "/api/v1/warehouses/tok-lease-org/leases",
+        {"holder": "h", "purpose": "query"},
+        format="json",
     )
     assert response.status_code == 403
     assert error(response) == "data-plane secret required"
@@ -262,7 +266,8 @@ def test_tokens_are_created_and_revoked_in_the_admin(clients):
     messages = [str(m) for m in get_messages(response.wsgi_request)]
     [token] = [m.removeprefix("TOKEN ") for m in messages if m.startswith("TOKEN ")]
     row = AuthToken.objects.get(user=target)
-    assert row.digest != token and token not in row.digest  # only the digest is stored
+    assert row.digest != token
+    assert token not in row.digest
     client = token_client(token)
     assert client.post("/api/v1/warehouses", {"org_id": "adm-tok"}, format="json").status_code == (
         201
@@ -272,9 +277,8 @@ def test_tokens_are_created_and_revoked_in_the_admin(clients):
     # it by its short key only.
     assert token in admin_client.get("/admin/knox/authtoken/").content.decode()
     listing = admin_client.get("/admin/knox/authtoken/").content.decode()
-    assert row.token_key in listing and token not in listing
-    response = admin_client.post(
-        f"/admin/knox/authtoken/{row.pk}/delete/", {"post": "yes"}
-    )
+    assert row.token_key in listing
+    assert token not in listing
+    response = admin_client.post(f"/admin/knox/authtoken/{row.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
     assert client.get("/api/v1/reshards").status_code == 401

@@ -6,6 +6,8 @@ secret-reference denylist know the previous values too."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -44,7 +46,7 @@ CASES = [
 ]
 
 
-def send(header: str, value: str, request: tuple[str, str, dict[str, str]]):
+def send(header: str, value: str, request: tuple[str, str, dict[str, Any]]):
     method, path, extra = request
     client = APIClient()
     client.credentials(**{header: value})
@@ -132,7 +134,5 @@ def test_the_settings_check_previous_values_without_echoing_them(tmp_path):
     other = TEST_ENV["DUCKGRES_RUNNER_SECRET"]
     result = start({"DUCKGRES_INTERNAL_SECRET_PREVIOUS": other})
     assert result.returncode != 0
-    assert (
-        "DUCKGRES_RUNNER_SECRET and DUCKGRES_INTERNAL_SECRET_PREVIOUS are equal" in result.stderr
-    )
+    assert "DUCKGRES_RUNNER_SECRET and DUCKGRES_INTERNAL_SECRET_PREVIOUS are equal" in result.stderr
     assert other not in result.stderr
