@@ -20,9 +20,18 @@ Invariants:
   launch and cancel.
 - **State changes are compare-and-set** on the drain's current state: pause ``running →
   paused``, resume ``paused → running``, cancel ``running|paused → cancelling``; the advance
-  ends a drain ``finished`` (nothing waiting, nothing active) or ``cancelled`` (a cancel stops
-  launching, marks the waiting items ``cancelled``, requests cancel of the active children and
-  ends when none is active).
+  ends a drain ``finished`` (nothing waiting, nothing active) or ``cancelled`` (when none of its
+  children is active).
+- **A cancel reaches the active children in its own transaction** (:func:`cancel_drain`): the
+  compare-and-set, the waiting items marked ``cancelled`` and every active child's reshard
+  cancel (refused past its point of no return, and reported so) commit together, under a
+  bounded lock wait. It does not take the drain's advisory lock, so the advance is the safety
+  net: on a ``cancelling`` drain it marks what is left and asks each active child not yet asked
+  and still before its cutoff, once; it stops launching once the drain is no longer
+  ``running``; a launch that raced the cancel asks its child at once.
+- **An item whose operation exists is launched**, whatever its state says (``waiting``: its
+  launcher died before marking it; ``cancelled``: a cancel committed while its insert was in
+  flight): the advance adopts it, and only items without an operation are ever cancelled.
 - **An org that cannot move now is skipped with the start's own refusal** (Trino-enabled, not
   ready, already moving, a target identity conflict): any 4xx refusal. A 5xx refusal (a store
   unreachable) leaves the item waiting for the next tick.
@@ -33,11 +42,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Count
 from django.db.models.functions import Now
 
@@ -59,6 +69,7 @@ from duckgres_admin.models import (
 )
 from reshard import operations
 from reshard.drain_guard import draining_refusal
+from reshard.runner.execute import before_cancel_cutoff
 from reshard.start_checks import StartRequest, TargetRequest
 
 _log = logging.getLogger("duckgres.reshard.drains")
@@ -151,7 +162,17 @@ def actions_allowed(state: str) -> list[str]:
 
 
 def change_drain(drain_id: int, action: str, *, actor: str) -> StoreDrain:
-    """Pause, resume or cancel by compare-and-set on the current state (409 otherwise)."""
+    """Pause, resume or cancel by compare-and-set on the current state (409 otherwise). A
+    cancel is :func:`cancel_drain` (its children are asked in the same transaction)."""
+    if action == "cancel":
+        return cancel_drain(drain_id, actor=actor).drain
+    drain = _compare_and_set(drain_id, action)
+    _log.info("drain %s: %s by %s", drain_id, action, actor)
+    return drain
+
+
+def _compare_and_set(drain_id: int, action: str) -> StoreDrain:
+    """The transition's guarded UPDATE; the drain as it is now (404 unknown, 409 the state)."""
     allowed, to = _TRANSITIONS[action]
     changed = StoreDrain.objects.filter(pk=drain_id, state__in=allowed).update(
         state=to, updated_at=Now()
@@ -165,8 +186,146 @@ def change_drain(drain_id: int, action: str, *, actor: str) -> StoreDrain:
             f"drain {drain_id} is {drain.state}: only a {' or '.join(allowed)} drain can {action}",
             code="drain_state",
         )
-    _log.info("drain %s: %s by %s", drain_id, action, actor)
     return drain
+
+
+# --- the cancel ---------------------------------------------------------------------------------
+# The cancel's transaction waits at most this long for a row lock (the drain row, an item, a
+# child's row that its runner or the janitor is writing: each held for milliseconds).
+CANCEL_LOCK_TIMEOUT_MS = 5000
+WAITING_CANCELLED_REASON = "the drain was cancelled"
+
+
+@dataclass(frozen=True)
+class ChildCancel:
+    """One active child as the cancel left it: ``state`` is the operation's after the request
+    (a ``pending`` child is ``cancelled`` outright), ``step`` the step its cutoff was judged on."""
+
+    operation_id: int
+    org_id: str
+    step: str
+    state: str
+    honoured: bool  # before its point of no return (or cancelled outright) when it was asked
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "org_id": self.org_id,
+            "step": self.step or None,
+            "state": self.state,
+        }
+
+
+@dataclass(frozen=True)
+class DrainCancel:
+    """What a cancel did: the drain (now ``cancelling``), how many waiting items it marked
+    ``cancelled``, and each active child it asked to stop."""
+
+    drain: StoreDrain
+    waiting_cancelled: int
+    children: list[ChildCancel]
+
+    @property
+    def asked(self) -> list[ChildCancel]:
+        return [c for c in self.children if c.honoured]
+
+    @property
+    def past_point_of_no_return(self) -> list[ChildCancel]:
+        return [c for c in self.children if not c.honoured]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "waiting_cancelled": self.waiting_cancelled,
+            "asked": [c.as_json() for c in self.asked],
+            "past_point_of_no_return": [c.as_json() for c in self.past_point_of_no_return],
+        }
+
+
+def cancel_drain(drain_id: int, *, actor: str) -> DrainCancel:
+    """``running|paused → cancelling``, the waiting items ``cancelled`` and every active child's
+    reshard cancel requested, all in one transaction: a child is asked the moment the operator
+    cancels, not at the janitor's next tick (which stays the safety net: it asks any child this
+    transaction did not see)."""
+    try:
+        with transaction.atomic(), _lock_timeout(CANCEL_LOCK_TIMEOUT_MS):
+            drain = _compare_and_set(drain_id, "cancel")
+            waiting = _drop_waiting(drain)
+            children = [
+                child
+                for op in _active_children(drain)
+                if (child := _ask_child(drain, op, actor=f"drain:{drain.id}")) is not None
+            ]
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        raise ServiceError(
+            503, f"drain {drain_id} is being written by another session: retry the cancel"
+        ) from None
+    result = DrainCancel(drain=drain, waiting_cancelled=waiting, children=children)
+    _log.info(
+        "drain %s: cancel by %s: %d waiting cancelled; asked op(s) %s; past their point of no "
+        "return: op(s) %s",
+        drain_id,
+        actor,
+        waiting,
+        ", ".join(str(c.operation_id) for c in result.asked) or "none",
+        ", ".join(str(c.operation_id) for c in result.past_point_of_no_return) or "none",
+    )
+    return result
+
+
+@contextmanager
+def _lock_timeout(ms: int) -> Iterator[None]:
+    """``lock_timeout`` for the rest of the current transaction, restored after (a caller's
+    outer transaction keeps its own; a rolled-back block reverts it by itself)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        row = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [row[0] if row else "0"])
+
+
+def _drop_waiting(drain: StoreDrain) -> int:
+    """Mark ``cancelled`` the items never launched (no operation row): an item whose operation
+    exists is launched, whatever its state says (the advance adopts it)."""
+    return StoreDrainItem.objects.filter(
+        drain=drain, state=ItemState.WAITING, operation__isnull=True
+    ).update(state=ItemState.CANCELLED, reason=WAITING_CANCELLED_REASON, updated_at=Now())
+
+
+def _active_children(drain: StoreDrain) -> list[ReshardOperation]:
+    """The drain's pending or running operations, from the operation rows (whatever the
+    items' state)."""
+    return list(
+        ReshardOperation.objects.filter(
+            drain_item__drain_id=drain.id, state__in=ACTIVE_STATES
+        ).order_by("id")
+    )
+
+
+def _ask_child(drain: StoreDrain, op: ReshardOperation, *, actor: str) -> ChildCancel | None:
+    """Request ``op``'s cancel through the reshard's own cancel, whose answer says whether it
+    is still honoured (a child past its point of no return is refused, and its op log says
+    so). A request already recorded is not repeated: it is judged on the row as it is now.
+    None when the child ended in between."""
+    op.refresh_from_db()
+    if op.state not in ACTIVE_STATES:
+        return None
+    honoured = bool(op.cancel_requested) and before_cancel_cutoff(op)
+    if not op.cancel_requested:
+        try:
+            operations.reshard_op_cancel(op_id=op.id, actor=actor)
+            honoured = True
+        except ServiceError as exc:
+            _log.info("drain %s: cancel of op %s: %s", drain.id, op.id, exc.message)
+            if exc.code != operations.PAST_CUTOFF_CODE:
+                return None  # it ended meanwhile
+        op.refresh_from_db()
+    return ChildCancel(
+        operation_id=op.id, org_id=op.org_id, step=op.step, state=op.state, honoured=honoured
+    )
 
 
 # --- reads --------------------------------------------------------------------------------------
@@ -175,6 +334,8 @@ progress = progress_of
 
 
 def drain_view(drain: StoreDrain, *, with_items: bool = True) -> dict[str, Any]:
+    """The drain as the API and the admin show it. ``created_at``/``finished_at`` are the
+    datetimes: each face formats them (the API as RFC 3339 ``Z``, its one ``rfc3339``)."""
     items = drain.items_with_operations()
     body: dict[str, Any] = {
         "id": drain.id,
@@ -185,8 +346,8 @@ def drain_view(drain: StoreDrain, *, with_items: bool = True) -> dict[str, Any]:
         "drain_timeout_seconds": drain.drain_timeout_seconds,
         "state": drain.state,
         "created_by": drain.created_by,
-        "created_at": drain.created_at.isoformat() if drain.created_at else None,
-        "finished_at": drain.finished_at.isoformat() if drain.finished_at else None,
+        "created_at": drain.created_at,
+        "finished_at": drain.finished_at,
         "summary": drain.summary,
         "progress": progress(items),
     }
@@ -264,8 +425,8 @@ def _advance_one(drain: StoreDrain, may_act: Callable[[], None], report: Advance
     if drain.state == DrainState.RUNNING:
         running = len(active)
         for item in (i for i in items if i.state == ItemState.WAITING):
-            if running >= drain.max_concurrent:
-                break
+            if running >= drain.max_concurrent or not _is(drain, DrainState.RUNNING):
+                break  # a cancel or pause committed meanwhile: launch nothing more
             may_act()
             if _launch(drain, item, report):
                 running += 1
@@ -274,15 +435,25 @@ def _advance_one(drain: StoreDrain, may_act: Callable[[], None], report: Advance
             _end(drain, DrainState.RUNNING, DrainState.FINISHED, items, report)
 
 
+def _is(drain: StoreDrain, state: str) -> bool:
+    """The drain's state as committed now (a cancel commits from the API, outside the lock)."""
+    return StoreDrain.objects.filter(pk=drain.id, state=state).exists()
+
+
+# An item whose operation exists is launched whatever its state says: ``waiting`` (its launcher
+# died before marking it) or ``cancelled`` (a cancel committed while its insert was in flight).
+_UNMARKED = (ItemState.WAITING, ItemState.CANCELLED)
+
+
 def _adopt(drain: StoreDrain, items: list[StoreDrainItem], report: AdvanceReport) -> None:
-    """A waiting item whose operation exists (its launcher died before marking it) is
-    launched: mark it so (compare-and-set on ``waiting``)."""
+    """A waiting or cancelled item whose operation exists is launched: mark it so
+    (compare-and-set on its state); a cancelling drain asks that child next."""
     for item in items:
         op = item.child()
         if (
-            item.state == ItemState.WAITING
+            item.state in _UNMARKED
             and op is not None
-            and StoreDrainItem.objects.filter(pk=item.id, state=ItemState.WAITING).update(
+            and StoreDrainItem.objects.filter(pk=item.id, state=item.state).update(
                 state=ItemState.LAUNCHED, target_store=op.to_shard, updated_at=Now()
             )
         ):
@@ -337,13 +508,25 @@ def _launch(drain: StoreDrain, item: StoreDrainItem, report: AdvanceReport) -> b
             item.state, item.reason = ItemState.SKIPPED, exc.message
         report.actions.append(f"drain {drain.id}: skipped {item.org_id}: {exc.message}")
         return False
-    StoreDrainItem.objects.filter(pk=item.id, state=ItemState.WAITING).update(
+    if not StoreDrainItem.objects.filter(pk=item.id, state__in=_UNMARKED).update(
         state=ItemState.LAUNCHED, target_store=target, updated_at=Now()
-    )
+    ):
+        _log.warning("drain %s: item of %s no longer waiting", drain.id, item.org_id)
+    item.state, item.target_store = ItemState.LAUNCHED, target
     report.actions.append(
         f"drain {drain.id}: launched op {outcome.op.id} moving {item.org_id} to {target}"
     )
+    if _is(drain, DrainState.CANCELLING):
+        # The cancel committed while this start was in flight and did not see the child: ask
+        # it now rather than at the next tick (it may pass its point of no return by then).
+        _report_ask(drain, _ask_child(drain, outcome.op, actor=f"drain:{drain.id}"), report)
     return True
+
+
+def _report_ask(drain: StoreDrain, child: ChildCancel | None, report: AdvanceReport) -> None:
+    if child is not None:
+        done = "cancel requested" if child.honoured else "cancel refused (past its cutoff)"
+        report.actions.append(f"drain {drain.id}: {done} for op {child.operation_id}")
 
 
 def _cancel_children(
@@ -352,20 +535,17 @@ def _cancel_children(
     may_act: Callable[[], None],
     report: AdvanceReport,
 ) -> None:
-    StoreDrainItem.objects.filter(drain=drain, state=ItemState.WAITING).update(
-        state=ItemState.CANCELLED, reason="the drain was cancelled", updated_at=Now()
-    )
+    """The safety net of :func:`cancel_drain` (which asks every child it sees in its own
+    transaction): waiting items and children it did not see, asked once each (idempotent)."""
+    _drop_waiting(drain)
     for item in active:
         op = item.child()
-        if op is None or op.cancel_requested:
+        # Asked already, or past its point of no return (its cancel was refused once: asking
+        # again every tick would only repeat the refusal in its op log).
+        if op is None or op.cancel_requested or not before_cancel_cutoff(op):
             continue
         may_act()
-        try:
-            operations.reshard_op_cancel(op_id=op.id, actor=f"drain:{drain.id}")
-        except ServiceError as exc:
-            _log.info("drain %s: cancel of op %s: %s", drain.id, op.id, exc.message)
-            continue
-        report.actions.append(f"drain {drain.id}: cancel requested for op {op.id}")
+        _report_ask(drain, _ask_child(drain, op, actor=f"drain:{drain.id}"), report)
     if not active:
         _end(
             drain,

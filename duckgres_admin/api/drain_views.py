@@ -14,8 +14,10 @@ from rest_framework.response import Response
 
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.base import ApiView, BoundedJSONParser
+from duckgres_admin.api.serializers import rfc3339
 from duckgres_admin.api.views import BODY_ERRORS, OBJ, READ_ERRORS
 from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.models import StoreDrain
 from reshard import drains
 
 DRAIN_FIELDS = ("target_stores", "max_concurrent", "drain_timeout_seconds")
@@ -30,13 +32,23 @@ def _targets(body: dict[str, Any]) -> list[str]:
     return [str(name) for name in raw]
 
 
+def drain_json(drain: StoreDrain, *, with_items: bool = True) -> dict[str, Any]:
+    """``reshard.drains.drain_view`` with its times in RFC 3339 (``Z``), as every API time."""
+    body = drains.drain_view(drain, with_items=with_items)
+    return {
+        **body,
+        "created_at": rfc3339(drain.created_at),
+        "finished_at": rfc3339(drain.finished_at),
+    }
+
+
 class StoreDrainsView(ApiView):
     """``GET /metadata-stores/<name>/drains``: the store's drains, newest first."""
 
     @extend_schema(operation_id="store_drain_list", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, name: str) -> Response:
         found = drains.drains_of_store(name)
-        return Response({"drains": [drains.drain_view(d, with_items=False) for d in found]})
+        return Response({"drains": [drain_json(d, with_items=False) for d in found]})
 
 
 class StoreDrainCreateView(ApiView):
@@ -76,13 +88,13 @@ class StoreDrainCreateView(ApiView):
             f"drain {drain.id} of store {name} to {', '.join(targets)}, at most {concurrent} "
             "at a time"
         )
-        return Response(drains.drain_view(drain), status=201)
+        return Response(drain_json(drain), status=201)
 
 
 class DrainDetailView(ApiView):
     @extend_schema(operation_id="store_drain_get", responses={200: OBJ, 404: OBJ, **READ_ERRORS})
     def get(self, request: Request, drain_id: int) -> Response:
-        return Response(drains.drain_view(drains.get_drain(drain_id)))
+        return Response(drain_json(drains.get_drain(drain_id)))
 
 
 class DrainActionView(ApiView):
@@ -100,7 +112,7 @@ class DrainActionView(ApiView):
             raise ServiceError(404, "not found")
         drain = drains.change_drain(drain_id, self.action, actor=self.identity.actor)
         self.audit_detail = f"drain {drain_id} of store {drain.store_id}: {self.action}"
-        return Response(drains.drain_view(drain))
+        return Response(drain_json(drain))
 
 
 class DrainPauseView(DrainActionView):
@@ -112,4 +124,19 @@ class DrainResumeView(DrainActionView):
 
 
 class DrainCancelView(DrainActionView):
+    """``POST /drains/<id>/cancel``: the drain (now ``cancelling``) and ``cancel``: what the
+    cancel's own transaction did (``reshard.drains.cancel_drain``)."""
+
     action = "cancel"
+
+    @extend_schema(request=None, responses={200: OBJ, **BODY_ERRORS})
+    def post(self, request: Request, drain_id: int) -> Response:
+        assert self.identity is not None
+        done = drains.cancel_drain(drain_id, actor=self.identity.actor)
+        asked = ", ".join(str(c.operation_id) for c in done.asked) or "none"
+        late = ", ".join(str(c.operation_id) for c in done.past_point_of_no_return) or "none"
+        self.audit_detail = (
+            f"drain {drain_id} of store {done.drain.store_id}: cancel; asked op(s) {asked}; "
+            f"past their point of no return: op(s) {late}"
+        )
+        return Response({**drain_json(done.drain), "cancel": done.as_json()})

@@ -29,7 +29,7 @@ ACTIONS = {
     ),
     "cancel": (
         "Cancel a running or paused drain: it ends cancelled once none of its reshards is active",
-        "the waiting warehouses are dropped and the active reshards asked to stop",
+        "it ends cancelled once none of its reshards is active",
     ),
 }
 
@@ -76,6 +76,29 @@ def _show_lines(drain: dict[str, Any]) -> list[str]:
         lines.append(f"summary: {drain['summary']}")
     lines.append(f"progress: {_progress(drain)}")
     return [*lines, TABLE, *(_item_line(item) for item in drain.get("items") or [])]
+
+
+def _child(child: dict[str, Any]) -> str:
+    where = (
+        "cancelled before it started"
+        if child.get("state") == "cancelled"
+        else f"at step {_dash(child.get('step'))}"
+    )
+    return f"op {child.get('operation_id')} of {child.get('org_id')} ({where})"
+
+
+def _cancel_lines(doc: dict[str, Any]) -> list[str]:
+    """The cancel's answer: what its own transaction did, one line per active child."""
+    cancel = doc.get("cancel") or {}
+    asked = cancel.get("asked") or []
+    late = cancel.get("past_point_of_no_return") or []
+    return [
+        f"{_headline(doc)}; {cancel.get('waiting_cancelled', 0)} waiting warehouse(s) dropped, "
+        f"{len(asked)} active reshard(s) asked to stop, {len(late)} past the point of no return",
+        *(f"asked to stop: {_child(child)}" for child in asked),
+        *(f"past its point of no return, runs to its end: {_child(child)}" for child in late),
+        ACTIONS["cancel"][1],
+    ]
 
 
 @cli.group()
@@ -169,7 +192,9 @@ def _action_command(action: str) -> None:
             f"drains/{drain_id}/{action}",
             what=f"store {action}",
             body={},
-            text=lambda drain: [f"{_headline(drain)}; {next_text}"],
+            text=_cancel_lines
+            if action == "cancel"
+            else lambda drain: [f"{_headline(drain)}; {next_text}"],
         )
 
     del command

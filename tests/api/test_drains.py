@@ -1,16 +1,27 @@
 """Store drains through the API (issue 13 item 3; docs/drains.md): the plan and its items, the
-refusals that name the field and the fix, pause/resume/cancel by compare-and-set, and a store
-being drained accepting no new warehouses (safeguard reshard-97)."""
+refusals that name the field and the fix, pause/resume/cancel by compare-and-set, a store
+being drained accepting no new warehouses (safeguard reshard-97), a cancel that asks the
+active children in its own transaction and says which were past their point of no return
+(issue 29; safeguard reshard-116), and the drain's times in RFC 3339 ``Z``."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 
-from duckgres_admin.models import AuditRecord, ReshardOperation, StoreDrain
+from duckgres_admin.models import (
+    AuditRecord,
+    ReshardLogEntry,
+    ReshardOperation,
+    StoreDrain,
+    StoreDrainItem,
+    Warehouse,
+)
+from reshard import drains
 from tests.fixtures.api import error
-from tests.fixtures.rows import new_store, new_warehouse, unique
+from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
 pytestmark = pytest.mark.django_db
 
@@ -199,3 +210,115 @@ def test_a_store_being_drained_accepts_no_new_warehouse(clients, monkeypatch):
     clients.internal.post(f"/api/v1/drains/{drain_id}/cancel")
     StoreDrain.objects.filter(pk=drain_id).update(state="cancelled")
     assert _create_on(clients, source.name).status_code == 201, "an ended drain guards nothing"
+
+
+def _launched(drain_id: int, org_id: str, target: Any, **op: Any) -> ReshardOperation:
+    """The item's child as the janitor would have launched it (no runner: the row only)."""
+    item = StoreDrainItem.objects.get(drain_id=drain_id, org_id=org_id)
+    child = new_op(Warehouse.objects.get(org_id=org_id), to_store=target, drain_item=item, **op)
+    StoreDrainItem.objects.filter(pk=item.pk).update(state="launched", target_store=target.name)
+    return child
+
+
+@pytest.mark.safeguard("reshard-116")
+def test_a_cancel_asks_the_active_children_in_its_own_transaction(clients):
+    source, target = new_store(), new_store()
+    blocking, late, pending, waiting = _bound(source, 4)
+    drain_id = _drain(clients, source.name, target_stores=[target.name]).json()["id"]
+    moving = _launched(drain_id, blocking, target, state="running", step="blocking")
+    cleaning = _launched(drain_id, late, target, state="running", step="cleaning_up")
+    queued = _launched(drain_id, pending, target, state="pending")
+
+    resp = clients.admin.post(f"/api/v1/drains/{drain_id}/cancel")
+    assert resp.status_code == 200, resp.content
+    body = resp.json()
+    # No janitor tick ran: the cancel's own transaction asked and marked everything.
+    assert ReshardOperation.objects.get(pk=moving.pk).cancel_requested is True
+    assert ReshardOperation.objects.get(pk=queued.pk).state == "cancelled", "never started"
+    # Past its cutoff: refused, as the reshard's own cancel refuses it, and said in its op log.
+    assert ReshardOperation.objects.get(pk=cleaning.pk).cancel_requested is False
+    assert body["state"] == "cancelling"
+    assert body["cancel"] == {
+        "waiting_cancelled": 1,
+        "asked": [
+            {"operation_id": moving.id, "org_id": blocking, "step": "blocking", "state": "running"},
+            {"operation_id": queued.id, "org_id": pending, "step": None, "state": "cancelled"},
+        ],
+        "past_point_of_no_return": [
+            {"operation_id": cleaning.id, "org_id": late, "step": "cleaning_up", "state": "running"}
+        ],
+    }
+    shown = {i["org_id"]: (i["state"], i["reason"]) for i in body["items"]}
+    assert shown == {
+        blocking: ("running", ""),
+        late: ("running", ""),
+        pending: ("cancelled", ""),
+        waiting: ("cancelled", "the drain was cancelled"),
+    }
+    assert ReshardLogEntry.objects.filter(
+        operation_id=moving.id, message=f"cancel requested by drain:{drain_id}"
+    ).exists()
+    audit = AuditRecord.objects.filter(action="metadata_store.drain_cancel").latest("id")
+    assert audit.detail == (
+        f"drain {drain_id} of store {source.name}: cancel; asked op(s) {moving.id}, {queued.id}; "
+        f"past their point of no return: op(s) {cleaning.id}"
+    )
+
+    refused = f"cancel by drain:{drain_id} refused: operation {cleaning.id} is past its point"
+    assert ReshardLogEntry.objects.filter(
+        operation_id=cleaning.id, message__startswith=refused
+    ).exists()
+
+    # The janitor's safety net then has nothing left to ask, and asks nothing twice.
+    for _ in range(2):
+        report = drains.advance(lambda: None)
+        assert not [a for a in report.actions if "cancel requested" in a], report.actions
+    for op, line in ((moving, "cancel requested by"), (cleaning, refused)):
+        assert ReshardLogEntry.objects.filter(operation_id=op.id, message__startswith=line)
+        assert ReshardLogEntry.objects.filter(operation_id=op.id).count() == 1, op
+    assert StoreDrain.objects.get(pk=drain_id).state == "cancelling", "two children still run"
+
+
+def test_a_cancel_without_active_children_reports_none(clients):
+    source, target = new_store(), new_store()
+    _bound(source, 2)
+    drain_id = _drain(clients, source.name, target_stores=[target.name]).json()["id"]
+    clients.admin.post(f"/api/v1/drains/{drain_id}/pause")
+    body = clients.admin.post(f"/api/v1/drains/{drain_id}/cancel").json()
+    assert body["cancel"] == {"waiting_cancelled": 2, "asked": [], "past_point_of_no_return": []}
+    assert {i["state"] for i in body["items"]} == {"cancelled"}
+    refused = clients.admin.post(f"/api/v1/drains/{drain_id}/cancel")
+    assert (refused.status_code, error(refused)) == (
+        409,
+        f"drain {drain_id} is cancelling: only a running or paused drain can cancel",
+    )
+
+
+def _z_time(value: Any) -> dt.datetime:
+    """An RFC 3339 UTC time as every API time is written: ``...Z``, never ``+00:00``."""
+    assert isinstance(value, str), value
+    assert value.endswith("Z"), value
+    assert "+00:00" not in value, value
+    return dt.datetime.fromisoformat(value)
+
+
+def test_drain_times_are_rfc3339_z_as_every_api_time(clients):
+    source, target = new_store(), new_store()
+    [org] = _bound(source, 1)
+    created = _drain(clients, source.name, target_stores=[target.name]).json()
+    drain_id = created["id"]
+    child = _launched(drain_id, org, target, state="running", step="blocking")
+    row = StoreDrain.objects.get(pk=drain_id)
+    assert _z_time(created["created_at"]) == row.created_at
+    assert created["finished_at"] is None
+    listed = clients.viewer.get(f"/api/v1/metadata-stores/{source.name}/drains").json()
+    assert _z_time(listed["drains"][0]["created_at"]) == row.created_at
+    op_json = clients.viewer.get(f"/api/v1/reshards/{child.id}").json()
+    assert _z_time(op_json["created_at"]), "the op JSON's own format, for comparison"
+    cancelled = clients.admin.post(f"/api/v1/drains/{drain_id}/cancel").json()
+    assert _z_time(cancelled["created_at"]) == row.created_at
+    ReshardOperation.objects.filter(pk=child.pk).update(state="cancelled")
+    drains.advance(lambda: None)
+    ended = clients.viewer.get(f"/api/v1/drains/{drain_id}").json()
+    assert ended["state"] == "cancelled"
+    assert _z_time(ended["finished_at"]) == StoreDrain.objects.get(pk=drain_id).finished_at

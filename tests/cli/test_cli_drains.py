@@ -1,6 +1,7 @@
 """``duckgres store`` against the live API: a drain's creation, list, show (progress and the
-per-org table), pause/resume/cancel, the API's refusals as exit 1 with its message, usage as
-exit 2, and ``--output json`` (docs/cli.md "Store drains")."""
+per-org table), pause/resume/cancel (a cancel prints which active reshards it asked to stop and
+which were past their point of no return), the API's refusals as exit 1 with its message, usage
+as exit 2, and ``--output json`` (docs/cli.md "Store drains")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import json
 
 import pytest
 
-from duckgres_admin.models import ItemState, MetadataStore, StoreDrain, Warehouse
+from duckgres_admin.models import (
+    ItemState,
+    MetadataStore,
+    ReshardOperation,
+    StoreDrain,
+    StoreDrainItem,
+    Warehouse,
+)
 from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
@@ -128,7 +136,7 @@ def test_pause_resume_cancel_and_the_apis_refusals(cli: Cli, transactional_db: N
         ("pause", "paused", "no new reshard starts"),
         ("resume", "running", "the janitor launches the waiting warehouses again"),
         ("pause", "paused", "no new reshard starts"),
-        ("cancel", "cancelling", "the active reshards asked to stop"),
+        ("cancel", "cancelling", "0 active reshard(s) asked to stop"),
     ):
         result = cli("store", action, str(drain_id))
         assert result.returncode == 0, (action, result.stderr)
@@ -174,4 +182,40 @@ def test_pause_resume_cancel_and_the_apis_refusals(cli: Cli, transactional_db: N
     ):
         assert cli(*usage).returncode == 2, usage
     assert StoreDrain.objects.filter(store=source).count() == 1
+    cli.assert_no_secret()
+
+
+@pytest.mark.safeguard("reshard-116")
+def test_cancel_prints_the_reshards_asked_and_those_past_their_point_of_no_return(
+    cli: Cli, transactional_db: None
+) -> None:
+    source, target = new_store(), new_store()
+    moving, late, queued, waiting = bound(source, 4)
+    created = cli("store", "drain", source.name, "--to", target.name, "-o", "json")
+    drain_id = json.loads(created.stdout)["id"]
+    ops = {}
+    for wh, state, step in (
+        (moving, "running", "blocking"),
+        (late, "running", "cleaning_up"),
+        (queued, "pending", ""),
+    ):
+        item = StoreDrainItem.objects.get(drain_id=drain_id, org_id=wh.org_id)
+        ops[step] = new_op(wh, to_store=target, state=state, step=step, drain_item=item)
+        StoreDrainItem.objects.filter(pk=item.pk).update(state=ItemState.LAUNCHED)
+
+    result = cli("store", "cancel", str(drain_id))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"drain {drain_id} of store {source.name}: cancelling; 1 waiting warehouse(s) dropped, "
+        "2 active reshard(s) asked to stop, 1 past the point of no return",
+        f"asked to stop: op {ops['blocking'].id} of {moving.org_id} (at step blocking)",
+        f"asked to stop: op {ops[''].id} of {queued.org_id} (cancelled before it started)",
+        f"past its point of no return, runs to its end: op {ops['cleaning_up'].id} of "
+        f"{late.org_id} (at step cleaning_up)",
+        "it ends cancelled once none of its reshards is active",
+    ]
+    assert ReshardOperation.objects.get(pk=ops["blocking"].pk).cancel_requested is True
+    assert StoreDrainItem.objects.get(drain_id=drain_id, org_id=waiting.org_id).state == (
+        "cancelled"
+    )
     cli.assert_no_secret()

@@ -69,9 +69,10 @@ def test_a_cancel_stops_launching_cancels_children_and_ends_when_none_is_active(
     drain, whs = _plan(3)
     running = _child(drain, whs[0])
     drains.change_drain(drain.id, "cancel", actor="ops")
-    report = drains.advance(_nothing)
+    # The cancel asked the child in its own transaction (issue 29): the advance asks it no more.
     assert ReshardOperation.objects.get(pk=running.pk).cancel_requested is True
-    assert f"drain {drain.id}: cancel requested for op {running.id}" in report.actions
+    report = drains.advance(_nothing)
+    assert f"drain {drain.id}: cancel requested for op {running.id}" not in report.actions
     items = {i.org_id: i for i in StoreDrainItem.objects.filter(drain=drain)}
     assert items[whs[1].org_id].state == items[whs[2].org_id].state == "cancelled"
     assert items[whs[1].org_id].reason == "the drain was cancelled"
