@@ -36,16 +36,18 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import selectors
 import socket
 import time
 from collections import deque
+from concurrent import futures
 from functools import partial
 from typing import Any
 
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
+from prometheus_client import Counter
 
+from duckgres_admin import admission
 from duckgres_admin.logs import gunicorn_logconfig_dict
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
@@ -84,7 +86,7 @@ limit_request_line = 4094
 limit_request_fields = 50
 limit_request_field_size = 8190
 # Open connections per worker (threads + kept-alive + arriving); see BufferedThreadWorker.
-worker_connections = 1000
+worker_connections = admission.WORKER_CONNECTIONS
 accesslog = "-"
 errorlog = "-"
 logconfig_dict = gunicorn_logconfig_dict()
@@ -93,23 +95,37 @@ logconfig_dict = gunicorn_logconfig_dict()
 # stash needs exactly one worker), and the root filesystem may be read-only.
 control_socket_disable = True
 
-# --- slow clients -----------------------------------------------------------------------------
-# A request's line, headers and (prebuffered) body must have arrived within this long of its
-# first byte being awaited; a thread's own reads share the same deadline.
+# --- slow clients and admission (docs/configuration.md "Slow clients", "Request admission") ------
+# A request's line, headers and body must have arrived within this long of its first byte being
+# awaited; a thread's own reads (none are left in normal operation) share the same deadline.
 REQUEST_ARRIVAL_SECONDS = 10.0
 # Writing one response (sendall / sendfile) may take this long.
 RESPONSE_WRITE_SECONDS = 30.0
 # The graceful close after a response: drain at most this long / this much, in the poller.
 LINGER_SECONDS = 2.0
 LINGER_MAX_BYTES = 65536
-# A request head larger than this is handed to a thread as is (the parser's limits answer it).
-MAX_HEAD_BYTES = 64 * 1024
 RECV_CHUNK = 65536
+# Of the ``threads``, this many serve only the priority routes (admission.PRIORITY_ROUTE: lease
+# calls, password pulls, probes; and everything on the password-pull port). A priority request
+# takes an idle general thread too when the reserved ones are busy; no other request ever takes
+# a reserved one.
+RESERVED_THREADS = 4
+# Until its head is read, a connection is read at most this much (a head and a small body).
+HEAD_READ_BYTES = admission.MAX_HEAD_BYTES + admission.SMALL_BODY_BYTES
+# One log line per refusal reason per this long, carrying the count of those not logged.
+REFUSAL_LOG_SECONDS = 60.0
+GENERAL, RESERVED = "general", "reserved"
 
 _log = logging.getLogger("gunicorn.error")
-_CONTENT_LENGTH = re.compile(rb"^content-length[ \t]*:[ \t]*([0-9]+)[ \t]*$", re.I | re.M)
-_TRANSFER_ENCODING = re.compile(rb"^transfer-encoding[ \t]*:", re.I | re.M)
-_EXPECT = re.compile(rb"^expect[ \t]*:", re.I | re.M)
+REFUSED = Counter(
+    "duckgres_api_admission_refusals_total",
+    "Requests the API worker answered from their head alone, without reading a body "
+    "(docs/configuration.md, Request admission).",
+    ["reason"],
+)
+for _reason in ("too_large", "length_required", "expectation", "head_too_large", "bad_length"):
+    REFUSED.labels(reason=_reason)
+REFUSED.labels(reason=admission.BUSY.reason)
 
 
 class ClientTooSlowError(ConnectionResetError):
@@ -181,15 +197,22 @@ class DeadlineSocket(socket.socket):
 
 
 class BufferedConn(gthread.TConn):  # type: ignore[misc]
-    """gthread's connection with the bytes collected by the main loop and a worker to linger
-    in when it is closed gracefully."""
+    """gthread's connection with the bytes collected by the main loop, their charge on the
+    worker's budget, and a worker to linger in when it is closed gracefully."""
 
     def __init__(self, worker: BufferedThreadWorker, *args: Any) -> None:
         super().__init__(*args)
         self.worker = worker
+        # Until the head is read: what arrived so far. After: the whole request, preallocated
+        # (its length is charged to the budget), of which ``filled`` bytes have arrived.
         self.arrived = bytearray()
+        self.filled = 0
+        self.head: admission.Head | None = None
+        self.charged = 0
         self.arrival_deadline = 0.0
         self.buffered = False
+        self.continue_sent = False
+        self.lane = ""
 
     def close(self, graceful: bool = False) -> None:
         if graceful:
@@ -198,36 +221,44 @@ class BufferedConn(gthread.TConn):  # type: ignore[misc]
             super().close()
 
 
-def request_complete(data: bytes | bytearray, max_body: int) -> bool:
-    """Whether ``data`` holds a whole request head and, for a body of known length up to
-    ``max_body``, the whole body. Anything the main loop should not wait for (a head over
-    ``MAX_HEAD_BYTES``, chunked, ``Expect``, a body over the limit, a malformed length) counts
-    as complete: the thread's parser answers it, reading against its deadline."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return len(data) > MAX_HEAD_BYTES
-    head = bytes(data[:end])
-    if _TRANSFER_ENCODING.search(head) or _EXPECT.search(head):
-        return True
-    lengths = _CONTENT_LENGTH.findall(head)
-    if len(lengths) != 1:
-        return True  # no body, or a conflict the parser refuses
-    length = int(lengths[0])
-    if length > max_body:
-        return True  # the API answers 413 from the header
-    return len(data) - (end + 4) >= length
+def _port(address: Any) -> int | None:
+    return int(address[1]) if isinstance(address, tuple) and len(address) >= 2 else None
 
 
 class BufferedThreadWorker(gthread.ThreadWorker):  # type: ignore[misc]
-    """gthread whose threads only ever get requests that have arrived (module docstring)."""
+    """gthread whose threads only ever get requests that have arrived whole and were admitted,
+    with threads reserved for the priority routes (module docstring)."""
 
     def init_process(self) -> None:
         from django.conf import settings
 
+        if self.cfg.is_ssl:
+            raise RuntimeError("BufferedThreadWorker reads requests in its main loop: no TLS here")
         self.max_body = int(settings.DUCKGRES_API_MAX_BODY_BYTES)
+        self.budget = admission.BufferBudget(int(settings.DUCKGRES_API_BUFFER_BUDGET_BYTES))
+        self.pull_port = int(settings.DUCKGRES_PASSWORD_PULL_PORT)
         self.arriving: deque[BufferedConn] = deque()
         self.lingering: deque[tuple[float, socket.socket]] = deque()
+        self.reserved_pool = futures.ThreadPoolExecutor(
+            max_workers=RESERVED_THREADS, thread_name_prefix="reserved"
+        )
+        self.busy = {GENERAL: 0, RESERVED: 0}
+        self.refusals_logged: dict[str, tuple[float, int]] = {}
         super().init_process()
+
+    def get_thread_pool(self) -> futures.ThreadPoolExecutor:
+        """The general threads: ``threads`` less the reserved ones."""
+        return futures.ThreadPoolExecutor(max_workers=self.cfg.threads - RESERVED_THREADS)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.reserved_pool.shutdown(wait=False)
+
+    def handle_quit(self, sig: Any, frame: Any) -> None:
+        self.reserved_pool.shutdown(wait=False)
+        super().handle_quit(sig, frame)
 
     # --- arrival, in the main loop ------------------------------------------------------------
     def accept(self, listener: Any) -> None:
@@ -249,38 +280,137 @@ class BufferedThreadWorker(gthread.ThreadWorker):  # type: ignore[misc]
         self.keepalived_conns.remove(conn)
         self._await_request(conn)
 
-    def _await_request(self, conn: BufferedConn) -> None:
+    def _await_request(self, conn: BufferedConn, seed: bytes = b"") -> None:
+        """Collect the connection's next request in the poller; ``seed`` holds bytes of it
+        already read (pipelined behind the previous request)."""
         conn.sock.setblocking(False)
         conn.arrived = bytearray()
+        conn.filled = 0
+        conn.head = None
+        conn.continue_sent = False
         conn.arrival_deadline = time.monotonic() + REQUEST_ARRIVAL_SECONDS
         self.arriving.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_arrival, conn))
+        if seed:
+            self._take(conn, seed)
 
     def _on_arrival(self, conn: BufferedConn, client: Any) -> None:
+        data, got = b"", 0
         try:
-            data = conn.sock.recv(RECV_CHUNK)
+            if conn.head is None:
+                data = conn.sock.recv(max(HEAD_READ_BYTES - conn.filled, 1))
+            else:
+                with memoryview(conn.arrived) as whole, whole[conn.filled :] as rest:
+                    got = conn.sock.recv_into(rest)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            data, got = b"", 0
+        if conn.head is None:
+            if data:
+                self._take(conn, data)
+            else:
+                self._drop_arriving(conn)
+        elif got:
+            conn.filled += got
+            self._advance(conn)
+        else:
             self._drop_arriving(conn)
+
+    def _take(self, conn: BufferedConn, data: bytes) -> None:
+        """Bytes of a head not read yet: charged (never refused in practice: a head is bounded
+        by HEAD_READ_BYTES and counted in the budget's reserve), then looked at."""
+        if not self._charge(conn, conn.filled + len(data)):
+            self._refuse(conn, admission.BUSY)
             return
         conn.arrived += data
-        if request_complete(conn.arrived, self.max_body):
-            self.poller.unregister(conn.sock)
-            self.arriving.remove(conn)
-            conn.buffered = True
-            conn.data_ready = True
-            self.enqueue_req(conn)
+        conn.filled += len(data)
+        self._advance(conn)
 
-    def _drop_arriving(self, conn: BufferedConn) -> None:
+    def _advance(self, conn: BufferedConn) -> None:
+        """Decide on a head once it is there; hand a request over once all of it is."""
+        if conn.head is None:
+            verdict = admission.inspect(conn.arrived, self.max_body)
+            if verdict is None:
+                return
+            if isinstance(verdict, admission.Refusal):
+                self._refuse(conn, verdict)
+                return
+            conn.head = verdict
+            if conn.filled < verdict.total:
+                large = verdict.body_bytes > admission.SMALL_BODY_BYTES
+                if not self._charge(conn, verdict.total, large=large):
+                    self._refuse(conn, admission.BUSY)
+                    return
+                whole = bytearray(verdict.total)
+                whole[: conn.filled] = conn.arrived
+                conn.arrived = whole
+                if verdict.expect_continue:
+                    self._send_continue(conn)
+                return
+            conn.filled = len(conn.arrived)
+        if conn.filled < len(conn.arrived):
+            return
+        self.poller.unregister(conn.sock)
+        self.arriving.remove(conn)
+        conn.buffered = True
+        conn.data_ready = True
+        self.enqueue_req(conn)
+
+    def _charge(self, conn: BufferedConn, wanted: int, *, large: bool = False) -> bool:
+        if not self.budget.charge(conn.charged, wanted, large=large):
+            return False
+        conn.charged = wanted
+        return True
+
+    def _send_continue(self, conn: BufferedConn) -> None:
+        """The "100 Continue" an HTTP/1.1 client waits for before its body, sent once the body
+        is admitted; the request's thread must then not send it again (handle_request)."""
+        try:
+            sent = conn.sock.send(admission.CONTINUE)
+        except OSError:
+            sent = 0
+        if sent == len(admission.CONTINUE):
+            conn.continue_sent = True
+        else:  # 25 bytes into a fresh connection's empty buffer: only a broken one fails
+            self._drop_arriving(conn)
+
+    def _refuse(self, conn: BufferedConn, refusal: admission.Refusal) -> None:
+        """Answer from the head, unread body and all, and close (lingering in the poller)."""
+        self._note_refusal(conn, refusal)
+        self._drop_arriving(conn, close=False)
+        with contextlib.suppress(OSError):
+            conn.sock.send(admission.response_bytes(refusal))
+        self._linger_socket(conn.sock)
+
+    def _note_refusal(self, conn: BufferedConn, refusal: admission.Refusal) -> None:
+        REFUSED.labels(reason=refusal.reason).inc()
+        now = time.monotonic()
+        last, skipped = self.refusals_logged.get(refusal.reason, (None, 0))
+        if last is not None and now - last < REFUSAL_LOG_SECONDS:
+            self.refusals_logged[refusal.reason] = (last, skipped + 1)
+            return
+        self.refusals_logged[refusal.reason] = (now, 0)
+        client = conn.client[0] if isinstance(conn.client, tuple) else conn.client
+        _log.warning(
+            "request refused before its body was read (%s %s) from %s; %d more refused for this "
+            "reason since the last such line",
+            refusal.status,
+            refusal.reason,
+            client,
+            skipped,
+        )
+
+    def _drop_arriving(self, conn: BufferedConn, *, close: bool = True) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)
         with contextlib.suppress(ValueError):
             self.arriving.remove(conn)
+        self._charge(conn, 0)
+        conn.arrived = bytearray()
         self.nr_conns -= 1
-        gthread.TConn.close(conn)
+        if close:
+            gthread.TConn.close(conn)
 
     def murder_pending(self) -> None:
         """Each loop: drop requests past their arrival deadline, make room at the connection
@@ -294,24 +424,68 @@ class BufferedThreadWorker(gthread.ThreadWorker):  # type: ignore[misc]
         while self.lingering and self.lingering[0][0] <= now:
             self._end_linger(self.lingering[0][1])
 
-    # --- a thread takes the request up --------------------------------------------------------
+    # --- to a thread, and back ----------------------------------------------------------------
+    def enqueue_req(self, conn: BufferedConn) -> None:
+        """A whole request to its lane's pool. gthread also calls this for a kept-alive
+        connection whose parser read ahead into the next request: that request is collected in
+        the main loop first, like any other."""
+        if not conn.buffered:
+            seed = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+            self._await_request(conn, seed)
+            return
+        conn.lane = self._lane(conn)
+        self.busy[conn.lane] += 1
+        pool = self.reserved_pool if conn.lane == RESERVED else self.tpool
+        fs = pool.submit(self.handle, conn)
+        fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
+
+    def _lane(self, conn: BufferedConn) -> str:
+        """RESERVED for a priority request while a reserved thread is free, or when no general
+        one is (it then queues behind priority requests only); GENERAL otherwise."""
+        on_pull_port = bool(self.pull_port) and _port(conn.server) == self.pull_port
+        head = conn.head
+        priority = on_pull_port or (head is not None and admission.priority_route(head.target))
+        if priority and (
+            self.busy[RESERVED] < RESERVED_THREADS
+            or self.busy[GENERAL] >= self.cfg.threads - RESERVED_THREADS
+        ):
+            return RESERVED
+        return GENERAL
+
+    def finish_request(self, conn: BufferedConn, fs: Any) -> None:
+        """In the main loop once a thread is done: the lane's count and the budget get the
+        request's share back before gthread keeps, re-reads or closes the connection."""
+        if conn.lane:
+            self.busy[conn.lane] -= 1
+            conn.lane = ""
+        self._charge(conn, 0)
+        super().finish_request(conn, fs)
+
     def handle(self, conn: BufferedConn) -> Any:
         if conn.buffered:
             conn.buffered = False
-            data, conn.arrived = bytes(conn.arrived), bytearray()
             conn.sock.setblocking(True)
             try:
                 conn.init()
             except Exception as exc:  # noqa: BLE001 - as gthread's own handle would report it
                 self.handle_error(None, conn.sock, conn.client, exc)
                 return False
-            conn.parser.unreader.unread(data)
+            conn.parser.unreader.unread(conn.arrived)
+            conn.arrived = bytearray()
         return super().handle(conn)
+
+    def handle_request(self, req: Any, conn: BufferedConn) -> Any:
+        if conn.continue_sent:
+            conn.continue_sent = False
+            req._expected_100_continue = False  # the main loop sent "100 Continue" already
+        return super().handle_request(req, conn)
 
     # --- graceful close, in the poller ----------------------------------------------------------
     def linger(self, conn: BufferedConn) -> None:
+        self._linger_socket(conn.sock)
+
+    def _linger_socket(self, sock: socket.socket) -> None:
         """Half-close and drain the client's leftovers (RFC 9112 §9.6) without blocking."""
-        sock = conn.sock
         try:
             sock.shutdown(socket.SHUT_WR)
             sock.setblocking(False)

@@ -15,7 +15,7 @@ from typing import Any
 import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
-from duckgres_admin import queues
+from duckgres_admin import admission, queues
 from duckgres_admin.config import EnvReader, environ
 from duckgres_admin.lib import secretrefs
 from duckgres_admin.notifications import config as webhook_config
@@ -266,6 +266,29 @@ DUCKGRES_STORE_HOST_DENYLIST = tuple(_denylist)
 DUCKGRES_API_MAX_BODY_BYTES = env.integer(
     "DUCKGRES_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024, maximum=64 * 1024 * 1024
 )
+# Django's own reads (form posts, request.body) stop at the same limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = DUCKGRES_API_MAX_BODY_BYTES
+# All the request bytes the API worker holds at once, every connection together
+# (docs/configuration.md "Request admission"); a large body beyond it is answered 503 unread.
+DUCKGRES_API_BUFFER_BUDGET_BYTES = env.integer(
+    "DUCKGRES_API_BUFFER_BUDGET_BYTES", 128 * 1024 * 1024, minimum=0, maximum=4 * 1024**3
+)
+_least_budget = admission.minimum_budget(DUCKGRES_API_MAX_BODY_BYTES)
+if _least_budget > DUCKGRES_API_BUFFER_BUDGET_BYTES:
+    env.errors.append(
+        f"DUCKGRES_API_BUFFER_BUDGET_BYTES={DUCKGRES_API_BUFFER_BUDGET_BYTES} is below "
+        f"{_least_budget}, the reserve for request heads "
+        "and small bodies plus one body of DUCKGRES_API_MAX_BODY_BYTES: raise it, or lower "
+        "DUCKGRES_API_MAX_BODY_BYTES"
+    )
+# Admin login throttling (django-axes, docs/configuration.md "Admin login throttling"): this
+# many failed logins for one username lock it out, even with the right password, for this long.
+DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT = env.integer(
+    "DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=100
+)
+DUCKGRES_ADMIN_LOGIN_COOLOFF_SECONDS = env.integer(
+    "DUCKGRES_ADMIN_LOGIN_COOLOFF_SECONDS", 900, minimum=1, maximum=7 * 86400
+)
 # The API process's own Prometheus exporter (authentication failures); 0 disables it.
 DUCKGRES_API_METRICS_PORT = env.integer("DUCKGRES_API_METRICS_PORT", 9110, minimum=0, maximum=65535)
 
@@ -393,10 +416,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_celery_beat",
+    "axes",
     "duckgres_admin",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # 413/411/417 from the headers, before CSRF or a view reads a body (duckgres_admin/admission.py)
+    "duckgres_admin.admission.BodyAdmissionMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before sessions, auth and every view: on the password-pull port only the password route
     # exists, and it exists only there (WhiteNoise above serves only the public /static/ files).
@@ -407,7 +433,30 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last (django-axes): turns a login refused for a lockout into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+# Admin login throttling (django-axes; docs/configuration.md "Admin login throttling"). Its
+# backend comes first and refuses a locked-out username before any password is checked. Only
+# the admin site's login counts (the API authenticates by secrets and tokens, never here); a
+# lockout is per username (behind the proxy every browser has the proxy's address); an attempt
+# during a lockout is refused and not recorded, so the lock ends one cool-off after the failure
+# that set it; a success clears the count. Unlock early: `manage.py axes_reset_username NAME`.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ONLY_ADMIN_SITE = True
+AXES_FAILURE_LIMIT = DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = DUCKGRES_ADMIN_LOGIN_COOLOFF_SECONDS / 3600  # hours, as a float
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_DISABLE_ACCESS_LOG = True
+AXES_ENABLE_ADMIN = False
+AXES_VERBOSE = False
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
 ROOT_URLCONF = "duckgres_admin.urls"
 WSGI_APPLICATION = "duckgres_admin.wsgi.application"
 TEMPLATES = [
@@ -481,6 +530,10 @@ SILENCED_SYSTEM_CHECKS = [
     # HSTS preload commits a whole registrable domain and is submitted at its apex
     # (hstspreload.org): a decision of the domain's owner, not one this admin app can make.
     "security.W021",
+    # django-axes wants the client address in the lockout key; behind the proxy every browser
+    # has the proxy's (forwarded headers are not trusted), so the key is the username alone,
+    # summed over every address and User-Agent (settings above, docs/configuration.md).
+    "axes.W006",
 ]
 
 REST_FRAMEWORK: dict[str, Any] = {
@@ -509,6 +562,8 @@ LOGGING: dict[str, Any] = {
         "botocore": {"level": "WARNING"},
         "urllib3": {"level": "WARNING"},
         "kubernetes": {"level": "WARNING"},
+        # django-axes: its per-attempt INFO lines would be a flood during a lockout.
+        "axes": {"level": "WARNING"},
     },
 }
 # Personal tokens: stored as SHA-512 digests, never refreshed by use (a request writes nothing),
