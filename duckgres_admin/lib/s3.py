@@ -23,6 +23,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.config
@@ -348,3 +349,55 @@ class S3:
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _wrap(f"list s3://{bucket}/{prefix}", exc) from exc
         return keys
+
+
+def _redacted_endpoint(url: str) -> str:
+    """``url`` without user info, query or fragment (an endpoint is never a secret carrier)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else "(unparsable)"
+
+
+def describe_aws_context() -> str:
+    """One line naming this process's AWS context, for a start-up log line (never a secret).
+
+    The default region and where it comes from, the S3 endpoint boto3 resolves for it (user
+    info, query and fragment dropped), the addressing style, and the credential source as
+    botocore reports it (``Credentials.method``: ``env``, ``shared-credentials-file``,
+    ``assume-role-with-web-identity``, ``iam-role``, ``container-role`` …). No access key id,
+    secret key or session token enters the line. Resolving the source may ask the instance
+    metadata service (botocore's 1 s timeout, one attempt). Never raises.
+    """
+    session = boto3.Session(botocore_session=botocore.session.get_session())
+    region = settings.DUCKGRES_AWS_REGION or session.region_name or None
+    if settings.DUCKGRES_AWS_REGION:
+        region_text = f"region {region} (DUCKGRES_AWS_REGION)"
+    elif region:
+        region_text = f"region {region} (AWS environment or config)"
+    else:
+        region_text = "no default region (each warehouse's data_region)"
+    configured = settings.DUCKGRES_S3_ENDPOINT_URL or None
+    try:
+        client = session.client(
+            "s3", region_name=region, endpoint_url=configured, config=_client_config()
+        )
+        endpoint = _redacted_endpoint(str(client.meta.endpoint_url))
+    except Exception as exc:  # noqa: BLE001 - a log line must not stop the process
+        endpoint = f"unresolved ({type(exc).__name__})"
+    source = "DUCKGRES_S3_ENDPOINT_URL" if configured else "boto3's default for the region"
+    try:
+        credentials = session.get_credentials()
+        found = f"from {credentials.method}" if credentials is not None else "none found"
+    except Exception as exc:  # noqa: BLE001 - as above
+        found = f"unknown ({type(exc).__name__})"
+    return (
+        f"AWS context: {region_text}; S3 endpoint {endpoint} ({source}), addressing style "
+        f"{settings.DUCKGRES_S3_ADDRESSING_STYLE}; credentials {found} (the ambient chain; a "
+        "warehouse's data_role_arn is assumed with them)"
+    )
