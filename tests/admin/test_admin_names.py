@@ -31,6 +31,7 @@ EXPECTED = {
         "Warehouses",
     ],
     "django_celery_beat": ["Clocked", "Crontabs", "Intervals", "Periodic tasks", "Solar events"],
+    "knox": ["Auth tokens"],  # personal API tokens (docs/api.md "Personal tokens")
 }
 # A plural Django made by appending "s" to a word ending in consonant + "y".
 BAD_PLURAL = re.compile(r"[^aeiou\W]ys\b", re.IGNORECASE)
