@@ -20,14 +20,25 @@ reads the request line, headers and body with blocking reads and no deadline: 16
 trickling a header byte at a time hold every thread, and lease grants and password pulls
 queue behind them forever. :class:`BufferedThreadWorker` keeps gthread's threads but never gives
 one a request that has not arrived: the main loop (non-blocking, one poller) collects each
-connection's request head and a body of known length up to ``DUCKGRES_API_MAX_BODY_BYTES``, and
-only a complete request reaches a thread. A request that is not complete within
-``REQUEST_ARRIVAL_SECONDS`` is dropped; at ``worker_connections`` the oldest incomplete
-connection makes room for the new one. What still reads in a thread (a chunked body, one sent
-after ``Expect: 100-continue``, one over the limit, pipelined leftovers) does so against a
-deadline of ``REQUEST_ARRIVAL_SECONDS`` for the whole request, a response write gets
+connection's request head and its body (``Content-Length`` up to
+``DUCKGRES_API_MAX_BODY_BYTES``), and only a complete request reaches a thread. A request that is
+not complete within ``REQUEST_ARRIVAL_SECONDS`` is dropped; at ``worker_connections`` the oldest
+incomplete connection makes room for the new one. A response write gets
 ``RESPONSE_WRITE_SECONDS``, and the graceful close after a response lingers in the poller, not
 in the main loop (gunicorn's own blocks the loop up to 2 s per silent client).
+
+Admission (docs/configuration.md "Request admission", ``duckgres_admin/admission.py``). The head
+alone decides: a body over the limit is answered 413, ``Transfer-Encoding`` 411, an ``Expect``
+other than ``100-continue`` 417, a head over 32 KiB 431, a malformed length 400, and the
+connection is closed without a byte of the body read; ``100 Continue`` is sent from the main
+loop once the body is admitted. Every byte held for a request (the head, then the whole
+announced body, allocated once) is charged to one budget (``DUCKGRES_API_BUFFER_BUDGET_BYTES``)
+until its thread is done; a large body that does not fit is answered 503 unread, heads and small
+bodies always fit (the budget keeps a reserve for 1,000 of them). So no thread reads from a
+client (``DeadlineSocket`` stays as the backstop), and the worker's buffers stay inside the
+budget. Of the 16 threads, ``RESERVED_THREADS`` serve only lease calls, password pulls and the
+probes (which also take an idle general thread): no admin page, login or other API call can take
+them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from axes.models import AccessAttempt  # type: ignore[import-untyped]
 from django.test import Client
 
 from tests.api.test_request_admission import settings_of
@@ -24,6 +25,7 @@ __all__ = ["clients"]  # the API's identities (tests/fixtures/api.py), a fixture
 
 LOGIN = "/admin/login/?next=/admin/"
 PASSWORD = "pw-for-tests"  # tests/fixtures/admin.py
+WRONG = "guess-7f3a9c"
 COOLOFF_SECONDS = 8.0
 LOCKED = b"Account locked: too many login attempts. Please try again later."
 
@@ -34,7 +36,7 @@ def login(username: str, password: str) -> Any:
 
 
 def logged_in(response: Any) -> bool:
-    return response.status_code == 302 and response["Location"] == "/admin/"
+    return bool(response.status_code == 302 and response["Location"] == "/admin/")
 
 
 @pytest.fixture
@@ -53,17 +55,22 @@ def test_failed_logins_lock_the_username_out_for_the_cooloff(quick: Any):
     other = staff_user(superuser=True).username
     # Under the limit nothing is locked, and a success clears the count.
     for _ in range(limit - 1):
-        assert login(user, "wrong").status_code == 200  # the form again, with its error
+        assert login(user, WRONG).status_code == 200  # the form again, with its error
     assert logged_in(login(user, PASSWORD))
     for _ in range(limit - 1):
-        assert login(user, "wrong").status_code == 200
+        assert login(user, WRONG).status_code == 200
     before = time.monotonic()
-    assert login(user, "wrong").status_code == 429  # the limit-th failure sets the lock
+    assert login(user, WRONG).status_code == 429  # the limit-th failure sets the lock
     after = time.monotonic()
     # Locked: the right password is refused (429) without being checked.
     locked = login(user, PASSWORD)
     assert locked.status_code == 429
     assert locked.content == LOCKED
+    # What is recorded names the username, never the password tried.
+    [row] = AccessAttempt.objects.filter(username=user)
+    assert row.failures_since_start == limit
+    assert WRONG not in row.post_data
+    assert "password=" in row.post_data
     # Per username: another account logs in meanwhile.
     assert logged_in(login(other, PASSWORD))
     # Still locked shortly before the cool-off ends; this attempt does not extend the lock.

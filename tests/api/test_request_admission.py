@@ -199,8 +199,11 @@ class Unreadable:
 def test_django_refuses_from_the_headers_before_csrf_reads_the_body():
     client = Client(enforce_csrf_checks=True)
     client.cookies["csrftoken"] = "a" * 32
-    form = {"CONTENT_TYPE": "application/x-www-form-urlencoded", "wsgi.input": Unreadable()}
-    cases = [
+    form: dict[str, Any] = {
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "wsgi.input": Unreadable(),
+    }
+    cases: list[tuple[dict[str, Any], int, str | None]] = [
         ({"CONTENT_LENGTH": "2000000"}, 413, admission.too_large(MAX).message),
         ({"CONTENT_LENGTH": "10", "HTTP_TRANSFER_ENCODING": "chunked"}, 411, None),
         ({"CONTENT_LENGTH": "10", "HTTP_EXPECT": "later"}, 417, None),
