@@ -6,6 +6,10 @@
    (same cnpg store name, or a shared ``host:port`` endpoint) and the same database.
 3. cnpg target database ownership: an existing target database must be owned by the tenant
    role; we never adopt someone else's database.
+4. An existing target database is adopted only **empty** (:func:`database_contents`): no
+   table, view, sequence, function or schema of anyone's in it. An operation then owns
+   everything it finds in its target later (it created all of it), so a rollback that drops
+   what its copy or restore wrote can never drop a stranger's table (docs/restore.md).
 
 Each check returns an error message (``None`` when the check passes); callers decide whether
 that is a 400 (submit) or a step failure (runner). Connections come from ``lib.pgadmin``.
@@ -451,4 +455,75 @@ def database_owner_message(
     return (
         f"target database {database} on store {store_name} already exists and is owned by "
         f"{owner}, not the tenant role {tenant_role} — refusing to adopt it"
+    )
+
+
+# --- check 4: an existing target database is adopted only empty ------------------------------
+CONTENTS_SHOWN = 5  # names quoted in a refusal; the rest are counted
+_CONTENTS_SQL = """
+WITH user_ns AS (
+    SELECT oid, nspname FROM pg_catalog.pg_namespace
+    WHERE nspname NOT IN ('pg_catalog', 'information_schema')
+      AND nspname NOT LIKE 'pg\\_toast%' AND nspname NOT LIKE 'pg\\_temp\\_%'
+)
+SELECT kind, name FROM (
+    SELECT CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'view' WHEN 'S' THEN 'sequence'
+                ELSE 'table' END AS kind,
+           pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+    FROM pg_catalog.pg_class c JOIN user_ns n ON n.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+    UNION ALL
+    SELECT 'function', pg_catalog.format('%I.%I', n.nspname, p.proname)
+    FROM pg_catalog.pg_proc p JOIN user_ns n ON n.oid = p.pronamespace
+    UNION ALL
+    SELECT 'schema', pg_catalog.format('%I', n.nspname) FROM user_ns n WHERE n.nspname <> 'public'
+) found
+ORDER BY kind, name COLLATE "C"
+LIMIT 1000
+"""
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a database holds besides the system catalogs (at most 1,000 objects read)."""
+
+    objects: tuple[tuple[str, str], ...]  # (kind, qualified name), sorted
+
+    @property
+    def empty(self) -> bool:
+        return not self.objects
+
+    def summary(self) -> str:
+        """``2 tables (public.a, public.b), 1 function (public.f)``; names sanitised (they
+        come from a server the tenant may control)."""
+        parts: list[str] = []
+        for kind in dict.fromkeys(k for k, _ in self.objects):
+            names = [_printable(n) for k, n in self.objects if k == kind]
+            shown = ", ".join(names[:CONTENTS_SHOWN])
+            more = (
+                f", and {len(names) - CONTENTS_SHOWN} more" if len(names) > CONTENTS_SHOWN else ""
+            )
+            plural = kind if len(names) == 1 else f"{kind}s"
+            parts.append(f"{len(names)} {plural} ({shown}{more})")
+        return ", ".join(parts) if parts else "nothing"
+
+
+def _printable(name: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in name)[:130]
+
+
+def database_contents(conn: PgConnection) -> Contents:
+    """Check 4's observation, on a connection to the database itself."""
+    rows = conn.execute(_CONTENTS_SQL).fetchall()
+    return Contents(tuple((str(kind), str(name)) for kind, name in rows))
+
+
+def contents_message(contents: Contents, *, database: str, where: str) -> str | None:
+    """Check 4's refusal (None: empty, adoptable)."""
+    if contents.empty:
+        return None
+    return (
+        f"target database {database} on {where} already exists and holds "
+        f"{contents.summary()}: refusing to adopt it — nothing of it belongs to this operation; "
+        "drop those objects (or the database) or choose another target database"
     )

@@ -23,7 +23,7 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
 from duckgres_admin.models import TERMINAL_STATES, OpKind, OpState, ReshardOperation, StoreKind
 from duckgres_admin.queues import QueueName, TaskName
-from reshard import oplog, start_checks, stash
+from reshard import oplog, start_checks, stash, steps
 from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest
 
 LAUNCH_TASK = TaskName.LAUNCH_RUNNER
@@ -44,6 +44,10 @@ class RestoreFields:
     fingerprint: dict[str, Any] | None
     bucket: str = ""
     etag: str = ""
+    # The identity the backup's operation recorded (docs/backup.md "Authenticated backups").
+    sha256: str = ""
+    size: int = 0
+    version_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,9 @@ def _as_restore(plan: start_checks.Plan, restore: RestoreFields) -> None:
         restore_backup_key=restore.key,
         restore_backup_bucket=restore.bucket,
         restore_backup_etag=restore.etag,
+        restore_backup_sha256=restore.sha256,
+        restore_backup_size=restore.size,
+        restore_backup_version_id=restore.version_id,
         restore_fingerprint=restore.fingerprint,
     )
     plan.description = f"restore of {restore.key} ({plan.description})"
@@ -215,6 +222,24 @@ class CancelOutcome:
     body: dict[str, Any]
 
 
+PAST_CUTOFF_CODE = "past_point_of_no_return"
+
+
+def past_cutoff(op: ReshardOperation) -> str:
+    """'' while a cancel of ``op`` is still honoured (its kind's cutoff, ``reshard.steps``);
+    else why not. Read from the row as it is now: a runner passing the cutoff right after this
+    answer logs the late cancel and completes (docs/runner.md "Cancel cutoffs")."""
+    cutoff = steps.cutoff_for(op)
+    ready = op.target_login_ready_at is not None
+    if steps.before_cutoff(cutoff, op.step, op.target_kind, ready):
+        return ""
+    where = "the target login was ready" if ready and cutoff.login_ready_ends_it else op.step
+    return (
+        f"operation {op.id} is past its point of no return ({where}): {cutoff.description}; "
+        "the cancel cannot be honoured and the operation will complete"
+    )
+
+
 def reshard_op_cancel(*, op_id: int, actor: str) -> CancelOutcome:
     op = ReshardOperation.objects.filter(pk=op_id).first()
     if op is None:
@@ -227,6 +252,15 @@ def reshard_op_cancel(*, op_id: int, actor: str) -> CancelOutcome:
         stash.delete(op_id)
         oplog.append(op_id, f"cancelled by {actor} before the runner claimed it", level="warn")
         return CancelOutcome(200, {"state": OpState.CANCELLED.value})
+    refusal = past_cutoff(op)
+    if refusal:
+        oplog.append(op_id, f"cancel by {actor} refused: {refusal}", level="warn")
+        raise ServiceError(
+            409,
+            refusal,
+            code=PAST_CUTOFF_CODE,
+            extra={"cancel_requested": False, "step": op.step},
+        )
     if not ReshardOperation.objects.filter(pk=op_id, state__in=["pending", "running"]).update(
         cancel_requested=True
     ):

@@ -256,9 +256,17 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             "if either is left, the warehouse stays resharding); the tenant role gets LOGIN "
             "only once the binding names the source"
         )
+    elif sequences.at_or_past(op.step or "", "copying", op.target_kind) and (
+        op.target_claimed_at is None
+    ):
+        actions.append(
+            f"nothing is dropped on the target {target_where(op)}: this operation did not "
+            "create it or adopt it empty (it may hold a stranger's tables)"
+        )
     elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
         actions.append(
             f"drop every ducklake_* table the target {target_where(op)} holds when this runs "
+            "(the operation created it or adopted it empty, so they are its own) "
             f"(re-read as the target tenant; the copy reached step {op.step}, and a copy killed "
             "part-way leaves tables its counter never recorded), only if the binding names the "
             "source; "

@@ -5,9 +5,11 @@ claim, fencing, heartbeats, janitor, cancel and rollback): its catalog comes fro
 object instead of the live source (``reshard.runner.steps.restoring``). What this module adds
 to the reshard's start checks, before anything is created:
 
-- the backup is **one of the org's own**: the key must be in the warehouse's listing
-  (``reshard.backups.belonging``: an object of this org's operation, in its life), so another
-  warehouse's backup in a shared bucket, or any other key, is refused;
+- the backup is **one of the org's own, as recorded**: the key must be in the warehouse's
+  listing (``reshard.backups.belonging``: an object its operation of this org wrote and
+  recorded, unchanged since), so another warehouse's backup in a shared bucket, a planted key
+  or an overwritten object is refused; the recorded SHA-256, size and VersionId are copied onto
+  the restore, whose reader checks them while it streams;
 - its operation is terminal (a backup still being written is not restored);
 - a backup whose restore test failed is refused (the reason is quoted);
 - the target is a cnpg store; the reshard's checks then refuse a target database another
@@ -37,7 +39,7 @@ from duckgres_admin.models import (
     VerificationResult,
     Warehouse,
 )
-from reshard import backups, dryrun, operations
+from reshard import backups, dryrun, operations, steps
 from reshard.backup import KEY_PREFIX
 from reshard.start_checks import StartRequest
 
@@ -95,11 +97,19 @@ def resolve_backup(wh: Warehouse, key: str) -> tuple[backups.Backup, ReshardOper
         ) from None
     listing = backups.belonging(wh, objects, truncated, dt.datetime.now(dt.UTC))
     found = next((b for b in listing.backups if b.key == key), None)
+    changed = next((why for changed_key, why in listing.changed if changed_key == key), "")
+    if changed:
+        raise ServiceError(
+            409,
+            f"backup_key: s3://{wh.data_bucket}/{key} is not restored: {changed}",
+            code="backup_changed",
+        )
     if found is None:
         raise ServiceError(
             404,
-            f"backup_key: {key} is not a backup of this warehouse in s3://{wh.data_bucket} "
-            "(GET /warehouses/<org>/backups lists them)",
+            f"backup_key: {key} is not a recorded backup of this warehouse in "
+            f"s3://{wh.data_bucket} (only objects the product wrote and recorded are backups; "
+            "GET /warehouses/<org>/backups lists them)",
         )
     if found.op_state in ACTIVE_STATES:
         raise ServiceError(409, f"the backup's operation {found.op_id} is still {found.op_state}")
@@ -124,6 +134,9 @@ def _fields(
         fingerprint if isinstance(fingerprint, dict) else None,
         bucket=wh.data_bucket,
         etag=found.etag,
+        sha256=found.sha256,
+        size=found.size,
+        version_id=found.version_id,
     )
     return request, fields, found, made_by
 
@@ -142,6 +155,12 @@ def restore_dry_run(org_id: str, key: str, request: StartRequest) -> dict[str, A
     request, fields, found, made_by = _fields(wh, key, request)
     plan = dryrun.dry_run(org_id, request)
     plan["kind"] = OpKind.RESTORE.value
+    plan["cancel_cutoff"] = steps.cancel_cutoff(
+        kind=OpKind.RESTORE.value,
+        in_place=bool(request.in_place_database),
+        source_kind=wh.metadata_store_kind,
+        target_kind=StoreKind.CNPG.value,
+    ).description
     tested = BackupVerification.objects.filter(bucket=wh.data_bucket, key=key).first()
     plan["restore"] = {
         "backup_key": key,

@@ -45,7 +45,7 @@ from duckgres_admin.models import (
     WarehouseState,
     WarehouseTrino,
 )
-from reshard import identity, pgclients
+from reshard import identity, pgclients, store_tls
 from reshard.drain_guard import draining_refusal
 from reshard.vetting import (
     PROBE_TIMEOUT_SECONDS,
@@ -246,6 +246,12 @@ def check_source(warehouse: Warehouse) -> tuple[dict[str, Any], MetadataStore | 
             source_port=port,
             source_sslmode=warehouse.metadata_store_sslmode or pgadmin.DEFAULT_SSLMODE,
         )
+        store_tls.require_endpoint_opt_in(  # the binding predates the opt-in? refused here
+            "metadata_store_sslmode",
+            warehouse.metadata_store_host,
+            port,
+            warehouse.metadata_store_sslmode,
+        )
         label = hostport(warehouse.metadata_store_host, port)
     if not (
         warehouse.metadata_store_database
@@ -406,7 +412,9 @@ def resolve_cnpg_target_ref(ref: str, scrubber: Scrubber) -> None:
     scrubber.add(resolve_ref(ref, "target.password_secret_ref"))
 
 
-def open_cnpg_target(store: MetadataStore, scrubber: Scrubber) -> identity.PgConnection:
+def open_cnpg_target(
+    store: MetadataStore, scrubber: Scrubber, dbname: str = "postgres"
+) -> identity.PgConnection:
     """The 8 s provisioner probe on the direct endpoint (503 ``destination_shard_unavailable``).
 
     Returns the open connection (the caller closes it) for the identity checks. A provisioner
@@ -427,7 +435,7 @@ def open_cnpg_target(store: MetadataStore, scrubber: Scrubber) -> identity.PgCon
     try:
         conn = pgadmin.connect(
             endpoint,
-            dbname="postgres",
+            dbname=dbname,
             user=store.provisioner_user,
             password=provisioner_password,
             application_name="duckgres-admin-submit",
@@ -539,6 +547,7 @@ def validate_external_target(source_kind: str, target: TargetRequest) -> Externa
     sslmode = target.sslmode or pgadmin.DEFAULT_SSLMODE
     if sslmode not in EXTERNAL_SSLMODES:
         raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
+    store_tls.require_endpoint_opt_in("target.sslmode", host, port, sslmode)  # reshard-133
     if not target.password:
         raise ServiceError(400, "target.password is required for external targets")
     return ExternalTarget(
@@ -624,10 +633,11 @@ def read_server_major(conn: identity.PgConnection) -> int:
     return pgclients.server_major(int(str(row[0]))) if row else 0
 
 
-def pg_dump_client_check(major: int) -> pgclients.PgClient:
-    """§6: a client for the source major, else 400 ``no pg_dump for PostgreSQL <major> …``."""
+def pg_dump_client_check(major: int, *, require_auth: bool = False) -> pgclients.PgClient:
+    """§6: a client for the source major, else 400 ``no pg_dump for PostgreSQL <major> …``.
+    ``require_auth``: the source is exempt from channel binding (``reshard.pgclients``)."""
     try:
-        return pgclients.choose_client(major)
+        return pgclients.choose_client(major, require_auth=require_auth)
     except pgclients.NoPgClient as exc:
         raise ServiceError(400, str(exc)) from None
 
@@ -926,6 +936,41 @@ def _target_database_owner(pf: Preflight) -> str:
     return f"database {ct.database} is absent or owned by {ct.user}; {role}"
 
 
+def _target_database_empty(pf: Preflight) -> str:
+    """Check 4 (``identity.database_contents``): an existing target database is adopted only
+    when it holds nothing; read inside it (cnpg: as the provisioner; external: the probe's
+    connection, which is already inside the target database)."""
+    if pf.target_conn is None:
+        raise NotRun("the target is not reachable")
+    if pf.cnpg is not None:
+        ct = pf.cnpg
+        row = pf.target_conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [ct.database]
+        ).fetchone()
+        if row is None:
+            return f"database {ct.database} is absent: the operation creates it"
+        where = f"store {ct.store.name}"
+        try:
+            with open_cnpg_target(ct.store, pf.scrubber, dbname=ct.database) as conn:
+                contents = identity.database_contents(conn)
+        except ServiceError as exc:
+            raise ServiceError(
+                400,
+                f"target database {ct.database} on {where} already exists and cannot be "
+                f"inspected by the provisioner ({exc.message}): refusing to adopt it",
+            ) from None
+        database = ct.database
+    elif pf.external is not None:
+        where, database = pf.external.label, pf.external.database
+        contents = identity.database_contents(pf.target_conn)
+    else:
+        raise NotRun("the target is not valid")
+    message = identity.contents_message(contents, database=database, where=where)
+    if message:
+        raise ServiceError(400, message, code="target_database_not_empty")
+    return f"database {database} exists and holds nothing: it is adopted empty"
+
+
 def _no_active_operation(pf: Preflight) -> str:
     active = (
         ReshardOperation.objects.filter(org_id=pf.org_id, state__in=ACTIVE_STATES)
@@ -957,7 +1002,8 @@ def _pg_dump_client(pf: Preflight) -> str:
     major = pf.source_major()
     if major is None:
         raise NotRun("the source server version could not be read")
-    client = pg_dump_client_check(major)
+    source = _source_configured(pf.warehouse, pf.source_store)
+    client = pg_dump_client_check(major, require_auth=pgclients.needs_require_auth(*source))
     return f"pg_dump {client.version} ({client.pg_dump}) for PostgreSQL {major}"
 
 
@@ -983,6 +1029,7 @@ CHECKS: tuple[Check, ...] = (
     Check("not_source_database", _not_source_database),
     Check("not_other_warehouse", _not_other_warehouse),
     Check("target_database_owner", _target_database_owner, applies=_cnpg_target),
+    Check("target_database_empty", _target_database_empty),
     Check("no_active_operation", _no_active_operation, refuses_start=False),
     Check("source_catalog", _source_catalog, refuses_start=False),
     Check("pg_dump_client", _pg_dump_client),

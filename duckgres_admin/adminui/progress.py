@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 
 from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
 from duckgres_admin.names import MILESTONES
+from reshard import steps
 
 PROGRESS_KEYS = (
     "bytes_dumped",
@@ -65,6 +66,7 @@ def summary_rows(op: ReshardOperation) -> list[tuple[str, str]]:
             f"restore of {op.restore_backup_key}" if op.kind == "restore" else "reshard",
         ),
         ("direction", f"{op.source_kind} → {op.target_kind}"),
+        ("cancel cutoff", steps.cutoff_for(op).description),
         ("source", source),
         ("source tenant", f"{op.source_user} / {op.source_database}"),
         ("source password reference", op.source_password_secret_ref or "—"),

@@ -87,6 +87,10 @@ class ReshardOperation(models.Model):
     source_fenced_at = models.DateTimeField(null=True, blank=True)
     target_rendered_at = models.DateTimeField(null=True, blank=True)
     target_login_ready_at = models.DateTimeField(null=True, blank=True)
+    # The target database is this operation's: it created it, or found it holding nothing and
+    # adopted it (reshard.identity check 4). Only then does a rollback or recovery drop what is
+    # in it; without it, nothing there is touched (docs/restore.md "What a rollback drops").
+    target_claimed_at = models.DateTimeField(null=True, blank=True)
     external_verified_at = models.DateTimeField(null=True, blank=True)
     source_drop_committed_at = models.DateTimeField(null=True, blank=True)
     source_dropped_at = models.DateTimeField(null=True, blank=True)
@@ -97,6 +101,12 @@ class ReshardOperation(models.Model):
     progress = models.JSONField(default=dict, blank=True)
     backup_s3_uri = models.TextField(default="", blank=True)
     backup_bytes = models.BigIntegerField(default=0)
+    # The backup object's identity as this operation wrote it (docs/backup.md "Authenticated
+    # backups"): the SHA-256 of the bytes streamed through the part buffers, the ETag and the
+    # VersionId (versioned buckets) the store reported. Only a recorded object is a backup.
+    backup_sha256 = models.TextField(default="", blank=True, db_default="")
+    backup_etag = models.TextField(default="", blank=True, db_default="")
+    backup_version_id = models.TextField(default="", blank=True, db_default="")
     kind = models.TextField(choices=OpKind.choices, default=OpKind.RESHARD, db_default="reshard")
     # A restore: the backup object (a key under the org's bucket prefix, one of its own) and
     # the DuckLake fingerprint its operation recorded (None: that operation recorded none).
@@ -104,6 +114,11 @@ class ReshardOperation(models.Model):
     # The object as checked at the start: read from that bucket, only while its ETag is that.
     restore_backup_bucket = models.TextField(default="", blank=True, db_default="")
     restore_backup_etag = models.TextField(default="", blank=True, db_default="")
+    # The identity its operation recorded: the restore reads that version and checks the digest
+    # and the size while it streams.
+    restore_backup_sha256 = models.TextField(default="", blank=True, db_default="")
+    restore_backup_size = models.BigIntegerField(default=0, db_default=0)
+    restore_backup_version_id = models.TextField(default="", blank=True, db_default="")
     restore_fingerprint = models.JSONField(null=True, blank=True)
     # What the backup holds, read from the fenced source when the copy was verified
     # (reshard.verify.Verification.fingerprint): the restore test compares a restore against it.

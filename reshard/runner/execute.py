@@ -108,14 +108,11 @@ def commit_point_passed(op: ReshardOperation) -> bool:
 
 
 def before_cancel_cutoff(op: ReshardOperation) -> bool:
-    """§4.5: →cnpg until the cutover wait succeeded; →external until ``orphaning_source``; an
-    in-place restore until ``cleaning_up`` (its commit point: nothing before is irreversible)."""
-    if op.in_place:
-        return not sequences.at_or_past(op.step, "cleaning_up", "cnpg")
-    if op.target_kind == "external":
-        return not sequences.at_or_past(op.step, "orphaning_source", "external")
-    return not (
-        sequences.at_or_past(op.step, "copying", "cnpg") or op.target_login_ready_at is not None
+    """§4.5, per kind (``reshard.steps.cancel_cutoff``): →cnpg until the cutover wait succeeded;
+    →external until ``orphaning_source``; a restore, in place or onto another store, until
+    ``cleaning_up`` (its commit point: nothing before is irreversible)."""
+    return sequences.before_cutoff(
+        sequences.cutoff_for(op), op.step, op.target_kind, op.target_login_ready_at is not None
     )
 
 

@@ -182,7 +182,17 @@ def _drop_partial_target(env: StepEnv) -> bool:
     if ctx.progress.flipped and not connections.binding_names_source(op):
         log.error("rollback: binding may still point at the target — its tables are kept")
         return True
-    if sequences.at_or_past(op.step or "", "copying", op.target_kind):
+    if sequences.at_or_past(op.step or "", "copying", op.target_kind) and (
+        op.target_claimed_at is None
+    ):
+        # Never drop in a database this operation did not create or adopt empty: whatever is
+        # there may be a stranger's (identity check 4).
+        log.info(
+            f"rollback: the target {where} was not created or adopted empty by this operation; "
+            "nothing in it is dropped"
+        )
+        left = "as it was found (this operation never claimed it)"
+    elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
         left = _drop_target_tables(env, where)
     else:  # the copy step is stamped before its first write: nothing was written
         log.info(f"rollback: the copy never started (step {op.step}); nothing to drop on {where}")
@@ -248,6 +258,7 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
                 [f"{DROP_LOCK_TIMEOUT_MS}ms"],
             )
             dropped = catalog_copy.drop_ducklake_tables(conn, RunnerHooks(env))
+            remaining = identity.database_contents(conn)
     except Fenced:
         raise
     except (psycopg.Error, StepError, catalog_copy.CopyError) as exc:
@@ -256,11 +267,15 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
             "are kept — drop them by hand or run reshard_recover"
         )
         return "with the tables the failed drop kept"
+    holds = "nothing" if remaining.empty else remaining.summary()
     if dropped:
-        log.info(f"rollback: dropped {len(dropped)} partial target table(s) on {where}")
-        return f"empty ({len(dropped)} table(s) dropped), as cruft"
+        log.info(
+            f"rollback: dropped {len(dropped)} partial target table(s) on {where}; it now "
+            f"holds {holds}"
+        )
+        return f"holding {holds} ({len(dropped)} table(s) dropped), as cruft"
     log.info(f"rollback: the target {where} holds no ducklake_* table; nothing to drop")
-    return "empty (it held no table), as cruft"
+    return f"holding {holds} (no ducklake_* table was there), as cruft"
 
 
 def _tenant_probe(

@@ -55,10 +55,24 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
     assert body["dry_run"] is True
     assert body["direction"] == "cnpg_to_cnpg"
     assert body["steps"] == list(steps.CNPG_TO_CNPG)
+    store = cnpg_source.source_store
     assert body["source"] == {
         "kind": "cnpg",
-        "store": cnpg_source.source_store.name,
-        "sslmode": cnpg_source.source_store.sslmode,
+        "store": store.name,
+        "sslmode": store.sslmode,  # what the connections use (reshard-133)
+        "tls": {
+            "sslmode": store.sslmode,
+            "configured_sslmode": store.sslmode,
+            "weaker_than_verify_full": store.sslmode != "verify-full",
+            "weaker_allowed_explicitly": store.sslmode != "verify-full",
+            "weaker_allowed_by": (
+                None
+                if store.sslmode == "verify-full"
+                else f"store {store.name} (cnpg) tls_policy allow-weaker: {store.tls_policy_reason}"
+            ),
+            "channel_binding": "require",
+            "require_auth": "scram-sha-256",
+        },
         "database": cnpg_source.catalog.database,
         "user": cnpg_source.catalog.role,
         "password_secret_ref": cnpg_source.catalog.password_ref,
@@ -82,6 +96,7 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
         "not_source_database",
         "not_other_warehouse",
         "target_database_owner",
+        "target_database_empty",
         "no_active_operation",
         "source_catalog",
         "pg_dump_client",
@@ -108,6 +123,15 @@ def test_valid_cnpg_to_external_dry_run(clients, published, cnpg_source, tenant_
         "database": ext.database,
         "user": ext.role,
         "sslmode": "verify-full",  # empty means verify-full (safeguard reshard-68)
+        "tls": {
+            "sslmode": "verify-full",
+            "configured_sslmode": "verify-full",
+            "weaker_than_verify_full": False,
+            "weaker_allowed_explicitly": False,
+            "weaker_allowed_by": None,
+            "channel_binding": "require",
+            "require_auth": "scram-sha-256",
+        },
         "password_secret_ref": ext.password_ref,
     }
     checks = by_check(body)

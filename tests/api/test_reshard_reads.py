@@ -8,6 +8,7 @@ from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
 from reshard import stash
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse
+from tests.fixtures.stores import TEST_SSLMODE
 
 
 def _warehouse(org: str, store=None, **kw):
@@ -134,7 +135,7 @@ def test_targets_list_empty_stores_and_external_bindings(clients):
         {
             "host": "b.example",
             "port": 6543,
-            "sslmode": "require",
+            "sslmode": TEST_SSLMODE,  # new_store's default
             "user": "",
             "database": "",
             "password_secret_ref": "",
@@ -192,3 +193,44 @@ def test_cancel_pending_running_terminal_unknown(clients, target_store):
         ("reshard.cancel", 404, ""),
         ("reshard.cancel", 403, ""),
     ]
+
+
+@pytest.mark.safeguard("reshard-107")
+def test_a_cancel_past_the_point_of_no_return_answers_409_and_records_nothing(
+    clients, target_store
+):
+    """The answer says when a cancel can no longer be honoured (each kind's cutoff), instead of
+    a 202 ``cancel_requested: true`` the runner would only log as late."""
+    import datetime as dt
+
+    reshard = new_op(
+        _warehouse("p1"), to_store=target_store, state="running", runner_id="r", step="cutover",
+        target_login_ready_at=dt.datetime.now(dt.UTC),
+    )  # fmt: skip
+    response = clients.internal.post(f"/api/v1/reshards/{reshard.id}/cancel")
+    assert response.status_code == 409, response.content
+    body = response.json()
+    assert body["code"] == "past_point_of_no_return"
+    assert body["cancel_requested"] is False
+    assert "past its point of no return (the target login was ready)" in body["error"]
+    assert "will complete" in body["error"]
+    reshard.refresh_from_db()
+    assert reshard.cancel_requested is False
+    assert ReshardLogEntry.objects.get(operation_id=reshard.id).message.startswith(
+        "cancel by internal-secret refused: "
+    )
+
+    restore = new_op(
+        _warehouse("p2"), to_store=target_store, state="running", runner_id="r",
+        kind="restore", restore_backup_key="_reshard_catalog_backups/op-1-20260101T000000Z.dump",
+        step="copying", target_login_ready_at=dt.datetime.now(dt.UTC),
+    )  # fmt: skip
+    response = clients.internal.post(f"/api/v1/reshards/{restore.id}/cancel")
+    assert response.status_code == 202, "a restore onto another store: until cleaning_up"
+    ReshardOperation.objects.filter(pk=restore.id).update(
+        step="cleaning_up", cancel_requested=False
+    )
+    response = clients.internal.post(f"/api/v1/reshards/{restore.id}/cancel")
+    assert response.status_code == 409
+    assert "past its point of no return (cleaning_up)" in error(response)
+    assert "until cleaning_up, when the replaced catalog is dropped" in error(response)

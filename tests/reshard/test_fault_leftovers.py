@@ -312,7 +312,7 @@ def test_kill_mid_copy_then_reshard_recover_drops_the_partial_target_tables(
     assert any(line.startswith("rollback: dropped ") for line in lines), lines
     nologin = [line for line in lines if "set NOLOGIN on store" in line]
     assert nologin, lines
-    assert "is left in place empty (" in nologin[0], lines
+    assert "is left in place holding nothing (" in nologin[0], lines
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_id) == ("ready", world.source_store.name)
     assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before

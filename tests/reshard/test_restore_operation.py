@@ -96,7 +96,7 @@ def test_a_restore_only_takes_the_orgs_own_backup_onto_another_store(
 
     shared = refused(foreign_key, world.source_store.name)
     assert shared.status == 404, "another warehouse's backup in the same bucket"
-    assert "is not a backup of this warehouse" in shared.message
+    assert "is not a recorded backup of this warehouse" in shared.message
     outside = refused("elsewhere/op-1.dump", world.source_store.name)
     assert outside.status == 400
     BackupVerification.objects.create(
@@ -184,3 +184,49 @@ def test_an_object_replaced_after_the_start_is_not_restored(
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready"), "rolled back"
     assert snapshots(moved["on_b"]) == moved["backup_snapshots"] + 1, "B's catalog untouched"
+
+
+@pytest.mark.safeguard("reshard-107")
+def test_a_cancel_of_a_restore_onto_another_store_during_copying_rolls_back(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3, store_clusters: Any
+) -> None:
+    """Nothing is irreversible before the replaced catalog's drop: a cancel while pg_restore
+    runs (the target login long ready) is answered 202, kills pg_restore and rolls back — the
+    binding names B again with B's catalog intact, the partial restore on A is dropped."""
+    import time
+
+    from reshard import operations
+
+    world = moved["world"]
+    op = _start(moved)
+    hooks = {
+        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
+        "DUCKGRES_RESHARD_TEST_PAUSE_AT": "restore_chunk_written",
+        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "30",
+    }
+    runner = start_runner(op.id, runner_state_dir, env_extra={**runner_s3.env(), **hooks})
+    deadline = time.monotonic() + 120
+    while reload(op).step != "copying" or not any(
+        line.startswith("restoring s3://") for line in op_log(op.id)
+    ):
+        assert time.monotonic() < deadline, runner.output()
+        time.sleep(0.2)
+    assert reload(op).target_login_ready_at is not None, "past the reshard's cutoff"
+    outcome = operations.reshard_op_cancel(op_id=op.id, actor="t")
+    assert (outcome.status, outcome.body) == (202, {"cancel_requested": True})
+    assert runner.wait(120) == 0, runner.output()
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "cancelled", (op.error, "\n".join(lines))
+    assert not any("after the point of no return" in line for line in lines)
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
+        world.target_store.name,
+        world.catalog.database,
+        "ready",
+    )
+    assert snapshots(moved["on_b"]) == moved["backup_snapshots"] + 1, "B's catalog is intact"
+    assert database_exists(store_clusters.target, world.catalog.database)
+    with store_clusters.source.superuser_conn(world.catalog.database) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()
+    assert left == (0,), "the partial restore on A was dropped"

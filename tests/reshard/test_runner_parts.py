@@ -147,6 +147,34 @@ def test_cancel_cutoff_per_direction():
     assert not before_cancel_cutoff(to_ext)
 
 
+@pytest.mark.safeguard("reshard-107")
+@pytest.mark.parametrize("from_store", ["cnpg", "external"])
+def test_a_restore_onto_another_store_is_cancellable_until_its_commit_point(from_store: str):
+    """Each kind's cutoff is its commit point: a restore onto another store keeps the replaced
+    catalog until ``cleaning_up``, so the cutover's login-ready wait does not end it."""
+    import datetime as dt
+
+    op = ReshardOperation(
+        kind="restore",
+        source_kind=from_store,
+        target_kind="cnpg",
+        from_shard="a" if from_store == "cnpg" else "",
+        to_shard="b",
+        target_login_ready_at=dt.datetime.now(dt.UTC),
+    )
+    for step in ("cutover", "copying", "verifying"):
+        op.step = step
+        assert before_cancel_cutoff(op), step
+    for step in ("cleaning_up", "finalizing"):
+        op.step = step
+        assert not before_cancel_cutoff(op), step
+    # The reshard to a cnpg store keeps the spec's cutoff: the target login ready.
+    reshard = ReshardOperation(source_kind="cnpg", target_kind="cnpg", step="cutover")
+    assert before_cancel_cutoff(reshard)
+    reshard.target_login_ready_at = dt.datetime.now(dt.UTC)
+    assert not before_cancel_cutoff(reshard)
+
+
 def test_every_registered_step_is_a_stamped_step_name():
     assert set(REGISTRY) <= set(sequences.ALL_STEPS)
     assert "blocking" in REGISTRY

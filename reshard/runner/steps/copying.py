@@ -22,10 +22,11 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
+from django.db.models.functions import Now
 
 from duckgres_admin.models import OpKind
 from reshard import copy as catalog_copy
-from reshard import verify
+from reshard import identity, verify
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
@@ -43,6 +44,25 @@ def _probe(env: StepEnv, side: connections.Side) -> None:
         ) from None
 
 
+def _claim_external_target(env: StepEnv, target: connections.Side) -> None:
+    """Before the first write to an external target: it must hold nothing (identity check 4),
+    so that everything a rollback later drops there is this operation's; recorded once."""
+    try:
+        with target.connect(env.ctx) as conn, connections.registered(env.ctx, conn):
+            contents = identity.database_contents(conn)
+    except psycopg.Error as exc:
+        raise StepError(f"cannot inspect the {target.label} {target.redacted()}: {exc}") from None
+    refusal = identity.contents_message(
+        contents,
+        database=target.database,
+        where=f"{target.endpoint.host}:{target.endpoint.port}",
+    )
+    if refusal:
+        raise StepError(refusal)
+    env.fence.update(target_claimed_at=Now())
+    env.op.refresh_from_db(fields=["target_claimed_at"])
+
+
 def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
     backup_catalog.resume_beside_copy(env)
@@ -54,6 +74,8 @@ def run(env: StepEnv) -> None:
     _probe(env, source)
     _probe(env, target)
     preflight.check_target_identity(env)
+    if op.target_kind == "external" and op.target_claimed_at is None:
+        _claim_external_target(env, target)
     release_handle(env)  # a takeover's retry starts from a clean slate
     env.log.info(f"copying the catalog from {source.redacted()} to {target.redacted()}")
     # cnpg→external copies before its cancel cutoff (orphaning_source); →cnpg after it.

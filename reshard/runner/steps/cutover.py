@@ -29,6 +29,7 @@ from psycopg import sql
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import Warehouse
 from reshard import identity, testhooks
+from reshard import steps as sequences
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError
@@ -67,6 +68,8 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
         )
         if owner:
             raise StepError(owner)
+        if connections.database_exists(conn, database):
+            _adoptable(env, prov, database)
         present = connections.ensure_database(conn, database, role)
         state = connections.role_state(conn, role)
     if state is not True or not present:
@@ -79,6 +82,19 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
         f"{'altered' if exists else 'created'} tenant role {role} (LOGIN, SCRAM verifier) and "
         f"ensured database {database} owned by it on store {prov.store.name}"
     )
+
+
+def _adoptable(env: StepEnv, prov: connections.Provisioner, database: str) -> None:
+    """An existing target database is adopted only when it holds nothing (identity check 4):
+    everything the rollback may later drop in it is then this operation's own."""
+    with connections.provisioner_conn(env.ctx, prov, dbname=database) as inside:
+        contents = identity.database_contents(inside)
+    refusal = identity.contents_message(
+        contents, database=database, where=f"store {prov.store.name}"
+    )
+    if refusal:
+        raise StepError(refusal)
+    env.log.info(f"target database {database} exists and holds nothing: adopting it")
 
 
 def run_cnpg(env: StepEnv) -> None:
@@ -99,8 +115,9 @@ def run_cnpg(env: StepEnv) -> None:
             raise StepError(
                 f"rendering the tenant on target store {prov.store.name} failed: {exc}"
             ) from None
-        env.fence.update(target_rendered_at=Now())
-        op.refresh_from_db(fields=["target_rendered_at"])
+        # Rendered: the database was created, or found empty and adopted — it is this op's.
+        env.fence.update(target_rendered_at=Now(), target_claimed_at=Now())
+        op.refresh_from_db(fields=["target_rendered_at", "target_claimed_at"])
         if waits.cancel_requested(op.id):
             raise Cancelled()
         # Marked before the switch: if its COMMIT acknowledgement is lost the flip may have
@@ -148,7 +165,12 @@ def run_cnpg(env: StepEnv) -> None:
     )
     env.fence.update(target_login_ready_at=Now())
     op.refresh_from_db(fields=["target_login_ready_at"])
-    env.log.info(f"target login ready on store {op.to_shard}: the point of no return for cancel")
+    if not sequences.cutoff_for(op).login_ready_ends_it:  # e.g. a restore: cleaning_up
+        env.log.info(f"target login ready on store {op.to_shard}")
+    else:
+        env.log.info(
+            f"target login ready on store {op.to_shard}: the point of no return for cancel"
+        )
 
 
 # --- M --------------------------------------------------------------------------------------

@@ -10,11 +10,13 @@ every rule that reads them (cancel cutoff, rollback, takeover, recovery) exactly
 
 Invariants:
 
-- **Only the org's own backup, exactly as checked.** The key was checked at the start against
-  the warehouse's listing (``reshard.backups.belonging``), and its bucket and ETag recorded on
-  the operation; here it is read from that bucket only while it is still the warehouse's
-  ``data_bucket``, and only while its ETag is the recorded one (``IfMatch``): an object
-  replaced since the start is refused.
+- **Only the org's own backup, exactly as recorded.** The key was checked at the start against
+  the warehouse's listing (``reshard.backups.belonging``: only objects their operation wrote
+  and recorded), and its bucket, ETag, SHA-256, size and VersionId copied onto the operation;
+  here it is read from that bucket only while it is still the warehouse's ``data_bucket``,
+  that version only, only while its ETag is the recorded one (``IfMatch``), and its digest and
+  size are checked while it streams, the archive's last chunk held back until they match
+  (``reshard.restore.Expected``): an object replaced since is refused, naming both digests.
 - **Into the target the cutover made, as the tenant.** ``pg_restore`` logs in as the tenant role
   on the target store (``connections.target_side``), with ``--no-owner --no-acl``: every object
   belongs to the tenant, and nothing outside its own database is touched. The copy's one-writer
@@ -49,7 +51,13 @@ from duckgres_admin.models import Warehouse
 from reshard import testhooks, verify
 from reshard.backup import BackupSource
 from reshard.pgclients import server_major
-from reshard.restore import APPLICATION_NAME, Restored, RestoreError, stream_restore
+from reshard.restore import (
+    APPLICATION_NAME,
+    Expected,
+    Restored,
+    RestoreError,
+    stream_restore,
+)
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
@@ -112,8 +120,9 @@ def run(env: StepEnv) -> None:
     except S3Error as exc:
         raise StepError(f"cannot reach the backup {uri}: {exc}") from None
     hooks = StepHooks(env, progress_keys=("restore_bytes_total", "restore_bytes_done"))
-    # In place, nothing is irreversible before the cleanup: a cancel kills pg_restore.
-    with waits.cancel_watch(ctx, env.log, enabled=op.in_place) as cancelled:
+    # Nothing of a restore is irreversible before the cleanup (its cancel cutoff, in place or
+    # onto another store): a cancel kills pg_restore and the operation rolls back.
+    with waits.cancel_watch(ctx, env.log, enabled=True) as cancelled:
         restored = _restore(env, wh, s3, target, uri, hooks, cancelled)
     hooks.progress(
         {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
@@ -180,6 +189,15 @@ def _restore(
                 server_major=major,
                 timeout_seconds=ctx.statement_seconds(),
                 if_match=op.restore_backup_etag,
+                expected=(
+                    Expected(
+                        op.restore_backup_sha256,
+                        op.restore_backup_size,
+                        op.restore_backup_version_id,
+                    )
+                    if op.restore_backup_sha256
+                    else None
+                ),
                 should_stop=lambda: ctx.stop.is_set() or cancelled.is_set(),
                 register=ctx.register_process,
                 unregister=ctx.unregister_process,
