@@ -337,7 +337,7 @@ class Timeline:
     WRAPPED = (
         (S3, "upload_part"),
         (S3, "complete_multipart_upload"),
-        (S3, "head_size"),
+        (S3, "head"),
         (backup_mod._Backup, "_pump"),
     )
 
@@ -394,7 +394,7 @@ def tail_breakdown(db: Db, s3: S3, bucket: str, runs: int) -> None:
         to_eof.append(tl.marks["_pump.end"] - started)
         last_part.append(tl.span("upload_part"))
         complete.append(tl.span("complete_multipart_upload"))
-        head.append(tl.span("head_size"))
+        head.append(tl.span("head"))
         tails.append((started + elapsed - tl.marks["_pump.end"]) * 1000)
     create_abort: list[float] = []
     empty_put: list[float] = []

@@ -15,9 +15,11 @@ Guarantees:
   (``--dbname=<conninfo>``): a database, role or host name is only ever a quoted value, so a
   name containing ``host=… sslmode=disable`` can never redirect the connection (safeguard
   reshard-65). The same TLS policy as every store connection (``lib.pgadmin.tls_params``:
-  TLS mandatory, ``verify-full`` by default, the configured CA, ``require_auth=scram-sha-256``
-  when the client's libpq knows it — a libpq 15 client cannot, and a warning says so unless the
-  source is ``verify-full``; safeguard reshard-68);
+  TLS mandatory, ``verify-full`` by default, the configured CA, ``channel_binding=require`` and
+  ``require_auth=scram-sha-256`` when the client's libpq knows it — either makes libpq refuse a
+  cleartext password request; where channel binding is exempt only a ``require_auth`` client is
+  used, else the backup is refused; safeguards reshard-68, reshard-134), and the password only
+  to an endpoint its secret reference is bound to (safeguard reshard-135);
 - ``pg_dump`` waits for its table locks at most ``lock_wait_seconds`` (``--lock-wait-timeout``;
   safeguard reshard-66);
 - the restore command written to the op log quotes every part for a POSIX shell
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import math
 import mmap
 import os
@@ -61,12 +64,12 @@ from psycopg.conninfo import make_conninfo
 
 from duckgres_admin.lib.pgadmin import (
     Endpoint,
+    check_secret_endpoint,
     connect,
-    effective_sslmode,
     pinned_host,
     tls_params,
 )
-from duckgres_admin.lib.s3 import S3, S3Error, Uploaded, session_name_for_op
+from duckgres_admin.lib.s3 import S3, ObjectHead, S3Error, Uploaded, session_name_for_op
 from duckgres_admin.names import runner_name
 from reshard import testhooks
 from reshard.pgclients import (
@@ -74,6 +77,7 @@ from reshard.pgclients import (
     PgClient,
     choose_client,
     knows_require_auth,
+    needs_require_auth,
     server_major,
 )
 
@@ -83,6 +87,7 @@ __all__ = [
     "BackupHooks",
     "BackupResult",
     "BackupSource",
+    "Recorded",
     "RestoreTarget",
     "SourceFacts",
     "abort_stale_uploads",
@@ -95,6 +100,7 @@ __all__ = [
     "read_source_facts",
     "restore_command",
     "restore_line",
+    "restore_owner_role",
     "restore_prerequisites",
     "restored_database_name",
     "run_backup",
@@ -217,12 +223,21 @@ class BackupResult:
     peak_buffered_bytes: int = 0
     pg_dump_version: str = ""
     restore_prerequisites: str = ""
+    sha256: str = ""  # of the bytes written, computed while they streamed
+    etag: str = ""  # as the store reports it after the completion (no quotes)
+    version_id: str = ""  # '' in an unversioned bucket
 
     def log_lines(self) -> list[str]:
         """The op-log lines of a successful backup (spec §4.4 G, §4.10 step 7): the restore
         line is ``restore command (needs <prerequisites>): <command>``."""
+        key = self.uri.removeprefix("s3://").partition("/")[2]
         return [
-            f"catalog backup complete: {self.uri} ({self.bytes} bytes)",
+            f"catalog backup complete: {self.uri} ({self.bytes} bytes, sha256 {self.sha256}"
+            + (f", version {self.version_id}" if self.version_id else "")
+            + ")",
+            "to restore it, start a restore operation (checked, fenced, rolled back on failure): "
+            f"duckgres restore start <org> --backup {key} --to-shard <store> "
+            "(docs/restore.md); by hand, the line below",
             restore_line(self.restore_command, self.restore_prerequisites),
         ]
 
@@ -269,6 +284,7 @@ def source_conninfo(
     """Every connection parameter of ``pg_dump`` as one conninfo string (no password): the
     database name is a quoted value there, never parsed as connection settings."""
     endpoint = Endpoint(source.host, source.port, source.sslmode)
+    check_secret_endpoint(source.password, source.host, source.port)  # reshard-135
     return make_conninfo(
         "",
         **pinned_host(source.host, source.port),  # the checked address is the one dumped
@@ -354,17 +370,20 @@ def restore_prerequisites(
     target: RestoreTarget, client_major: int, *, server_major: int = 0
 ) -> str:
     """What the operator's shell needs for :func:`restore_command` to work as printed."""
-    needs = [f"PGUSER and PGPASSWORD of a login with CREATEDB on {target.host}:{target.port}"]
+    needs = [
+        f"PGUSER and PGPASSWORD of a login with CREATEDB and CREATEROLE on "
+        f"{target.host}:{target.port}"
+    ]
     if (target.sslmode or "verify-full") in ("verify-ca", "verify-full"):
         needs.append("PGSSLROOTCERT = the CA file of that server")
-    needs.append("AWS credentials with s3:GetObject on the backup")
+    needs.append("AWS credentials with s3:GetObject (and s3:GetObjectVersion) on the backup")
     # An older pg_restore cannot read the archive; a 17+ one fails on an older server
     # (--exit-on-error and its SET transaction_timeout).
     if server_major and server_major < 17 and client_major < 17:
         majors = f"{client_major}" if client_major >= 16 else f"{client_major} to 16"
     else:
         majors = f"{client_major} or newer"
-    needs.append(f"psql and pg_restore of PostgreSQL {majors} on PATH")
+    needs.append(f"psql and pg_restore of PostgreSQL {majors}, sha256sum and openssl on PATH")
     if skips_transaction_timeout(client_major, server_major):
         needs.append(
             'one error, unrecognized configuration parameter "transaction_timeout", is expected '
@@ -381,8 +400,36 @@ def restore_line(command: str, prerequisites: str) -> str:
     return f"{RESTORE_LINE_PREFIX} (needs {prerequisites}): {command}"
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """The backup object as its operation recorded it (docs/backup.md "Authenticated
+    backups"): the restore line fetches exactly this version and checks this digest."""
+
+    bucket: str
+    key: str
+    sha256: str
+    version_id: str = ""
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+RESTORE_PASSWORD_VAR = "DUCKGRES_RESTORE_PASSWORD"  # made fresh by the printed line itself
+
+
+def restore_owner_role(database: str) -> str:
+    """The fresh rightless role the printed line restores as (``<database>_owner``, within
+    PostgreSQL's 63 bytes)."""
+    suffix = "_owner"
+    base = database
+    while base and len((base + suffix).encode()) > MAX_IDENTIFIER_BYTES:
+        base = base[:-1]
+    return base + suffix
+
+
 def restore_command(
-    uri: str,
+    recorded: Recorded,
     target: RestoreTarget,
     client_major: int,
     endpoint_url: str = "",
@@ -390,13 +437,17 @@ def restore_command(
     region: str = "",
     server_major: int = 0,
 ) -> str:
-    """Spec §4.10 step 7, runnable as printed once the operation is over (safeguard
-    reshard-71): download the dump, create ``target.database`` (it must not exist: a second run
-    stops there and overwrites nothing) and restore into it, as the login of ``PGUSER`` /
-    ``PGPASSWORD`` (no user, no password in the command). Plain ``psql``/``pg_restore`` from
-    ``PATH`` (:func:`restore_prerequisites` names the majors); every part quoted for a POSIX
-    shell, each connection one conninfo value (``--dbname``) with ``target.sslmode`` (default
-    ``verify-full``) and ``require_auth=scram-sha-256`` for a client major of 16 or newer."""
+    """Spec §4.10 step 7, safe to paste (safeguards reshard-71, reshard-110): download exactly
+    the recorded object (its VersionId where the bucket versions), **check its SHA-256 before
+    anything reads it**, create a fresh role with no rights and a password made by the line
+    itself (``openssl rand``, kept in the shell's environment, never in argv or the line),
+    create ``target.database`` owned by that role (it must not exist: a second run stops
+    there and overwrites nothing), and restore into it **logged in as that role**: a hostile
+    function, check or ``RESET ROLE`` in the archive runs with no more rights than that role.
+    The operator's own login (``PGUSER``/``PGPASSWORD``, CREATEDB and CREATEROLE) only creates
+    the role and the database. Plain ``psql``/``pg_restore`` from ``PATH``; every part quoted
+    for a POSIX shell, each connection one conninfo value (``--dbname``) with ``target.sslmode``
+    (default ``verify-full``) and ``require_auth=scram-sha-256`` for a client of 16 or newer."""
 
     def conninfo(dbname: str) -> str:
         return make_conninfo(
@@ -408,21 +459,46 @@ def restore_command(
             **({"require_auth": "scram-sha-256"} if client_major >= 16 else {}),
         )
 
-    download = ["aws", "s3", "cp", uri, DUMP_FILE]
+    download = ["aws", "s3api", "get-object", "--bucket", recorded.bucket, "--key", recorded.key]
+    if recorded.version_id:
+        download += ["--version-id", recorded.version_id]
     if endpoint_url:
         download += ["--endpoint-url", endpoint_url]
     if region:
         download += ["--region", region]
+    download.append(DUMP_FILE)
+    check = ["printf", "%s  %s\\n", recorded.sha256, DUMP_FILE]
+    owner = _quote_identifier(restore_owner_role(target.database))
+    database = _quote_identifier(target.database)
+    script = "\n".join(
+        (
+            f"\\getenv pw {RESTORE_PASSWORD_VAR}",
+            f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+            "NOREPLICATION NOBYPASSRLS PASSWORD :'pw';",
+            f"GRANT {owner} TO CURRENT_USER;",
+            f"CREATE DATABASE {database} OWNER {owner} TEMPLATE template0;",
+            f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;",
+        )
+    )
     create = [
         "psql", "--no-psqlrc", "-v", "ON_ERROR_STOP=1", f"--dbname={conninfo('postgres')}",
-        f"--command=CREATE DATABASE {_quote_identifier(target.database)} TEMPLATE template0",
+        "--file=-",
     ]  # fmt: skip
     # --clean --if-exists: the archive creates schema public, which the new database has.
     restore = ["pg_restore", "--no-owner", "--no-acl", "--clean", "--if-exists"]
     if not skips_transaction_timeout(client_major, server_major):
         restore.append("--exit-on-error")
     restore += ["--format=custom", f"--dbname={conninfo(target.database)}", DUMP_FILE]
-    return " && ".join(shlex.join(part) for part in (download, create, restore))
+    login = shlex.quote(restore_owner_role(target.database))
+    return " && ".join(
+        (
+            f"{shlex.join(download)} >/dev/null",
+            f"{shlex.join(check)} | sha256sum --check --strict -",
+            f'export {RESTORE_PASSWORD_VAR}="$(openssl rand -hex 24)"',
+            f"printf '%s\\n' {shlex.quote(script)} | {shlex.join(create)}",
+            f'PGUSER={login} PGPASSWORD="${RESTORE_PASSWORD_VAR}" {shlex.join(restore)}',
+        )
+    )
 
 
 def read_source_facts(source: BackupSource) -> SourceFacts:
@@ -554,6 +630,9 @@ class _Backup:
         self.total = 0
         self.parts_started = 0
         self.parts_done = 0
+        # The object's identity (docs/backup.md "Authenticated backups"): every byte pg_dump
+        # wrote, hashed as it lands in a part buffer (hashlib releases the GIL on such chunks).
+        self.digest = hashlib.sha256()
         self.stop = threading.Event()  # our own: set on failure or when hooks.stopped()
         self.finished = threading.Event()
         self.last_progress = 0.0
@@ -726,6 +805,7 @@ class _Backup:
                         f"backup exceeded {self.max_parts} parts of "
                         f"{format_mib(self.part_size)} MiB"
                     )
+                self.digest.update(view[filled : filled + n])
                 filled += n
                 with self.lock:
                     self.total += n
@@ -1018,9 +1098,18 @@ def _run(
     upload = prepared.result()  # done: run() waited for it
     s3 = upload.s3
 
-    _complete_and_verify(backup, upload, parts, destination.bucket, key, uri, produced, hooks)
+    head = _complete_and_verify(
+        backup, upload, parts, destination.bucket, key, uri, produced, hooks
+    )
+    sha256 = backup.digest.hexdigest()
     command, prerequisites = _restore_instructions(
-        op_id, uri, source, restore_to, client, s3, facts
+        op_id,
+        Recorded(destination.bucket, key, sha256, head.version_id),
+        source,
+        restore_to,
+        client,
+        s3,
+        facts,
     )
     return BackupResult(
         uri=uri,
@@ -1032,6 +1121,9 @@ def _run(
         peak_buffered_bytes=backup.peak_buffered,
         pg_dump_version=client.version,
         restore_prerequisites=prerequisites,
+        sha256=sha256,
+        etag=head.etag,
+        version_id=head.version_id,
     )
 
 
@@ -1043,9 +1135,14 @@ def _pg_dump_command(
     pg_bin_dirs: str | None,
     lock_wait_seconds: float,
 ) -> tuple[PgClient, str, list[str]]:
-    """The pg_dump client, its application_name and argv; warns when it lacks require_auth."""
+    """The pg_dump client (one that can refuse a cleartext password request: pgclients), its
+    application_name and argv."""
     try:
-        client = choose_client(facts.server_major, pg_bin_dirs)
+        client = choose_client(
+            facts.server_major,
+            pg_bin_dirs,
+            require_auth=needs_require_auth(source.host, source.port),
+        )
     except NoPgClient as exc:
         raise BackupError(str(exc)) from exc
     app = pg_dump_application_name(op_id)
@@ -1055,14 +1152,6 @@ def _pg_dump_command(
         )
     except Exception as exc:  # an sslmode refused by the policy, an unparsable value
         raise BackupError(f"cannot build the pg_dump connection: {exc}") from exc
-    mode = effective_sslmode(source.sslmode)
-    if not knows_require_auth(client) and mode != "verify-full":
-        hooks.log(
-            "warn",
-            f"pg_dump {client.version} uses a libpq that cannot refuse a cleartext password "
-            f"request (require_auth): with sslmode {mode} a server impersonating the source "
-            "could obtain the password; configure the source with sslmode verify-full",
-        )
     return client, app, argv
 
 
@@ -1075,31 +1164,33 @@ def _complete_and_verify(
     uri: str,
     produced: int,
     hooks: BackupHooks,
-) -> None:
-    """Complete the multipart upload and check its stored size; on failure nothing is left."""
+) -> ObjectHead:
+    """Complete the multipart upload and check its stored size; on failure nothing is left.
+    Returns what the store reports of the new object (its ETag and VersionId are recorded)."""
     s3 = upload.s3
     try:
-        s3.complete_multipart_upload(bucket, key, upload.upload_id, parts)
+        version_id = s3.complete_multipart_upload(bucket, key, upload.upload_id, parts)
     except S3Error as exc:
         backup.abort_upload()
         _delete_quietly(s3, bucket, key, hooks)  # in case it completed after all
         raise BackupError(f"upload backup to {uri}: {exc}") from exc
     try:
-        stored = s3.head_size(bucket, key)
+        head = s3.head(bucket, key, version_id=version_id)
     except S3Error as exc:
         _delete_quietly(s3, bucket, key, hooks)
         raise BackupError(f"verify uploaded backup {uri}: {exc}") from exc
-    if stored != produced:
+    if head is None or head.size != produced:
         _delete_quietly(s3, bucket, key, hooks)
-        shown = "missing" if stored is None else str(stored)
+        shown = "missing" if head is None else str(head.size)
         raise BackupError(
             f"uploaded backup size {shown} does not match the {produced} bytes pg_dump produced"
         )
+    return ObjectHead(head.size, head.etag, head.version_id or version_id)
 
 
 def _restore_instructions(
     op_id: int,
-    uri: str,
+    recorded: Recorded,
     source: BackupSource,
     restore_to: RestoreTarget | None,
     client: PgClient,
@@ -1111,7 +1202,7 @@ def _restore_instructions(
         source.host, source.port, restored_database_name(source.database, op_id), source.sslmode
     )
     command = restore_command(
-        uri, target, client.major, s3.endpoint_url or "",
+        recorded, target, client.major, s3.endpoint_url or "",
         region=s3.region or "", server_major=facts.server_major,
     )  # fmt: skip
     prerequisites = restore_prerequisites(target, client.major, server_major=facts.server_major)

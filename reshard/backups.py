@@ -7,7 +7,19 @@ that belong to **this** warehouse. A key belongs to it only when it is exactly
 key's time stamp lies within that operation's life (created - 10 min … finished + 10 min): an
 object of another org's operation, of an id this installation does not know, or of another
 installation sharing the bucket (same id, another life) is never listed, only counted in
-``ignored_objects``. The S3 listing is bounded (:data:`LIST_MAX_OBJECTS` objects per bucket);
+``ignored_objects``.
+
+**Only recorded objects are backups** (docs/backup.md "Authenticated backups"; safeguard
+reshard-109). The bucket is the tenant's: it can overwrite an object or plant keys. An object
+is listed only when its operation recorded exactly it when the runner wrote it — its URI, a
+SHA-256, and the size and ETag the listing still shows. Any other key of this org's
+operations (a planted one, a killed attempt's complete object) is counted in
+``unrecorded_objects``; a recorded key whose size or ETag changed since is never listed, and
+``changed_objects`` names it with what differs. So the restore start, the restore test and
+retention, which all read this listing, never see such an object, and the readers check the
+digest again while they stream (``reshard.restore``).
+
+The S3 listing is bounded (:data:`LIST_MAX_OBJECTS` objects per bucket);
 a listing that stops there says so (``truncated``). ``verified`` is the latest restore test's
 result for the object (``true`` passed, ``false`` failed, ``null`` never tested;
 ``reshard.restore_test``).
@@ -37,7 +49,7 @@ from django.db import DatabaseError, connection
 from django.db.models import Q
 
 from duckgres_admin.base.errors import ServiceError
-from duckgres_admin.lib.s3 import S3, ListedObject, S3Error
+from duckgres_admin.lib.s3 import S3, ListedObject, S3Error, plain_etag
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import (
     BackupVerification,
@@ -77,8 +89,10 @@ class Backup:
     last_modified: dt.datetime
     op_id: int
     op_state: str
-    recorded: bool  # the operation's backup_s3_uri names exactly this object
+    recorded: bool  # always True for a listed backup (only recorded objects are listed)
     etag: str = ""  # as listed: a restore reads exactly this object (IfMatch)
+    sha256: str = ""  # recorded by its operation when it wrote the object
+    version_id: str = ""  # recorded VersionId ('' in an unversioned bucket)
     verified: bool | None = None  # the latest restore test (None: never tested)
     verified_at: dt.datetime | None = None
     verification_detail: str = ""
@@ -95,6 +109,8 @@ class Listing:
     ignored_objects: int
     truncated: bool
     limit: int
+    unrecorded_objects: int = 0
+    changed: list[tuple[str, str]] = field(default_factory=list)  # (key, what differs)
 
 
 def _now() -> dt.datetime:
@@ -131,9 +147,14 @@ def belonging(
         op.id: op
         for op in ReshardOperation.objects.filter(
             org_id=wh.org_id, id__in={op_id for op_id, _, _ in parsed}
-        ).only("id", "state", "created_at", "finished_at", "backup_s3_uri")
-    }
+        ).only(
+            "id", "state", "created_at", "finished_at", "backup_s3_uri", "backup_bytes",
+            "backup_sha256", "backup_etag", "backup_version_id",
+        )
+    }  # fmt: skip
     backups: list[Backup] = []
+    unrecorded = 0
+    changed: list[tuple[str, str]] = []
     for op_id, stamp, obj in parsed:
         op = ops.get(op_id)
         if op is None:
@@ -143,6 +164,13 @@ def belonging(
         if not (op.created_at - STAMP_SLACK <= stamp <= end + STAMP_SLACK):
             ignored += 1  # same id, another life: not this operation's backup
             continue
+        if op.backup_s3_uri != f"s3://{wh.data_bucket}/{obj.key}" or not op.backup_sha256:
+            unrecorded += 1  # planted, or an attempt its operation did not record
+            continue
+        difference = _changed(op, obj)
+        if difference:
+            changed.append((obj.key, difference))
+            continue
         backups.append(
             Backup(
                 key=obj.key,
@@ -150,8 +178,10 @@ def belonging(
                 last_modified=obj.last_modified,
                 op_id=op_id,
                 op_state=op.state,
-                recorded=op.backup_s3_uri == f"s3://{wh.data_bucket}/{obj.key}",
+                recorded=True,
                 etag=obj.etag,
+                sha256=op.backup_sha256,
+                version_id=op.backup_version_id,
             )
         )
     tests = {
@@ -168,8 +198,24 @@ def belonging(
     # Newest first; S3 times have one-second resolution, so a tie goes to the later operation.
     backups.sort(key=lambda b: (b.last_modified, b.op_id, b.key), reverse=True)
     return Listing(
-        wh.org_id, wh.data_bucket, backups, len(objects), ignored, truncated, LIST_MAX_OBJECTS
-    )
+        wh.org_id, wh.data_bucket, backups, len(objects), ignored, truncated, LIST_MAX_OBJECTS,
+        unrecorded, changed,
+    )  # fmt: skip
+
+
+def _changed(op: ReshardOperation, obj: ListedObject) -> str:
+    """'' when the listed object still is what its operation recorded; else what differs."""
+    if obj.size != op.backup_bytes:
+        return (
+            f"size {obj.size} differs from the {op.backup_bytes} bytes operation {op.id} wrote: "
+            "the object was replaced since"
+        )
+    if op.backup_etag and plain_etag(obj.etag) != op.backup_etag:
+        return (
+            f"ETag {plain_etag(obj.etag)} differs from the {op.backup_etag} operation {op.id} "
+            "recorded: the object was replaced since"
+        )
+    return ""
 
 
 def plan(listing: Listing, policy: RetentionPolicy, now: dt.datetime) -> list[Backup]:
@@ -243,6 +289,8 @@ def backups_for_org(
         "backups": [],
         "listed_objects": listing.listed_objects,
         "ignored_objects": listing.ignored_objects,
+        "unrecorded_objects": listing.unrecorded_objects,
+        "changed_objects": [{"key": key, "reason": why} for key, why in listing.changed],
         "truncated": listing.truncated,
         "max_listed_objects": listing.limit,
         "verified_note": VERIFIED_NOTE,
@@ -270,6 +318,8 @@ def backups_for_org(
             "op_id": b.op_id,
             "op_state": b.op_state,
             "recorded": b.recorded,
+            "sha256": b.sha256,
+            "version_id": b.version_id or None,
             "verified": b.verified,
             "verified_at": _iso(b.verified_at) if b.verified_at else None,
             "verification_detail": b.verification_detail,

@@ -49,7 +49,13 @@ from reshard.backup import (
     skips_transaction_timeout,
     source_conninfo,
 )
-from reshard.pgclients import NoPgClient, PgClient, choose_client, knows_require_auth
+from reshard.pgclients import (
+    NoPgClient,
+    PgClient,
+    choose_client,
+    knows_require_auth,
+    needs_require_auth,
+)
 
 CHUNK_BYTES = 1024 * 1024
 STDERR_TAIL_BYTES = 8192
@@ -142,9 +148,13 @@ def archive_dump_major(head: bytes) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def restore_client(server_major: int, head: bytes, bin_dirs: str | None = None) -> PgClient:
-    """The ``pg_restore`` for this archive and server (module doc); ``NoPgClient`` if none."""
-    return choose_client(max(server_major, archive_dump_major(head) or 0), bin_dirs)
+def restore_client(
+    server_major: int, head: bytes, bin_dirs: str | None = None, *, require_auth: bool = False
+) -> PgClient:
+    """The ``pg_restore`` for this archive and server (module doc); ``NoPgClient`` if none.
+    ``require_auth``: the target is exempt from channel binding (``pgclients``)."""
+    major = max(server_major, archive_dump_major(head) or 0)
+    return choose_client(major, bin_dirs, require_auth=require_auth)
 
 
 def pg_restore_argv(client: PgClient, target: BackupSource, *, server_major: int) -> list[str]:
@@ -229,6 +239,46 @@ def _tolerated(code: int, output: str, client: PgClient, server_major: int) -> b
     )
 
 
+@dataclass(frozen=True)
+class Expected:
+    """The identity a backup's operation recorded when it wrote the object (docs/backup.md
+    "Authenticated backups"): what a reader requires of the bytes it streams."""
+
+    sha256: str
+    size: int
+    version_id: str = ""
+
+
+class _Verified:
+    """The object's chunks, hashed as they pass, with the last one held back until the digest
+    and the size are checked: on a mismatch ``pg_restore`` never gets the end of the archive
+    (so its post-data section never runs) and the restore fails naming both digests."""
+
+    def __init__(self, uri: str, chunks: Iterator[bytes], expected: Expected) -> None:
+        self.uri, self._chunks, self.expected = uri, chunks, expected
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        held: bytes | None = None
+        for chunk in self._chunks:
+            self._digest.update(chunk)
+            self.size += len(chunk)
+            if held is not None:
+                yield held
+            held = chunk
+        got = self._digest.hexdigest()
+        if got != self.expected.sha256 or self.size != self.expected.size:
+            raise RestoreError(
+                f"backup {self.uri} does not match what its operation recorded: read sha256 "
+                f"{got} ({self.size} bytes), recorded sha256 {self.expected.sha256} "
+                f"({self.expected.size} bytes); nothing restored from it is trusted",
+                archive_fault=True,
+            )
+        if held is not None:
+            yield held
+
+
 def stream_restore(
     s3: S3,
     bucket: str,
@@ -240,6 +290,7 @@ def stream_restore(
     should_stop: Callable[[], bool] = lambda: False,
     chunk_bytes: int = CHUNK_BYTES,
     if_match: str = "",
+    expected: Expected | None = None,
     register: Callable[[subprocess.Popen[bytes]], None] | None = None,
     unregister: Callable[[subprocess.Popen[bytes]], None] | None = None,
     after_chunk: Callable[[int], None] | None = None,
@@ -248,18 +299,36 @@ def stream_restore(
     """Restore ``s3://bucket/key`` into the existing database ``target.database`` (objects of
     the archive that exist are dropped first: ``--clean --if-exists``, so a retry after a
     partial restore starts over). ``target.role``: ``--role`` after connecting. ``if_match``:
-    the object must still have this ETag. ``register``/``unregister`` hand the child to a
-    caller that kills it on stop; ``after_chunk`` sees the bytes written so far."""
+    the object must still have this ETag. ``expected``: the recorded identity — that version is
+    read, a size that differs is refused before a byte reaches ``pg_restore``, and the digest
+    is checked while streaming (:class:`_Verified`). ``register``/``unregister`` hand the child
+    to a caller that kills it on stop; ``after_chunk`` sees the bytes written so far."""
     started = time.monotonic()
+    uri = f"s3://{bucket}/{key}"
+    version = expected.version_id if expected is not None else ""
     try:
-        stream = s3.stream_object(bucket, key, chunk_bytes, if_match=if_match)
+        stream = s3.stream_object(bucket, key, chunk_bytes, if_match=if_match, version_id=version)
     except S3Error as exc:
         raise RestoreError(f"could not read the backup: {exc}") from None
     with contextlib.closing(stream):
-        chunks = iter(stream)
+        chunks: Iterator[bytes] = iter(stream)
+        if expected is not None:
+            if stream.size != expected.size:
+                raise RestoreError(
+                    f"backup {uri} does not match what its operation recorded: its size is "
+                    f"{stream.size} bytes, recorded {expected.size} (sha256 "
+                    f"{expected.sha256}); nothing of it was restored",
+                    archive_fault=True,
+                )
+            chunks = iter(_Verified(uri, chunks, expected))
         try:
             head = next(chunks, b"")
-            client = restore_client(server_major, head, bin_dirs)
+            client = restore_client(
+                server_major,
+                head,
+                bin_dirs,
+                require_auth=needs_require_auth(target.host, target.port),
+            )
         except S3Error as exc:
             raise RestoreError(f"could not read the backup: {exc}") from None
         except NoPgClient as exc:

@@ -67,7 +67,7 @@ from duckgres_admin.models import (
 from reshard import backups, oplog, verify
 from reshard.backup import KEY_PREFIX, BackupSource
 from reshard.pgclients import server_major
-from reshard.restore import RestoreError, installation_tag, stream_restore
+from reshard.restore import Expected, RestoreError, installation_tag, stream_restore
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
 
@@ -91,6 +91,15 @@ class Candidate:
     warehouse: Warehouse
     backup: backups.Backup
     op: ReshardOperation
+
+
+@dataclass(frozen=True)
+class Only:
+    """An on-demand run (docs/backup.md "On demand"): only this org's backup ``key``, tested
+    again even when it already has a result (its row is replaced)."""
+
+    org_id: str
+    key: str
 
 
 def installation_prefix() -> str:
@@ -233,19 +242,22 @@ def _relock_scratch(conn: Any, name: str, password: str) -> None:
 
 
 def candidates(
-    now: dt.datetime, client_for: Callable[[Warehouse], S3], report: RestoreTestReport
+    now: dt.datetime,
+    client_for: Callable[[Warehouse], S3],
+    report: RestoreTestReport,
+    only: Only | None = None,
 ) -> Iterator[Candidate]:
-    """Per warehouse (least recently tested first), its newest backup with no test result."""
+    """Per warehouse (least recently tested first), its newest backup with no test result;
+    with ``only``, that one backup of that one warehouse, whatever its result."""
     last = dict(
         BackupVerification.objects.values("org_id")
         .annotate(at=Max("checked_at"))
         .values_list("org_id", "at")
     )
-    warehouses = list(
-        Warehouse.objects.exclude(Q(data_bucket="") | Q(data_bucket__isnull=True)).order_by(
-            "org_id"
-        )[:MAX_WAREHOUSES_PER_RUN]
-    )
+    with_bucket = Warehouse.objects.exclude(Q(data_bucket="") | Q(data_bucket__isnull=True))
+    if only is not None:
+        with_bucket = with_bucket.filter(org_id=only.org_id)
+    warehouses = list(with_bucket.order_by("org_id")[:MAX_WAREHOUSES_PER_RUN])
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
     warehouses.sort(key=lambda wh: (last.get(wh.org_id) or epoch, wh.org_id))
     for wh in warehouses:
@@ -259,9 +271,17 @@ def candidates(
         listing = backups.belonging(wh, objects, truncated, now)
         # A backup of an active operation may still lack its fingerprint: tested once it ended.
         untested = [
-            b for b in listing.backups if b.verified is None and b.op_state not in ACTIVE_STATES
+            b
+            for b in listing.backups
+            if b.op_state not in ACTIVE_STATES
+            and (b.key == only.key if only is not None else b.verified is None)
         ]
         if not untested:
+            if only is not None:
+                report.errors.append(
+                    f"{wh.org_id}: {only.key} is no longer a backup of this warehouse whose "
+                    "operation has ended: nothing tested"
+                )
             continue
         op = ReshardOperation.objects.filter(pk=untested[0].op_id, org_id=wh.org_id).first()
         if op is not None:
@@ -295,6 +315,9 @@ def _restore_and_read(
         server_major=major,
         timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
         if_match=candidate.backup.etag,
+        expected=Expected(
+            candidate.backup.sha256, candidate.backup.size, candidate.backup.version_id
+        ),
     )
     reader = secrets.token_urlsafe(32)
     with _admin_conn(store, password) as conn:
@@ -375,9 +398,10 @@ def _test_each(
     password: str,
     make_client: Callable[[Warehouse], S3],
     now: dt.datetime,
+    only: Only | None = None,
 ) -> None:
     limit: int = settings.DUCKGRES_RESTORE_TEST_MAX_PER_RUN
-    for candidate in candidates(now, make_client, report):
+    for candidate in candidates(now, make_client, report, only):
         if len(report.tested) >= limit or not backups.lock_held(RESTORE_TEST_LOCK_KEY):
             report.bounded = True
             return
@@ -393,9 +417,13 @@ def _test_each(
 
 
 def run(
-    *, now: dt.datetime | None = None, client_for: Callable[[Warehouse], S3] | None = None
+    *,
+    now: dt.datetime | None = None,
+    client_for: Callable[[Warehouse], S3] | None = None,
+    only: Only | None = None,
 ) -> RestoreTestReport:
-    """One bounded, fleet-wide run (module doc). Never raises for S3 or store problems."""
+    """One bounded, fleet-wide run (module doc), or with ``only`` the test of that one backup.
+    Never raises for S3 or store problems."""
     report = RestoreTestReport()
     store = _store(report)
     if store is None:
@@ -413,5 +441,5 @@ def run(
             report.errors.append(f"store {store.name}: {exc}")
             _log.warning("restore test: the scratch store %s is unusable: %s", store.name, exc)
             return report
-        _test_each(report, store, password, make_client, now or dt.datetime.now(dt.UTC))
+        _test_each(report, store, password, make_client, now or dt.datetime.now(dt.UTC), only)
     return report

@@ -77,6 +77,20 @@ class ListedObject:
 
 
 @dataclass(frozen=True)
+class ObjectHead:
+    """What :meth:`S3.head` reports of an object."""
+
+    size: int
+    etag: str  # without the quotes
+    version_id: str = ""  # '' in an unversioned bucket
+
+
+def plain_etag(etag: str) -> str:
+    """An ETag without its surrounding quotes (listings and HEAD quote it, some servers not)."""
+    return etag.strip().strip('"')
+
+
+@dataclass(frozen=True)
 class Uploaded:
     """An uploaded part: what ``complete`` needs."""
 
@@ -224,10 +238,11 @@ class S3:
 
     def complete_multipart_upload(
         self, bucket: str, key: str, upload_id: str, parts: list[Uploaded]
-    ) -> None:
-        """Complete the upload. The response's ETag is ignored (RGW returns it empty)."""
+    ) -> str:
+        """Complete the upload; returns the new object's ``VersionId`` ('' in an unversioned
+        bucket). The response's ETag is ignored (RGW returns it empty): :meth:`head` reads it."""
         try:
-            self.client.complete_multipart_upload(
+            resp = self.client.complete_multipart_upload(
                 Bucket=bucket,
                 Key=key,
                 UploadId=upload_id,
@@ -240,6 +255,8 @@ class S3:
             )
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _wrap(f"complete multipart upload s3://{bucket}/{key}", exc) from exc
+        version = resp.get("VersionId") if isinstance(resp, dict) else None
+        return str(version) if version and version != "null" else ""
 
     def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
         """Abort; an already-gone upload (``NoSuchUpload``, 404) counts as aborted."""
@@ -271,10 +288,12 @@ class S3:
         return out
 
     # --- objects ----------------------------------------------------------------------------
-    def head_size(self, bucket: str, key: str) -> int | None:
-        """The object's ``ContentLength``; ``None`` when it does not exist."""
+    def head(self, bucket: str, key: str, *, version_id: str = "") -> ObjectHead | None:
+        """The object's size, ETag (quotes stripped) and VersionId; ``None`` when it does not
+        exist."""
+        extra = {"VersionId": version_id} if version_id else {}
         try:
-            resp = self.client.head_object(Bucket=bucket, Key=key)
+            resp = self.client.head_object(Bucket=bucket, Key=key, **extra)
         except botocore.exceptions.ClientError as exc:
             text, code = _describe(exc)
             if code in {"404", "NoSuchKey", "NotFound"}:
@@ -282,16 +301,38 @@ class S3:
             raise S3Error(f"head s3://{bucket}/{key}: {text}", code) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise _wrap(f"head s3://{bucket}/{key}", exc) from exc
-        return int(resp["ContentLength"])
+        version = str(resp.get("VersionId") or "")
+        return ObjectHead(
+            int(resp["ContentLength"]),
+            plain_etag(str(resp.get("ETag", ""))),
+            "" if version == "null" else version,
+        )
+
+    def head_size(self, bucket: str, key: str) -> int | None:
+        """The object's ``ContentLength``; ``None`` when it does not exist."""
+        found = self.head(bucket, key)
+        return None if found is None else found.size
 
     def stream_object(
-        self, bucket: str, key: str, chunk_bytes: int = 1024 * 1024, *, if_match: str = ""
+        self,
+        bucket: str,
+        key: str,
+        chunk_bytes: int = 1024 * 1024,
+        *,
+        if_match: str = "",
+        version_id: str = "",
     ) -> ObjectStream:
         """The object's body as chunks of at most ``chunk_bytes``, read from the socket as they
         are consumed: memory stays bounded by one chunk whatever the size. ``if_match``: the
-        object must still have that ETag (else ``S3Error`` code ``PreconditionFailed``). A read
-        failure while iterating raises :class:`S3Error`; close the stream when done."""
-        extra = {"IfMatch": if_match} if if_match else {}
+        object must still have that ETag (else ``S3Error`` code ``PreconditionFailed``);
+        ``version_id``: exactly that version (a versioned bucket keeps it whatever is written
+        over the key). A read failure while iterating raises :class:`S3Error`; close the stream
+        when done."""
+        extra: dict[str, str] = {}
+        if if_match:
+            extra["IfMatch"] = if_match if if_match.startswith('"') else f'"{if_match}"'
+        if version_id:
+            extra["VersionId"] = version_id
         try:
             resp = self.client.get_object(Bucket=bucket, Key=key, **extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:

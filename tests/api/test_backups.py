@@ -12,6 +12,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
+from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.config import EnvReader
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import ReshardLogEntry
@@ -22,6 +23,12 @@ from tests.fixtures.backups_listing import op_in_state as _op
 from tests.fixtures.backups_listing import put_object as _put
 from tests.fixtures.backups_listing import warehouse_with_bucket as _wh
 from tests.fixtures.s3 import S3Bucket
+
+
+def reload_op(op: Any) -> Any:
+    op.refresh_from_db()
+    return op
+
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +74,9 @@ def test_only_this_orgs_backups_are_listed_even_in_a_shared_bucket(clients, buck
         "last_modified": newest["last_modified"],
         "op_id": second.id,
         "op_state": "failed",
-        "recorded": False,
+        "recorded": True,
+        "sha256": reload_op(second).backup_sha256,
+        "version_id": None,
         "verified": None,
         "verified_at": None,
         "verification_detail": "",
@@ -253,3 +262,65 @@ def test_the_policy_settings_are_parsed_strictly():
         env.raise_if_errors()
     assert "DUCKGRES_BACKUP_RETENTION_KEEP_LAST='0' must be >= 1" in str(refused.value)
     assert "DUCKGRES_BACKUP_RETENTION_MIN_AGE_DAYS='x' is not an integer" in str(refused.value)
+
+
+@pytest.mark.safeguard("reshard-109")
+def test_only_recorded_objects_are_backups_an_overwritten_or_planted_one_is_refused(
+    clients, bucket, settings
+):
+    """The tenant owns its bucket: it overwrites a backup with another archive and plants new
+    keys (under its own operation's id, and under another org's in a shared bucket). The
+    listing shows only the recorded objects, names the changed one, and the restore start, the
+    restore test's candidates and retention never take either."""
+    from reshard import restore_test, restores
+
+    mine, other = _wh(bucket.bucket), _wh(bucket.bucket)
+    genuine, overwritten = _op(mine, "succeeded"), _op(mine, "succeeded")
+    killed, foreign = _op(mine, "failed"), _op(other, "succeeded")
+    kept = _put(bucket, backup_key(genuine.id), size=40)
+    replaced = _put(bucket, backup_key(overwritten.id), size=40)
+    # The tenant replaces it with a hostile archive of another size (a same-size one has
+    # another ETag; the reader's digest check is the last line: tests/backup).
+    bucket.client().put_object(Bucket=bucket.bucket, Key=replaced, Body=b"PGDMP-hostile" * 9)
+    # A key of its own failed operation that the operation never recorded.
+    planted = _put(bucket, backup_key(killed.id), size=40, record=False)
+    under_foreign = _put(bucket, backup_key(foreign.id), size=40, record=False)
+
+    body = clients.internal.get(f"/api/v1/warehouses/{mine.org_id}/backups").json()
+    assert [b["key"] for b in body["backups"]] == [kept]
+    assert body["unrecorded_objects"] == 1, body
+    assert body["changed_objects"] == [
+        {
+            "key": replaced,
+            "reason": f"size 117 differs from the 40 bytes operation {overwritten.id} wrote: "
+            "the object was replaced since",
+        }
+    ]
+    theirs = clients.internal.get(f"/api/v1/warehouses/{other.org_id}/backups").json()
+    assert (theirs["backups"], theirs["unrecorded_objects"]) == ([], 1)
+
+    wh = restores._warehouse(mine.org_id)
+    for key, status, words in (
+        (replaced, 409, "was replaced since"),
+        (planted, 404, "is not a recorded backup of this warehouse"),
+        (under_foreign, 404, "is not a recorded backup of this warehouse"),
+    ):
+        with pytest.raises(ServiceError) as caught:
+            restores.resolve_backup(wh, key)
+        assert (caught.value.status, words in caught.value.message) == (status, True), key
+    found, made_by = restores.resolve_backup(wh, kept)
+    recorded = reload_op(genuine).backup_sha256
+    assert (found.sha256, found.size, made_by.id) == (recorded, 40, genuine.id)
+
+    # The restore test's candidates and retention read the same listing.
+    picked = [
+        c.backup.key
+        for c in restore_test.candidates(
+            dt.datetime.now(dt.UTC), backups.warehouse_client, restore_test.RestoreTestReport()
+        )
+    ]
+    assert not {replaced, planted, under_foreign} & set(picked)
+    _policy(settings, enabled=True, keep_last=0, min_age_days=0)
+    report = backups.apply_retention()
+    assert report.deleted == [f"s3://{bucket.bucket}/{kept}"], "only the recorded one counts"
+    assert {replaced, planted, under_foreign} <= set(bucket.object_keys())

@@ -14,7 +14,7 @@ from duckgres_admin.models import AuditRecord, ReshardOperation
 from reshard.backup import backup_key
 from tests.fixtures.api import error
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
-from tests.fixtures.rows import new_store
+from tests.fixtures.rows import new_op, new_store
 from tests.fixtures.s3 import S3Bucket
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +57,7 @@ def test_the_shape_the_identity_and_the_refusals(clients, bucket: S3Bucket) -> N
         _url(wh.org_id), {**body, "backup_key": backup_key(99_999_999)}, format="json"
     )
     assert foreign.status_code == 404
-    assert "is not a backup of this warehouse" in error(foreign)
+    assert "is not a recorded backup of this warehouse" in error(foreign)
     assert clients.internal.post(_url("no-such-org"), body, format="json").status_code == 404
     assert not ReshardOperation.objects.filter(kind="restore").exists()
 
@@ -77,3 +77,50 @@ def test_a_dry_run_is_audited_as_one_even_when_refused(clients, bucket: S3Bucket
         AuditRecord.objects.filter(org_id=wh.org_id).order_by("id").values_list("action", flat=True)
     )
     assert actions == ["restore.dry_run", "restore.create"]
+
+
+def test_an_unknown_field_is_named_before_a_missing_backup_key(clients, bucket: S3Bucket) -> None:
+    """A misspelt ``backup_kee`` is answered as a reshard start answers an unknown field, on the
+    start and on its dry run, not as a missing ``backup_key``."""
+    wh = warehouse_with_bucket(bucket.bucket)
+    target = {"type": "cnpg", "cnpg_shard": new_store().name}
+    key = backup_key(op_in_state(wh, "succeeded").id)
+    for extra in ({}, {"dry_run": True}):
+        body = {"backup_kee": key, "target": target, **extra}
+        answer = clients.internal.post(_url(wh.org_id), body, format="json")
+        assert (answer.status_code, error(answer)) == (
+            400,
+            "invalid body: backup_kee: unknown field",
+        ), extra
+    reshard = clients.internal.post(
+        f"/api/v1/warehouses/{wh.org_id}/reshards", {"backup_kee": key, "target": target},
+        format="json",
+    )  # fmt: skip
+    assert error(reshard) == "invalid body: backup_kee: unknown field", "the same message form"
+    assert not ReshardOperation.objects.filter(kind="restore").exists()
+
+
+@pytest.mark.safeguard("reshard-120")
+def test_the_reads_say_which_kind_an_operation_is(clients, bucket: S3Bucket) -> None:
+    """``kind`` and ``in_place`` on GET /reshards and /reshards/<id>: an in-place restore
+    (``S -> S``) is told from a reshard and from a restore onto another store."""
+    key = "_reshard_catalog_backups/op-1-20260101T000000Z.dump"
+    wh = warehouse_with_bucket(bucket.bucket)
+    here = wh.metadata_store
+    reshard = new_op(wh, to_store=new_store(), state="succeeded")
+    elsewhere = new_op(
+        wh, to_store=new_store(), state="failed", kind="restore", restore_backup_key=key
+    )
+    in_place = new_op(
+        wh, to_store=here, state="cancelled", kind="restore", restore_backup_key=key,
+        target_database=f"{wh.metadata_store_database}_restored_0123abcd",
+    )  # fmt: skip
+    listed = clients.viewer.get("/api/v1/reshards", {"org": wh.org_id}).json()["operations"]
+    assert [(o["id"], o["kind"], o["in_place"]) for o in listed] == [
+        (in_place.id, "restore", True),
+        (elsewhere.id, "restore", False),
+        (reshard.id, "reshard", False),
+    ]
+    assert (listed[0]["from_shard"], listed[0]["to_shard"]) == (here.name, here.name)
+    shown = clients.viewer.get(f"/api/v1/reshards/{in_place.id}").json()
+    assert (shown["kind"], shown["in_place"]) == ("restore", True)

@@ -154,7 +154,9 @@ def test_success_restorable_untagged_no_password_in_argv(
 @pytest.mark.safeguard("reshard-37")
 def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
     target = RestoreTarget("db.example.com", 6543, "catalog_a_restored_op3")
-    cmd = backup_mod.restore_command("s3://b/k.dump", target, 15, server_major=15)
+    cmd = backup_mod.restore_command(
+        backup_mod.Recorded("b", "k.dump", "0" * 64), target, 15, server_major=15
+    )
     for dbname in ("postgres", "catalog_a_restored_op3"):
         assert (
             f"'--dbname=host=db.example.com port=6543 dbname={dbname} sslmode=verify-full'" in cmd

@@ -22,13 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import ReshardLogEntry
 from reshard import oplog as direct_oplog
-from reshard.backup import BackupDestination, RestoreTarget, restore_command, run_backup
+from reshard.backup import (
+    BackupDestination,
+    Recorded,
+    RestoreTarget,
+    restore_command,
+    restore_owner_role,
+    run_backup,
+)
 from reshard.runner.logwriter import OpLogWriter
 from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
 from tests.fixtures.rows import new_op, new_warehouse
@@ -53,13 +61,13 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     bins = tmp_path / "bin"
     bins.mkdir()
     calls = tmp_path / "calls"
-    for tool in ("aws", "psql", "pg_restore"):
+    for tool in ("aws", "sha256sum", "openssl", "psql", "pg_restore"):
         _recorder(bins / tool, calls)
     target = RestoreTarget(f"h{hostile}", 6543, f"d{hostile}", "verify-full")
-    uri = f"s3://bucket{hostile}/key{hostile}.dump"
+    recorded = Recorded(f"bucket{hostile}", f"key{hostile}.dump", "ab" * 32, f"v{hostile}")
     endpoint = f"http://s3.example{hostile}"
     region = f"r{hostile}"
-    cmd = restore_command(uri, target, 18, endpoint, region=region, server_major=18)
+    cmd = restore_command(recorded, target, 18, endpoint, region=region, server_major=18)
     env = {"PATH": f"{bins}:/usr/bin:/bin"}
     done = subprocess.run(
         ["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
@@ -67,10 +75,16 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert not marker.exists()
     runs = [line.split("\0")[:-1] for line in calls.read_text().splitlines() if line]
-    assert [os.path.basename(run[0]) for run in runs] == ["aws", "psql", "pg_restore"]
-    assert runs[0][1:] == [
-        "s3", "cp", uri, "./catalog.dump", "--endpoint-url", endpoint, "--region", region,
+    assert [os.path.basename(run[0]) for run in runs] == [
+        "aws", "sha256sum", "openssl", "psql", "pg_restore",
     ]  # fmt: skip
+    assert runs[0][1:] == [
+        "s3api", "get-object", "--bucket", recorded.bucket, "--key", recorded.key,
+        "--version-id", recorded.version_id, "--endpoint-url", endpoint, "--region", region,
+        "./catalog.dump",
+    ]  # fmt: skip
+    assert runs[1][1:] == ["--check", "--strict", "-"]
+    runs = [runs[0], runs[3], runs[4]]
     expected = {
         "host": target.host,
         "port": "6543",
@@ -82,16 +96,16 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     assert conninfo_to_dict(runs[1][4].removeprefix("--dbname=")) == {
         **expected, "dbname": "postgres",
     }  # fmt: skip
-    quoted = target.database.replace('"', '""')
-    assert runs[1][5:] == [f'--command=CREATE DATABASE "{quoted}" TEMPLATE template0']
+    assert runs[1][5:] == ["--file=-"]  # the script comes on stdin (a real psql test below)
     assert runs[2][1:-2] == ["--no-owner", "--no-acl", "--clean", "--if-exists",
                              "--exit-on-error", "--format=custom"]  # fmt: skip
     assert runs[2][-1] == "./catalog.dump"
     assert conninfo_to_dict(runs[2][-2].removeprefix("--dbname=")) == {
         **expected, "dbname": target.database,
     }  # fmt: skip
-    # No user and no password: the operator's login comes from PGUSER/PGPASSWORD.
-    assert "PGPASSWORD" not in cmd
+    # No user and no password in a conninfo: the operator's login comes from PGUSER/PGPASSWORD,
+    # the restore's from the password the line made (never printed).
+    assert 'PGPASSWORD="$DUCKGRES_RESTORE_PASSWORD"' in cmd
     assert "user=" not in cmd
 
 
@@ -105,14 +119,17 @@ def test_a_hostile_database_name_is_one_identifier_on_a_real_server(
     name = f"r\"; DROP DATABASE postgres; --$(touch {MARK})`touch {MARK}`'"  # run in tmp_path
     assert len(name.encode()) <= 63
     target = RestoreTarget(cluster.host, cluster.port, name, cluster.sslmode)
-    cmd = restore_command("s3://b/k.dump", target, 15, server_major=15)
-    create = cmd.split(" && ")[1]
+    cmd = restore_command(Recorded("b", "k.dump", "0" * 64), target, 15, server_major=15)
+    create = " && ".join(cmd.split(" && ")[2:4])  # the fresh password, then psql
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
         "PGUSER": cluster.provisioner_user,
         "PGPASSWORD": cluster.provisioner_password,
     }
+    rootcert = settings.DUCKGRES_STORE_SSLROOTCERT
+    if rootcert and rootcert != "system":
+        env["PGSSLROOTCERT"] = rootcert
     try:
         done = subprocess.run(
             ["bash", "-c", create], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -126,10 +143,18 @@ def test_a_hostile_database_name_is_one_identifier_on_a_real_server(
                 [name],
             ).fetchall()
         assert sorted(str(r[0]) for r in found) == sorted([name, "postgres"])
+        with cluster.superuser_conn() as conn:
+            owner = conn.execute(
+                "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [name]
+            ).fetchone()
+        assert owner == (restore_owner_role(name),), "owned by the fresh role, one identifier"
     finally:
         with cluster.superuser_conn() as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(
+                sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(restore_owner_role(name)))
             )
 
 

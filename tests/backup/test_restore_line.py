@@ -25,9 +25,11 @@ from psycopg import sql
 
 from duckgres_admin.models import MetadataStore, Warehouse
 from reshard.backup import (
+    Recorded,
     RestoreTarget,
     restore_command,
     restore_line,
+    restore_owner_role,
     restore_prerequisites,
     restored_database_name,
 )
@@ -102,6 +104,11 @@ def _drop(cluster: StoreCluster, name: str) -> None:
         conn.execute(drop.format(sql.Identifier(name)))
 
 
+def _drop_role(cluster: StoreCluster, name: str) -> None:
+    with cluster.superuser_conn() as conn:
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def test_the_logged_restore_line_works_as_printed_after_a_finished_move(
     cnpg_world: CnpgWorld, runner_state_dir: Path, runner_s3: RunnerS3, tmp_path: Path
 ) -> None:
@@ -139,19 +146,32 @@ def test_the_logged_restore_line_works_as_printed_after_a_finished_move(
         # The prerequisites are on the line, before the command; no password anywhere in it.
         needs = line[len(PREFIX) : line.index("): ")]
         assert needs.startswith(
-            f"needs PGUSER and PGPASSWORD of a login with CREATEDB on {source.host}:{source.port}"
+            "needs PGUSER and PGPASSWORD of a login with CREATEDB and CREATEROLE on "
+            f"{source.host}:{source.port}"
         ), line
-        assert "psql and pg_restore of PostgreSQL 15 to 16 on PATH" in needs, line
+        assert "psql and pg_restore of PostgreSQL 15 to 16, sha256sum and openssl on PATH" in (
+            needs
+        ), line
         assert ("PGSSLROOTCERT" in needs) == (sslmode == "verify-full"), line
         for secret in (world.catalog.password, source.provisioner_password, "testing"):
             assert secret not in line
         assert f"sslmode={sslmode}" in line
-        assert op.backup_s3_uri in line
+        bucket, _, key = op.backup_s3_uri.removeprefix("s3://").partition("/")
+        assert f"--bucket {bucket} --key {key}" in line
+        assert op.backup_sha256 in line, "the recorded digest is checked before pg_restore"
         with source.superuser_conn(restored) as conn:
             owner = conn.execute(
                 "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [restored]
             ).fetchone()
-        assert owner == (source.provisioner_user,)
+        # Restored as a fresh rightless role, never as the operator's CREATEDB login.
+        assert owner == (restore_owner_role(restored),)
+        with source.superuser_conn() as conn:
+            rights = conn.execute(
+                "SELECT rolsuper, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles "
+                "WHERE rolname = %s",
+                [restore_owner_role(restored)],
+            ).fetchone()
+        assert rights == (False, False, False, False)
 
         # A second run stops at CREATE DATABASE: the restored database is never overwritten.
         again = subprocess.run(
@@ -163,18 +183,19 @@ def test_the_logged_restore_line_works_as_printed_after_a_finished_move(
         assert catalog_checksums(source, restored) == before
     finally:
         _drop(source, restored)
+        _drop_role(source, restore_owner_role(restored))
 
 
 def test_the_restore_line_states_the_pg_restore_majors_that_work() -> None:
     target = RestoreTarget("db.example.com", 6543, "cat_restored_op7", "verify-full")
     assert restore_prerequisites(target, 15, server_major=15) == (
-        "PGUSER and PGPASSWORD of a login with CREATEDB on db.example.com:6543; "
+        "PGUSER and PGPASSWORD of a login with CREATEDB and CREATEROLE on db.example.com:6543; "
         "PGSSLROOTCERT = the CA file of that server; "
-        "AWS credentials with s3:GetObject on the backup; "
-        "psql and pg_restore of PostgreSQL 15 to 16 on PATH"
+        "AWS credentials with s3:GetObject (and s3:GetObjectVersion) on the backup; "
+        "psql and pg_restore of PostgreSQL 15 to 16, sha256sum and openssl on PATH"
     )
     assert restore_prerequisites(target, 18, server_major=18).endswith(
-        "psql and pg_restore of PostgreSQL 18 or newer on PATH"
+        "psql and pg_restore of PostgreSQL 18 or newer, sha256sum and openssl on PATH"
     )
     # pg_dump 18 of a PostgreSQL 16 source: no pg_restore avoids SET transaction_timeout there,
     # so the command does not stop at that error, and the line says it is expected.
@@ -183,9 +204,15 @@ def test_the_restore_line_states_the_pg_restore_majors_that_work() -> None:
         'one error, unrecognized configuration parameter "transaction_timeout", is expected '
         "from that pg_restore on this PostgreSQL 16 server"
     )
-    assert "--exit-on-error" not in restore_command("s3://b/k", target, 18, server_major=16)
-    assert "--exit-on-error" in restore_command("s3://b/k", target, 18, server_major=18)
-    assert "--exit-on-error" in restore_command("s3://b/k", target, 15, server_major=15)
+    assert "--exit-on-error" not in restore_command(
+        Recorded("b", "k", "0" * 64), target, 18, server_major=16
+    )
+    assert "--exit-on-error" in restore_command(
+        Recorded("b", "k", "0" * 64), target, 18, server_major=18
+    )
+    assert "--exit-on-error" in restore_command(
+        Recorded("b", "k", "0" * 64), target, 15, server_major=15
+    )
     # require: no CA needed on the line; the line is "restore command (needs …): <command>".
     plain = RestoreTarget("h", 5432, "d", "require")
     assert "PGSSLROOTCERT" not in restore_prerequisites(plain, 15, server_major=15)

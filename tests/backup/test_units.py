@@ -209,13 +209,17 @@ def test_direction_gate_texts() -> None:
 
 def test_result_log_lines() -> None:
     result = BackupResult(
-        "s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3 cp s3://b/k ./catalog.dump",
+        "s3://b/k", 1234, "k", 16 * MIB, 1, "aws s3api get-object --bucket b --key k x",
         restore_prerequisites="PGUSER and PGPASSWORD of a login with CREATEDB on h:5432",
+        sha256="ab" * 32, version_id="v1",
     )  # fmt: skip
     assert result.log_lines() == [
-        "catalog backup complete: s3://b/k (1234 bytes)",
+        f"catalog backup complete: s3://b/k (1234 bytes, sha256 {'ab' * 32}, version v1)",
+        "to restore it, start a restore operation (checked, fenced, rolled back on failure): "
+        "duckgres restore start <org> --backup k --to-shard <store> (docs/restore.md); by "
+        "hand, the line below",
         "restore command (needs PGUSER and PGPASSWORD of a login with CREATEDB on h:5432): "
-        "aws s3 cp s3://b/k ./catalog.dump",
+        "aws s3api get-object --bucket b --key k x",
     ]
 
 

@@ -270,8 +270,18 @@ def _record(env: StepEnv, hooks: StepHooks, result: backup.BackupResult) -> None
     op = env.op
     # The final figures (progress writes are throttled to one per 2 s).
     hooks.progress({"bytes_dumped": result.bytes, "backup_parts": result.parts})
-    env.fence.update(backup_s3_uri=result.uri, backup_bytes=result.bytes)
+    # The object's identity, recorded with its URI: only a recorded object is a backup
+    # (listing, restores, restore tests, retention; docs/backup.md "Authenticated backups").
+    env.fence.update(
+        backup_s3_uri=result.uri,
+        backup_bytes=result.bytes,
+        backup_sha256=result.sha256,
+        backup_etag=result.etag,
+        backup_version_id=result.version_id,
+    )
     op.backup_s3_uri, op.backup_bytes = result.uri, result.bytes
+    op.backup_sha256, op.backup_etag = result.sha256, result.etag
+    op.backup_version_id = result.version_id
     for line in result.log_lines():
         env.log.info(line)
 
