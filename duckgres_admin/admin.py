@@ -131,7 +131,7 @@ class StartForm(forms.Form):
     user = forms.CharField(max_length=1024, required=False)
     database = forms.CharField(max_length=1024, required=False)
     sslmode = forms.ChoiceField(
-        choices=[("", "default (require)"), *((m, m) for m in EXTERNAL_SSLMODES)],
+        choices=[("", "default (verify-full)"), *((m, m) for m in EXTERNAL_SSLMODES)],
         required=False,
     )
     password_secret_ref = forms.CharField(
@@ -615,7 +615,7 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
         "tenants",
         "drain_label",
     )
-    list_filter = ("kind",)
+    list_filter = ("kind", "tls_policy")
     search_fields = ("name", "host")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[MetadataStore]:
@@ -645,6 +645,7 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
 
 
 # --- store drains -------------------------------------------------------------------------------
+        "tls_label",
 
 # The progress column: the service's counts (``reshard.drains.progress``) under operator labels;
 # any other non-zero count (``cancelled``) follows, so the parts always add up to the items.
@@ -670,6 +671,13 @@ def drain_actions(drain: StoreDrain) -> list[str]:
     """The transitions the drain's state allows (the service's own table; it re-checks by
     compare-and-set, so this only chooses the buttons)."""
     return drains.actions_allowed(drain.state)
+
+    @admin.display(description="TLS policy", ordering="tls_policy")
+    def tls_label(self, store: MetadataStore) -> str:
+        """``verify-full only``, or the explicit opt-in with its reason (safeguard reshard-133)."""
+        if not store.allows_weaker_tls:
+            return "verify-full only"
+        return f"allow-weaker: {store.tls_policy_reason}"
 
 
 @admin.register(StoreDrain)

@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin import admission, queues
 from duckgres_admin.config import EnvReader, environ
-from duckgres_admin.lib import secretrefs
+from duckgres_admin.lib import endpoints, secretrefs
 from duckgres_admin.notifications import config as webhook_config
 from reshard import retention
 
@@ -246,6 +246,28 @@ def _allowlist(variable: str) -> tuple[secretrefs.AllowEntry, ...]:
 
 DUCKGRES_SECRET_REF_ALLOW_PROVISIONER = _allowlist("DUCKGRES_SECRET_REF_ALLOW_PROVISIONER")
 DUCKGRES_SECRET_REF_ALLOW_TENANT = _allowlist("DUCKGRES_SECRET_REF_ALLOW_TENANT")
+# Where each reference's secret may be sent: "<ref entry>=<host>:<port>[,…];…" (unset: anywhere,
+# warned with the pod launcher; set: a reference no entry names goes nowhere). reshard-135.
+DUCKGRES_SECRET_REF_ENDPOINTS, _problems = secretrefs.parse_endpoint_bindings(
+    "DUCKGRES_SECRET_REF_ENDPOINTS", env.string("DUCKGRES_SECRET_REF_ENDPOINTS")
+)
+env.errors.extend(_problems)
+if (
+    not DUCKGRES_SECRET_REF_ENDPOINTS
+    and DUCKGRES_RESHARD_LAUNCHER == "pod"  # the shipped manifests; not dev, demo and tests
+    and (DUCKGRES_SECRET_REF_ALLOW_PROVISIONER or DUCKGRES_SECRET_REF_ALLOW_TENANT)
+):
+    env.warnings.append(
+        "DUCKGRES_SECRET_REF_ENDPOINTS is unset: secret references are not bound to endpoints, "
+        "so a reference's password may be sent to any store endpoint a caller names; bind each "
+        "reference to its servers (docs/configuration.md)"
+    )
+# Endpoints whose TLS is terminated in front of PostgreSQL (no SCRAM channel binding possible):
+# channel_binding=prefer there, require_auth still (safeguard reshard-134).
+DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT, _problems = endpoints.parse_patterns(
+    "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT", env.string("DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT")
+)
+env.errors.extend(_problems)
 # Addresses no metadata store may have (the host, its pooler, an external binding or target, and
 # every address a name resolves to): link-local, the cloud metadata endpoints, "any".
 DEFAULT_STORE_HOST_DENYLIST = (

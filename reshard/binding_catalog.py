@@ -156,7 +156,7 @@ def check(values: dict[str, Any]) -> CatalogFound:
     else:
         host, port = str(values["metadata_store_host"]), int(values["metadata_store_port"] or 5432)
         field, label = "metadata_store_host", f"external server {vetting.hostport(host, port)}"
-        endpoint = Endpoint(host, port, str(values.get("metadata_store_sslmode") or "require"))
+        endpoint = Endpoint(host, port, str(values.get("metadata_store_sslmode") or ""))
         user, ref = str(values["metadata_store_user"]), str(values["metadata_store_password_ref"])
         vetting.ref_allowed(ref, "tenant", "metadata_store_password_ref")
         vetting.check_host(field, host)

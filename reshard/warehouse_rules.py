@@ -17,7 +17,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import identity
+from reshard import identity, store_tls
 from reshard.drain_guard import draining_refusal
 from reshard.selectors import LIVE_WAREHOUSE_EXCLUDED
 from reshard.vetting import check_host, hostport
@@ -151,6 +151,13 @@ def validate_warehouse(
                 400,
                 "invalid body: metadata_store_sslmode: must be one of "
                 + ", ".join(EXTERNAL_SSLMODES),
+            )
+        if writes("metadata_store_sslmode", "metadata_store_host", "metadata_store_port"):
+            store_tls.require_endpoint_opt_in(  # verify-full unless opted in (reshard-133)
+                "invalid body: metadata_store_sslmode",
+                str(values["metadata_store_host"]),
+                int(values["metadata_store_port"]),
+                str(values.get("metadata_store_sslmode") or ""),
             )
         if writes("metadata_store_host"):
             check_host("invalid body: metadata_store_host", str(values["metadata_store_host"]))

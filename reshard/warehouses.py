@@ -20,7 +20,7 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from duckgres_admin.orglock import lock_org
-from reshard import binding_catalog
+from reshard import binding_catalog, store_tls
 from reshard.vetting import check_host
 from reshard.warehouse_rules import (
     BINDING_FIELDS,
@@ -145,6 +145,8 @@ STORE_FIELDS = (
     "pooler_host",
     "pooler_port",
     "pooler_sslmode",
+    "tls_policy",
+    "tls_policy_reason",
     "provisioner_user",
     "provisioner_password_ref",
 )
@@ -177,6 +179,10 @@ def validate_store(values: dict[str, Any], *, written: frozenset[str] | None = N
         problem = pgadmin.sslmode_refusal(str(value)) if value else None
         if problem is not None and writes(key):
             raise ServiceError(400, f"invalid body: {key}: {problem}")
+    # verify-full unless the store opts in (tls_policy allow-weaker + reason; reshard-133).
+    tls_problem = store_tls.store_values_refusal(values, written=written)
+    if tls_problem is not None:
+        raise ServiceError(400, f"invalid body: {tls_problem}")
     for key in ("host", "pooler_host"):
         if values.get(key) and writes(key):
             check_host(f"invalid body: {key}", str(values[key]))

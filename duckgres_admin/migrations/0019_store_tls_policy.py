@@ -63,7 +63,9 @@ class Migration(migrations.Migration):
             constraint=models.CheckConstraint(
                 condition=models.Q(
                     ("tls_policy", "allow-weaker"),
-                    models.Q(("sslmode", "verify-full"), ("pooler_sslmode__in", ["", "verify-full"])),
+                    models.Q(
+                        ("sslmode", "verify-full"), ("pooler_sslmode__in", ["", "verify-full"])
+                    ),
                     _connector="OR",
                 ),
                 name="metadata_store_tls_weaker_opt_in",

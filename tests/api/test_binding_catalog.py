@@ -65,7 +65,7 @@ def _external(catalog: TenantCatalog) -> dict[str, Any]:
         "metadata_store_name": "",
         "metadata_store_host": catalog.cluster.host,
         "metadata_store_port": catalog.cluster.port,
-        "metadata_store_sslmode": "require",
+        "metadata_store_sslmode": "verify-full",
         "metadata_store_database": catalog.database,
         "metadata_store_user": catalog.role,
         "metadata_store_password_ref": catalog.password_ref,

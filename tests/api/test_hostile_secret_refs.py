@@ -27,7 +27,7 @@ STORE = {
     "kind": "cnpg",
     "host": "127.0.0.1",
     "port": 5434,
-    "sslmode": "require",
+    "sslmode": "verify-full",
     "provisioner_user": "provisioner",
     "provisioner_password_ref": "env:DUCKGRES_TEST_PROVISIONER_PASSWORD",
 }
@@ -354,7 +354,8 @@ def test_endpoint_and_reference_changes_are_audited_old_to_new(clients):
         (
             "metadata_store.create",
             "metadata store audited (cnpg) created with host '127.0.0.1', port 5434, sslmode "
-            "'require', provisioner_user 'provisioner', provisioner_password_ref "
+            "'verify-full', tls_policy 'verify-full', provisioner_user 'provisioner', "
+            "provisioner_password_ref "
             "'env:DUCKGRES_TEST_PROVISIONER_PASSWORD'",
         ),
         (
@@ -507,6 +508,4 @@ def test_sslmode_disable_is_refused_for_every_store_kind(clients, kind, key):
     )
     assert response.status_code == 400
     assert error(response).startswith(f"invalid body: {key}: disable is refused")
-    assert MetadataStore.objects.get(name=body["name"]).sslmode == (
-        "verify-full" if key == "sslmode" else "require"
-    )
+    assert MetadataStore.objects.get(name=body["name"]).sslmode == "verify-full"

@@ -16,6 +16,7 @@ from reshard import leases
 from tests.fixtures.api import error
 from tests.fixtures.leases import block, make_org, post, unblock
 from tests.fixtures.rows import new_warehouse
+from tests.fixtures.stores import TEST_SSLMODE
 
 
 def _dt(value: Any) -> Any:
@@ -34,7 +35,7 @@ def test_grant_returns_the_binding_with_the_pooler(clients):
         "kind": "cnpg",
         "host": "pool.example",
         "port": 6432,
-        "sslmode": "require",
+        "sslmode": TEST_SSLMODE,  # the store's (verify-full unless the test CA is missing)
         "database": "pooled_db",
         "user": "pooled_user",
         "password_secret_ref": "env:TENANT_PW",

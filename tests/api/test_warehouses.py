@@ -226,6 +226,16 @@ def test_store_create_read_patch(clients):
         {"pooler_host": "pool.example", "pooler_port": 6432, "pooler_sslmode": "require"},
         format="json",
     )
+    assert response.status_code == 400  # a weaker mode needs the opt-in (reshard-133)
+    assert "tls_policy allow-weaker" in error(response)
+    response = clients.admin.patch(
+        "/api/v1/metadata-stores/shard-009",
+        {
+            "pooler_host": "pool.example", "pooler_port": 6432, "pooler_sslmode": "require",
+            "tls_policy": "allow-weaker", "tls_policy_reason": "the pooler's cert names no host",
+        },
+        format="json",
+    )  # fmt: skip
     assert response.status_code == 200
     assert response.json()["pooler_port"] == 6432
     for immutable in ("name", "kind"):
@@ -239,9 +249,10 @@ def test_store_create_read_patch(clients):
     )
     assert response.status_code == 400
     actions = list(AuditRecord.objects.values_list("action", "status").order_by("id"))
-    assert actions[:3] == [
+    assert actions[:4] == [
         ("metadata_store.create", 201),
         ("metadata_store.create", 409),
+        ("metadata_store.update", 400),
         ("metadata_store.update", 200),
     ]
 

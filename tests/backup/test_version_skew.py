@@ -135,13 +135,24 @@ def test_pg15_source_keeps_pg_dump_15_when_18_is_also_there(
 
 
 def test_wrong_major_client_fails_cleanly(
-    pg18_catalog: BackupSource, moto_s3: MotoS3, hooks: RecordingHooks
+    pg18_catalog: BackupSource, moto_s3: MotoS3, hooks: RecordingHooks, settings: Any
 ) -> None:
-    """If the facts lie (server reported as 15), pg_dump 15 refuses the 18 server: the
-    non-zero branch reports its stderr and leaves nothing behind."""
-    with pytest.raises(BackupError, match="server version mismatch"):
+    """If the facts lie (server reported as 15), pg_dump 15 is chosen. Behind this TLS-ending
+    proxy (exempt from channel binding) a libpq 15 client could not refuse a cleartext request:
+    it is never started (safeguard reshard-134). Not exempt, it runs, requires channel binding
+    the proxied server cannot offer, and fails: the non-zero branch reports its stderr. Either
+    way nothing is left behind."""
+    with pytest.raises(BackupError, match="whose libpq can refuse a cleartext password"):
         run_backup(
             73, pg18_catalog, BackupDestination(moto_s3.bucket), hooks,
+            facts=SourceFacts(15, None), pg_bin_dirs=DEBIAN_BINS,
+        )  # fmt: skip
+    assert hooks.processes == []
+    assert_nothing_left(moto_s3, hooks)
+    settings.DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT = ()
+    with pytest.raises(BackupError, match="channel binding is required"):
+        run_backup(
+            74, pg18_catalog, BackupDestination(moto_s3.bucket), hooks,
             facts=SourceFacts(15, None), pg_bin_dirs=DEBIAN_BINS,
         )  # fmt: skip
     assert_nothing_left(moto_s3, hooks)

@@ -309,7 +309,7 @@ def test_the_allowlist_is_complete_and_copied_in_container_order():
     ]
     copied = copy_allowlisted_env({"env": env})
     assert [e["name"] for e in copied] == list(reversed(ALLOWLIST))
-    assert len(ALLOWLIST) == 26
+    assert len(ALLOWLIST) == 28
 
 
 @pytest.mark.safeguard("reshard-26")

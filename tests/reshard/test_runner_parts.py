@@ -109,7 +109,8 @@ def test_external_source_records_the_binding_with_its_sslmode(
     assert Warehouse.objects.get(org_id=op.org_id).state == "ready"
     lines = op_log(op.id)
     assert "external source: left untouched" in lines
-    assert lines[0].endswith(
+    assert lines[0].startswith("AWS context: ")  # the runner's start line (its AWS context)
+    assert lines[1].endswith(
         f"external {store_clusters.source.host}:{store_clusters.source.port} → cnpg {target.name}"
     )
     assert catalog.password not in runner.output()

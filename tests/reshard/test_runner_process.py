@@ -85,7 +85,8 @@ def test_missing_membership_fails_preparing_access_at_once_naming_the_grant(
         ("preparing_access", "failed"),
     ]
     lines = op_log(op.id)
-    assert lines[0] == (
+    assert lines[0].startswith("AWS context: ")  # the runner's start line (its AWS context)
+    assert lines[1] == (
         f"operation claimed by duckgres-reshard-op-{op.id} (epoch 1): "
         f"cnpg {world.source_store.name} → cnpg {world.target_store.name}"
     )
@@ -103,9 +104,10 @@ def test_missing_membership_fails_preparing_access_at_once_naming_the_grant(
     assert any(line.startswith("step blocking: ") and "(ok, epoch 1)" in line for line in report)
     assert any(line.startswith("step preparing_access: ") and "(failed" in line for line in report)
     assert any(line.startswith("total runtime: ") for line in report)
+    # The marker counts run_process's lines: not itself, not the command's AWS context line.
     assert lines[-1] == (
         f"runner log persisted: pod duckgres-reshard-op-{op.id} uid {runner.pod_uid} epoch 1, "
-        f"{len(lines) - 1} lines (0 dropped)"
+        f"{len(lines) - 2} lines (0 dropped)"
     )
     assert runner.exit_file().read_text().strip() == "0"
     # The process log is structured JSON bound with op id, org id and epoch.
