@@ -28,6 +28,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
+from duckgres_admin.models.stores import TlsPolicy
 from reshard import backups, dryrun, leases, operations, restores, selectors, warehouses
 from reshard.binding_catalog import FORCE_FLAG
 from reshard.start_checks import StartRequest, TargetRequest
@@ -620,6 +621,10 @@ def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
         out["pooler_port"] = v.integer(body, "pooler_port", minimum=1, maximum=65535, nullable=True)
     if "pooler_sslmode" in body:
         out["pooler_sslmode"] = v.string(body, "pooler_sslmode", choices=("", *LIBPQ_SSLMODES))
+    if "tls_policy" in body:
+        out["tls_policy"] = v.string(body, "tls_policy", choices=TlsPolicy.values)
+    if "tls_policy_reason" in body:
+        out["tls_policy_reason"] = v.string(body, "tls_policy_reason", max_length=1024).strip()
     for key in ("provisioner_user", "provisioner_password_ref"):
         if key in body:
             out[key] = v.string(body, key, max_length=1024)
