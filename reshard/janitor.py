@@ -22,7 +22,8 @@ Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
    relaunch with ``create(op, replace=True)``. "Previous runner pod still terminating" gives
    the increment back by CAS.
 5. Count 4 → force-fail by CAS with operator instructions (``recovery_required`` when the op
-   may have changed anything).
+   may have changed anything); the CAS sets ``respawn_attempts`` back to 3, the relaunches
+   that were made, as the message says.
 6. Gauges; histograms of terminal ops, each observed once after a CAS on
    ``metrics_observed_at``.
 7. Reap runner objects of terminal ops (after the launcher has captured their log, unless the
@@ -126,6 +127,8 @@ _FORCE_FAIL_SQL = f"""
 UPDATE duckgres_reshard_operations
    SET state = 'failed', finished_at = now(), runner_epoch = runner_epoch + 1,
        runner_id = 'janitor',
+       -- the attempt that found the budget spent relaunched nothing: it reads as the relaunches
+       respawn_attempts = LEAST(respawn_attempts, %s),
        recovery_required = (step <> '' OR blocked_at IS NOT NULL),
        error = CASE WHEN (step <> '' OR blocked_at IS NOT NULL)
                     THEN replace(%s, %s, COALESCE(NULLIF(step, ''), 'none'))
@@ -508,7 +511,10 @@ class Janitor:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 _FORCE_FAIL_SQL,
-                [blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id, *needs_runner_params()],
+                [
+                    MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id,
+                    *needs_runner_params(),
+                ],  # fmt: skip
             )
             row = cursor.fetchone()
             if row is not None:

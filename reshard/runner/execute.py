@@ -304,12 +304,20 @@ def _past_commit_point(env: StepEnv) -> bool:
     return commit_point_passed(env.op)
 
 
+def _finalize_rolled_forward(env: StepEnv) -> None:
+    """The roll-forward's finish: ``finalizing`` is stamped like any step first, so an operation
+    that succeeded this way does not keep the step it was taken over in (e.g. ``cleaning_up``)."""
+    env.fence.stamp_step("finalizing")
+    env.op.step = "finalizing"
+    finalize.run(env)
+
+
 def _roll_forward_after_error(env: StepEnv) -> None:
     """§4.3: after a commit point never roll back; roll forward, no terminal write of our own."""
     ctx, log = env.ctx, env.log
     log.error("refusing rollback; retrying cleanup/finalization")
     try:
-        roll_forward(env, finalize.run)
+        roll_forward(env, _finalize_rolled_forward)
     except Fenced as exc:
         log_fenced_once(ctx, log, str(exc))
     except Exception as exc:  # noqa: BLE001 - the op stays running for a relaunch
@@ -459,7 +467,7 @@ def _takeover(env: StepEnv) -> None:
             f"takeover at step {step} after the commit point: rolling forward from the durable "
             "source fields (the source is never re-pointed)"
         )
-        roll_forward(env, finalize.run)
+        roll_forward(env, _finalize_rolled_forward)
         return
     unsafe = StepError(
         f"takeover at step {step} cannot be resumed safely; rolling back from durable progress"

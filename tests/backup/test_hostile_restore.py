@@ -109,6 +109,7 @@ def test_the_restore_command_quotes_every_part_for_the_shell(tmp_path: Path) -> 
     assert "user=" not in cmd
 
 
+@pytest.mark.safeguard("reshard-110")
 def test_a_hostile_database_name_is_one_identifier_on_a_real_server(
     store_clusters: Any, tmp_path: Path
 ) -> None:

@@ -109,6 +109,7 @@ def _drop_role(cluster: StoreCluster, name: str) -> None:
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
+@pytest.mark.safeguard("reshard-110")
 def test_the_logged_restore_line_works_as_printed_after_a_finished_move(
     cnpg_world: CnpgWorld, runner_state_dir: Path, runner_s3: RunnerS3, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
-from reshard.janitor import force_fail_message
+from reshard.janitor import MAX_RESPAWNS, force_fail_message
 from reshard.launchers.capture import CAPTURE_HEADER
 from tests.fixtures.janitor import (
     FakeClock,
@@ -159,7 +159,8 @@ def test_alternating_leaders_keep_counting_and_force_fail_exactly_once_at_the_4t
             launcher.kill(op.id, reason="Error")  # the new runner dies before claiming
         else:
             assert row.state == "failed"
-            assert row.respawn_attempts == 4
+            assert row.respawn_attempts == 3, "it reads as the relaunches the message names"
+            assert f"{MAX_RESPAWNS} times" in row.error
     assert len(launcher.creates(op.id)) == 3
     force_fail_lines = [m for m in op_log(op.id) if "could not be kept alive" in m]
     assert len(force_fail_lines) == 1, "force-fail happens exactly once"

@@ -206,6 +206,7 @@ def test_a_runner_killed_in_place_is_taken_over_and_ends_consistent(
     op = reload(op)
     lines = op_log(op.id)
     assert op.state == "succeeded", (op.error, runner.output(), "\n".join(lines))
+    assert op.step == "finalizing", "a rolled-forward success does not keep its takeover step"
     _assert_restored_in_place(moved, op)
 
 
