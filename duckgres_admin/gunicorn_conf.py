@@ -115,6 +115,8 @@ RESPONSE_WRITE_SECONDS = 30.0
 # The graceful close after a response: drain at most this long / this much, in the poller.
 LINGER_SECONDS = 2.0
 LINGER_MAX_BYTES = 65536
+# At most this many closes linger at once (each holds a descriptor); beyond, the oldest ends now.
+LINGER_MAX_SOCKETS = 1000
 RECV_CHUNK = 65536
 # Of the ``threads``, this many serve only the priority routes (admission.PRIORITY_ROUTE: lease
 # calls, password pulls, probes; and everything on the password-pull port). A priority request
@@ -497,6 +499,8 @@ class BufferedThreadWorker(gthread.ThreadWorker):  # type: ignore[misc]
 
     def _linger_socket(self, sock: socket.socket) -> None:
         """Half-close and drain the client's leftovers (RFC 9112 §9.6) without blocking."""
+        while len(self.lingering) >= LINGER_MAX_SOCKETS:
+            self._end_linger(self.lingering[0][1])
         try:
             sock.shutdown(socket.SHUT_WR)
             sock.setblocking(False)

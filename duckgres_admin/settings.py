@@ -443,9 +443,9 @@ INSTALLED_APPS = [
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # 413/411/417 from the headers, before CSRF or a view reads a body (duckgres_admin/admission.py)
     "duckgres_admin.admission.BodyAdmissionMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before sessions, auth and every view: on the password-pull port only the password route
     # exists, and it exists only there (WhiteNoise above serves only the public /static/ files).
     "duckgres_admin.api.pullport.PullPortMiddleware",

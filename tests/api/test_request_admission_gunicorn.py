@@ -20,12 +20,14 @@ import contextlib
 import html
 import http.client
 import json
+import os
 import re
 import secrets
 import select
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -36,7 +38,7 @@ from django.conf import settings
 from duckgres_admin import admission
 from tests.fixtures.processes import process_env
 from tests.fixtures.rows import new_store, new_warehouse
-from tests.test_static_files import Gunicorn, run_gunicorn
+from tests.test_static_files import Gunicorn, free_port, run_gunicorn
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -235,12 +237,61 @@ def test_stalled_bodies_keep_the_worker_inside_its_buffer_budget(api: Gunicorn):
             sock.close()
 
 
+@pytest.mark.safeguard("reshard-125")
+def test_refused_clients_that_never_close_hold_a_bounded_number_of_descriptors(api: Gunicorn):
+    """A refusal lingers in the poller for the client's leftovers (RFC 9112 §9.6), but at most
+    ``LINGER_MAX_SOCKETS`` at once: clients that never close cannot exhaust descriptors."""
+    from duckgres_admin import gunicorn_conf
+
+    pid = worker_pid(api.proc.pid)
+    idle = len(os.listdir(f"/proc/{pid}/fd"))
+    head = b"POST /api/v1/warehouses HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    clients: list[socket.socket] = []
+    try:
+        started = time.monotonic()
+        for _ in range(gunicorn_conf.LINGER_MAX_SOCKETS + 400):
+            sock = socket.create_connection(("127.0.0.1", api.port), timeout=5)
+            sock.sendall(head)  # answered 411, then never read, never closed
+            clients.append(sock)
+        opened = time.monotonic() - started
+        time.sleep(0.3)
+        held = len(os.listdir(f"/proc/{pid}/fd")) - idle
+        print(f"\n{len(clients)} refused clients opened in {opened:.2f} s: worker holds {held} fds")
+        assert held <= gunicorn_conf.LINGER_MAX_SOCKETS + 20, held
+        # Every one of them got its answer, those whose linger was cut short too.
+        for sock in (clients[0], clients[len(clients) // 2], clients[-1]):
+            assert sock.recv(100).startswith(b"HTTP/1.1 411 ")
+    finally:
+        for sock in clients:
+            sock.close()
+    assert timed(api, "GET", "/livez", expect=200) < PROBE_SECONDS
+
+
 # --- admission answers ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def metered_api(tmp_path: Path, transactional_db: None) -> Iterator[tuple[Gunicorn, int]]:
+    """The shipped gunicorn with its Prometheus exporter on a free port."""
+    port = free_port()
+    env = process_env(DUCKGRES_DEBUG="false", DUCKGRES_API_METRICS_PORT=str(port))
+    with run_gunicorn(env, tmp_path / "gunicorn.log") as running:
+        yield running, port
+
+
+def refusals(metrics_port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+    found = re.findall(
+        rb'^duckgres_api_admission_refusals_total\{reason="([a-z_]+)"\} ([0-9.]+)$', text, re.M
+    )
+    return {reason.decode(): float(value) for reason, value in found}
+
+
 @pytest.mark.safeguard("reshard-126")
-def test_the_head_alone_is_answered_and_no_body_is_waited_for(api: Gunicorn):
-    """Each answer arrives at once although no body byte is ever sent."""
+def test_the_head_alone_is_answered_and_no_body_is_waited_for(metered_api: tuple[Gunicorn, int]):
+    """Each answer arrives at once although no body byte is ever sent; each is counted, and
+    logged once per reason and minute."""
+    api, metrics_port = metered_api
     max_body = int(settings.DUCKGRES_API_MAX_BODY_BYTES)
     post = "POST /api/v1/warehouses HTTP/1.1\r\nHost: x\r\n"
     cases = [
@@ -259,10 +310,18 @@ def test_the_head_alone_is_answered_and_no_body_is_waited_for(api: Gunicorn):
         ),
     ]
     for fields, status, message in cases:
-        started = time.monotonic()
-        answer = raw_exchange(api, (post + fields + "\r\n").encode())
-        assert status_and_error(answer) == (status, message), (fields[:60], answer[:300])
-        assert time.monotonic() - started < PROBE_SECONDS
+        for _ in range(2):
+            started = time.monotonic()
+            answer = raw_exchange(api, (post + fields + "\r\n").encode())
+            assert status_and_error(answer) == (status, message), (fields[:60], answer[:300])
+            assert time.monotonic() - started < PROBE_SECONDS
+    counted = refusals(metrics_port)
+    reasons = ("too_large", "length_required", "expectation", "bad_length", "head_too_large")
+    assert {r: counted[r] for r in reasons} == dict.fromkeys(reasons, 2.0), counted
+    assert counted["budget"] == 0
+    lines = [line for line in api.log_text().splitlines() if "refused before its body" in line]
+    assert len(lines) == len(reasons), lines  # the second of each reason within the minute: not
+    assert all("from 127.0.0.1; 0 more refused for this reason" in line for line in lines), lines
     # 100-continue: the worker sends "100 Continue" once the body is admitted, exactly once.
     sock = socket.create_connection(("127.0.0.1", api.port), timeout=5)
     try:
