@@ -24,9 +24,12 @@ def _columns(instance: models.Model) -> dict[str, Any]:
 
 def op_json(op: ReshardOperation) -> dict[str, Any]:
     """Every §2.5 column; there is no password column, so none can appear. The local pull
-    credential's digest is left out too (it is a verifier, of no use to a reader)."""
+    credential's digest is left out too (it is a verifier, of no use to a reader). Besides
+    ``kind`` (a column: ``reshard`` or ``restore``), ``in_place`` says whether a restore goes
+    onto the store the warehouse is on (``ReshardOperation.in_place``; false for a reshard)."""
     data = _columns(op)
     data.pop("password_pull_digest", None)
+    data["in_place"] = op.in_place
     return data
 
 

@@ -56,11 +56,13 @@ def _page(rows: list[Any], limit: int) -> tuple[list[Any], bool]:
     return rows[:limit], len(rows) > limit
 
 
+START_FIELDS = ("target", "drain_timeout_seconds", "cutover_timeout_seconds", "dry_run")
+RESTORE_FIELDS = ("backup_key", *START_FIELDS)
+
+
 def _parse_start(data: Any) -> StartRequest:
     body = v.as_object(data)
-    v.reject_unknown(
-        body, ("target", "drain_timeout_seconds", "cutover_timeout_seconds", "dry_run")
-    )
+    v.reject_unknown(body, START_FIELDS)
     if "target" not in body:
         raise v.body_error("target", "required")
     target = v.as_object(body["target"], "target")
@@ -167,6 +169,9 @@ class RestoreStartView(_StartView):
         data = request.data
         self.note_dry_run(data)
         body = dict(v.as_object(data))
+        # Unknown fields first, as a reshard start answers them: a misspelt ``backup_kee`` is
+        # named, not reported as a missing ``backup_key``.
+        v.reject_unknown(body, RESTORE_FIELDS)
         key = v.string(body, "backup_key", required=True, max_length=1024) or ""
         body.pop("backup_key", None)
         start = _parse_start(body)

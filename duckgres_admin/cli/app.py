@@ -227,13 +227,21 @@ def _target(
     return target
 
 
+def kind_label(op: dict[str, Any], default: str = "reshard") -> str:
+    """What an operation is, as the CLI names it: ``reshard``, ``restore`` or ``in-place
+    restore`` (the API's ``kind`` and ``in_place``; an API without them: ``default``)."""
+    if op.get("kind") == "restore":
+        return "in-place restore" if op.get("in_place") else "restore"
+    return str(op.get("kind") or default)
+
+
 def _op_line(op: dict[str, Any]) -> str:
     source = op.get("from_shard") or op.get("source_endpoint") or op.get("source_kind") or "?"
     target = op.get("to_shard") or op.get("target_endpoint") or op.get("target_kind") or "?"
     step = op.get("step") or "-"
     error = f"  {op['error']}" if op.get("error") else ""
     return (
-        f"{op.get('id')}\t{op.get('org_id')}\t{op.get('state')}\t{step}\t"
+        f"{op.get('id')}\t{op.get('org_id')}\t{kind_label(op)}\t{op.get('state')}\t{step}\t"
         f"{source} -> {target}\t{op.get('created_at')}{error}"
     )
 
@@ -316,7 +324,8 @@ def _start_and_report(
         if state.output == "json" and not follow_after:
             _emit_json(doc)
         elif state.output != "json":
-            _emit(f"started {what} {doc.get('id')} of org {doc.get('org_id')}: {doc.get('state')}")
+            label = kind_label(doc, what)
+            _emit(f"started {label} {doc.get('id')} of org {doc.get('org_id')}: {doc.get('state')}")
         if follow_after:
             return _follow(int(doc["id"]), deadline=deadline, interval=2.0)
         return EXIT_OK
@@ -343,7 +352,7 @@ def reshard_list(org: str, op_state: str | None, limit: int | None, before: int 
         if _state().output == "json":
             _emit_json(doc)
             return EXIT_OK
-        _emit("id\torg\tstate\tstep\tsource -> target\tcreated_at")
+        _emit("id\torg\tkind\tstate\tstep\tsource -> target\tcreated_at")
         for op in doc.get("operations", []):
             _emit(_op_line(op))
         if doc.get("next_before") is not None:
@@ -403,9 +412,11 @@ def _follow(op_id: int, *, deadline: float, interval: float) -> int:
     end = time.monotonic() + deadline if deadline > 0 else None
     after = 0
     failures = 0
+    label = "operation"  # until the first read says which kind it is
     while True:
         try:
             op = client.call("GET", f"reshards/{op_id}").body or {}
+            label = kind_label(op)
             while True:
                 page = (
                     client.call(
@@ -437,11 +448,11 @@ def _follow(op_id: int, *, deadline: float, interval: float) -> int:
                 click.echo(state.scrub(json.dumps({"operation": op}, sort_keys=True, default=str)))
             else:
                 error = f": {op['error']}" if op.get("error") else ""
-                _emit(f"reshard {op_id} {op_state}{error}")
+                _emit(f"{label} {op_id} {op_state}{error}")
             return EXIT_OK if op_state == "succeeded" else EXIT_OP_NOT_SUCCEEDED
         if end is not None and time.monotonic() >= end:
             raise CliError(
-                f"follow: the deadline of {deadline:g} s passed; reshard {op_id} is still "
+                f"follow: the deadline of {deadline:g} s passed; {label} {op_id} is still "
                 f"{op_state or 'unknown'}",
                 EXIT_DEADLINE,
             )

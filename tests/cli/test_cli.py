@@ -36,8 +36,8 @@ def test_start_list_show_cancel_follow_and_exit_codes(cli, reshardable):
 
     listed = cli("reshard", "list", "--org", org)
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.splitlines()[0].startswith("id\torg\tstate")
-    assert f"{op_id}\t{org}\tpending" in listed.stdout
+    assert listed.stdout.splitlines()[0].startswith("id\torg\tkind\tstate")
+    assert f"{op_id}\t{org}\treshard\tpending" in listed.stdout
     listed_json = cli("-o", "json", "reshard", "list", "--org", org, "--state", "pending")
     assert [o["id"] for o in json.loads(listed_json.stdout)["operations"]] == [op_id]
 
