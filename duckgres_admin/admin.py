@@ -63,7 +63,15 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseTrino,
 )
-from reshard import backups, drains, dryrun, operations, restores, selectors
+from reshard import (
+    backups,
+    drains,
+    dryrun,
+    operations,
+    restore_test_requests,
+    restores,
+    selectors,
+)
 from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
@@ -520,6 +528,11 @@ class WarehouseAdmin(ReadOnlyAdmin):
                 self.admin_site.admin_view(self.restore_view),
                 name="duckgres_warehouse_restore",
             ),
+            path(
+                "<str:org>/backups/restore-test/",
+                self.admin_site.admin_view(self.restore_test_view),
+                name="duckgres_warehouse_restore_test",
+            ),
         ]
         return own + super().get_urls()
 
@@ -540,8 +553,32 @@ class WarehouseAdmin(ReadOnlyAdmin):
             "org": org,
             "listing": listing,
             "error": error,
+            "can_act": roles.can_act(request),
         }
         return TemplateResponse(request, "admin/duckgres_admin/warehouse/backups.html", context)
+
+    def restore_test_view(self, request: HttpRequest, org: str) -> HttpResponse:
+        """Queue a restore test of one backup (``key``; empty: the newest) — the API's service
+        (docs/backup.md "On demand"), audited ``backup.restore_test``; back to the backups."""
+        roles.require_act(request)
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        key = request.POST.get("key", "").strip()[:1024]
+        try:
+            queued = restore_test_requests.queue_restore_test(
+                org_id=org, key=key, actor=roles.user_email(request.user)
+            )
+        except ServiceError as exc:
+            _audit(request, "backup.restore_test", org, exc.status, exc.message)
+            messages.error(request, f"restore test not queued ({exc.status}): {exc.message}")
+        else:
+            _audit(request, "backup.restore_test", org, 202, queued.description)
+            messages.success(
+                request,
+                f"{queued.description}; the result shows here (verified) once the default "
+                "worker ran it",
+            )
+        return HttpResponseRedirect(reverse("admin:duckgres_warehouse_backups", args=[org]))
 
     def restore_view(self, request: HttpRequest, org: str) -> HttpResponse:
         """Restore one of the org's backups: plan (the dry run), then confirm (docs/restore.md)."""

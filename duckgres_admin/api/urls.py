@@ -25,6 +25,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
         name="warehouse-backups",
     ),
     path(
+        "warehouses/<str:org>/backups/restore-test",
+        views.RestoreTestView.as_view(),
+        name="backup-restore-test",
+    ),
+    path(
         "warehouses/<str:org>/trino",
         trino_views.WarehouseTrinoView.as_view(),
         name="warehouse-trino",

@@ -29,7 +29,17 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from duckgres_admin.models.stores import TlsPolicy
-from reshard import backups, dryrun, leases, operations, restores, selectors, warehouses
+from reshard import (
+    backups,
+    dryrun,
+    leases,
+    operations,
+    restore_test_requests,
+    restores,
+    selectors,
+    warehouses,
+)
+from reshard.backup import KEY_PREFIX
 from reshard.binding_catalog import FORCE_FLAG
 from reshard.start_checks import StartRequest, TargetRequest
 from trino_pools import config
@@ -653,6 +663,45 @@ class WarehouseBackupsView(ApiView):
         if retention not in (None, "plan"):
             raise ServiceError(400, "invalid query: retention: must be plan")
         return Response(backups.backups_for_org(org, with_plan=retention == "plan"))
+
+
+class RestoreTestView(ApiView):
+    """``POST /warehouses/<org>/backups/restore-test`` (docs/api.md "Restore tests on
+    demand"): queue the restore test of one backup; the default worker runs it."""
+
+    audit_action = "backup.restore_test"
+    parser_classes: ClassVar[list[Any]] = [BoundedJSONParser]  # type: ignore[misc]
+
+    @extend_schema(
+        operation_id="backup_restore_test",
+        request=OBJ,
+        responses={202: OBJ, 500: OBJ, 502: OBJ, 503: OBJ, **BODY_ERRORS},
+        description=(
+            'Queue the restore test of one of the org\'s backups (docs/backup.md "On demand"): '
+            '`{"backup_key": "<key>"}`, or an empty body for the newest backup of an ended '
+            "operation. Internal secret or staff admin. 202 with the backup, the store and the "
+            "task id; the default worker restores it into a scratch database and records the "
+            "result (replacing an earlier one). 409 `restore_test_disabled` when "
+            "DUCKGRES_RESTORE_TEST_STORE is empty (nothing queued), 404 for a key that is not "
+            "this warehouse's backup, 409 when its operation is still active."
+        ),
+    )
+    def post(self, request: Request, org: str) -> Response:
+        body = v.as_object(request.data or {})
+        v.reject_unknown(body, ("backup_key",))
+        key = v.string(body, "backup_key", max_length=1024, strip=True)
+        if key and not key.startswith(KEY_PREFIX):
+            raise v.body_error(
+                "backup_key",
+                f"must be a key under {KEY_PREFIX} (GET /api/v1/warehouses/<org>/backups lists "
+                "them), or absent for the newest backup",
+            )
+        assert self.identity is not None
+        queued = restore_test_requests.queue_restore_test(
+            org_id=org, key=key, actor=self.identity.actor
+        )
+        self.audit_detail = queued.description
+        return Response(queued.body(), status=202)
 
 
 class MetadataStoreListView(ApiView):

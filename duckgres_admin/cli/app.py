@@ -499,6 +499,13 @@ def restore() -> None:
     """Restores of a warehouse's catalog from a backup."""
 
 
+def _backup_key(backup: str) -> str:
+    """A backup as ``duckgres backups list`` shows it: its key, or its ``s3://`` URI."""
+    if backup.startswith("s3://"):
+        return backup.removeprefix("s3://").partition("/")[2]
+    return backup
+
+
 @restore.command("start")
 @click.argument("org")
 @click.option(
@@ -529,9 +536,7 @@ def restore_start(
 ) -> int:
     """Restore one of ORG's backups onto a store, in place when it is ORG's own
     (POST /warehouses/<org>/restores)."""
-    key = backup
-    if backup.startswith("s3://"):
-        key = backup.removeprefix("s3://").partition("/")[2]
+    key = _backup_key(backup)
     body: dict[str, Any] = {"backup_key": key, "target": {"type": "cnpg", "cnpg_shard": to_shard}}
     if drain_timeout is not None:
         body["drain_timeout_seconds"] = drain_timeout
@@ -587,6 +592,45 @@ def backups_list(org: str, retention_plan: bool) -> int:
         return EXIT_OK
 
     return _run(action)
+
+
+@backups.command("test")
+@click.argument("org")
+@click.option(
+    "--key",
+    "backup",
+    default=None,
+    help="The backup to test: its key or s3:// URI, as `duckgres backups list ORG` shows "
+    "them. Default: ORG's newest backup of an ended operation.",
+)
+@output_option
+def backups_test(org: str, backup: str | None) -> int:
+    """Queue a restore test of one of ORG's backups (POST /warehouses/<org>/backups/
+    restore-test); the default worker runs it and records the result."""
+    body: dict[str, Any] = {"backup_key": _backup_key(backup)} if backup else {}
+
+    def text(doc: Any) -> list[str]:
+        previous = doc.get("previous") or {}
+        before = {None: "never tested", True: "passed", False: "failed"}.get(
+            previous.get("verified"), "?"
+        )
+        if previous.get("verified_at"):
+            before += f" at {previous['verified_at']}"
+        return [
+            f"queued a restore test of {doc.get('uri')} (operation {doc.get('op_id')}; until "
+            f"now {before}) on store {doc.get('store')}: task {doc.get('task_id')}",
+            f"once the default worker ran it, its result (replacing any earlier one) shows in "
+            f"`duckgres backups list {org}` (verified) and in the operation's log "
+            f"(`duckgres reshard follow {doc.get('op_id')}`)",
+        ]
+
+    return call_and_print(
+        "POST",
+        f"warehouses/{_seg(org)}/backups/restore-test",
+        what="backups test",
+        body=body,
+        text=text,
+    )
 
 
 __all__ = ["EXIT_USAGE", "call_and_print", "cli", "output_option"]

@@ -10,23 +10,27 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
-from duckgres_admin.models import BackupVerification, Operator
+from duckgres_admin.models import AuditRecord, BackupVerification, Operator
 from reshard import retention
 from reshard.backup import backup_key
+from tests.fixtures.api import Published, published
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
-from tests.fixtures.rows import unique
+from tests.fixtures.rows import new_store, unique
 from tests.fixtures.s3 import S3Bucket
 
 pytestmark = pytest.mark.django_db
+assert published  # autouse: every Celery message sent in these tests, on an in-memory broker
 
 
-def _viewer(client: Any, *, disabled: bool = False) -> Any:
+def _viewer(client: Any, *, disabled: bool = False, role: str = "") -> Any:
     name = unique("viewer")
     user = get_user_model().objects.create_user(
         name, f"{name}@example.com", "pw-for-tests", is_staff=True
     )
-    if disabled:
-        Operator.objects.create(email=f"{name}@example.com", role="viewer", disabled=True)
+    if disabled or role:
+        Operator.objects.create(
+            email=f"{name}@example.com", role=role or "viewer", disabled=disabled
+        )
     client.force_login(user)
     return client
 
@@ -121,3 +125,49 @@ def test_a_restore_operation_is_shown_as_one(client: Any, bucket: S3Bucket) -> N
     listed = viewer.get("/admin/duckgres_admin/reshardoperation/?kind=restore").content.decode()
     assert f"/admin/duckgres_admin/reshardoperation/{restore.id}/change/" in listed
     assert f"/admin/duckgres_admin/reshardoperation/{made.id}/change/" not in listed
+
+
+@pytest.mark.safeguard("reshard-119")
+def test_an_admin_queues_a_restore_test_from_the_backups_page(
+    client: Any, bucket: S3Bucket, published: Published, settings: Any
+) -> None:
+    scratch = new_store()
+    wh = warehouse_with_bucket(bucket.bucket)
+    old, new = op_in_state(wh, "succeeded"), op_in_state(wh, "succeeded")
+    old_key = put_object(bucket, backup_key(old.id))
+    new_key = put_object(bucket, backup_key(new.id))
+    action = f"/admin/duckgres_admin/warehouse/{wh.org_id}/backups/restore-test/"
+
+    viewer = _viewer(client)
+    assert action not in viewer.get(_page(wh.org_id)).content.decode(), "no button for a viewer"
+    assert viewer.post(action, {"key": old_key}).status_code == 403
+    client.logout()
+
+    admin = _viewer(client, role="admin")
+    html = admin.get(_page(wh.org_id)).content.decode()
+    assert html.count(f'action="{action}"') == 3, "one per backup and one for the newest"
+
+    settings.DUCKGRES_RESTORE_TEST_STORE = ""
+    off = admin.post(action, {"key": ""}, follow=True)
+    assert "Restore test not queued (409): no restore-test store is configured" in (
+        off.content.decode()
+    )
+    assert published.messages == []
+
+    settings.DUCKGRES_RESTORE_TEST_STORE = scratch.name
+    queued = admin.post(action, {"key": old_key})
+    assert (queued.status_code, queued["Location"]) == (302, _page(wh.org_id))
+    shown = admin.get(_page(wh.org_id)).content.decode()
+    assert f"Restore test of s3://{bucket.bucket}/{old_key} (op {old.id}; until now never" in shown
+    newest = admin.post(action, {"key": ""})
+    assert newest.status_code == 302
+    assert [(m["headers"]["task"], m["body"][1]) for m in published.messages] == [
+        ("reshard.backup_restore_test", {"org_id": wh.org_id, "backup_key": k, "op_id": o.id})
+        for k, o in ((old_key, old), (new_key, new))
+    ]
+    assert list(
+        AuditRecord.objects.filter(action="backup.restore_test", source="django")
+        .order_by("id")
+        .values_list("status", "org_id")
+    ) == [(409, wh.org_id), (202, wh.org_id), (202, wh.org_id)]
+    assert admin.get(action).status_code == 405
