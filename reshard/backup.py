@@ -473,7 +473,7 @@ def restore_command(
     script = "\n".join(
         (
             f"\\getenv pw {RESTORE_PASSWORD_VAR}",
-            f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+            f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
             "NOREPLICATION NOBYPASSRLS PASSWORD :'pw';",
             f"GRANT {owner} TO CURRENT_USER;",
             f"CREATE DATABASE {database} OWNER {owner} TEMPLATE template0;",

@@ -509,13 +509,8 @@ class Janitor:
         blocked_msg = force_fail_message(op.id, blocked=True, step=_STEP_PLACEHOLDER)
         never_msg = force_fail_message(op.id, blocked=False)
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                _FORCE_FAIL_SQL,
-                [
-                    MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id,
-                    *needs_runner_params(),
-                ],  # fmt: skip
-            )
+            params = [MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id]
+            cursor.execute(_FORCE_FAIL_SQL, [*params, *needs_runner_params()])
             row = cursor.fetchone()
             if row is not None:
                 cursor.execute(_CLOSE_STEPS_SQL, [op.id])
