@@ -509,7 +509,9 @@ class Janitor:
         blocked_msg = force_fail_message(op.id, blocked=True, step=_STEP_PLACEHOLDER)
         never_msg = force_fail_message(op.id, blocked=False)
         with transaction.atomic(), connection.cursor() as cursor:
-            params = [MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id]
+            params: list[int | str] = [
+                MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id,
+            ]  # fmt: skip
             cursor.execute(_FORCE_FAIL_SQL, [*params, *needs_runner_params()])
             row = cursor.fetchone()
             if row is not None:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 from psycopg import sql
 
 from duckgres_admin.base.errors import ServiceError
@@ -144,7 +145,14 @@ def test_recovery_drops_nothing_in_a_target_its_operation_never_claimed(
     cluster = world.catalog.cluster
     op = start_restore(moved, world.source_store.name)
     _plant(cluster, world.catalog.database, world.catalog.role)
-    ReshardOperation.objects.filter(pk=op.id).update(step="copying", state="running")
+    # As a runner killed mid-restore leaves it: the warehouse blocked, the binding on A.
+    ReshardOperation.objects.filter(pk=op.id).update(
+        step="copying", state="running", blocked_at=timezone.now(),
+        target_rendered_at=timezone.now(),  # rendered, but no claim recorded (an older version)
+    )  # fmt: skip
+    Warehouse.objects.filter(org_id=world.op.org_id).update(
+        state="resharding", metadata_store_id=world.source_store.name
+    )
     backdate(op.id)
     with connection.cursor() as cursor:  # as the janitor's force-fail leaves it
         cursor.execute(
@@ -162,3 +170,5 @@ def test_recovery_drops_nothing_in_a_target_its_operation_never_claimed(
     assert any("was not created or adopted empty by this operation" in line for line in lines)
     assert not any(line.startswith("dropped ducklake_") for line in lines), lines
     _strangers_intact(cluster, world.catalog.database)
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready"), "B again"
