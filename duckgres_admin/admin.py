@@ -645,6 +645,7 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
         "host",
         "port",
         "sslmode",
+        "tls_label",
         "pooler_host",
         "pooler_port",
         "provisioner_user",
@@ -671,6 +672,13 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
     def tenants(self, store: MetadataStore) -> int:
         return Warehouse.objects.filter(metadata_store=store).count()
 
+    @admin.display(description="TLS policy", ordering="tls_policy")
+    def tls_label(self, store: MetadataStore) -> str:
+        """``verify-full only``, or the explicit opt-in with its reason (safeguard reshard-133)."""
+        if not store.allows_weaker_tls:
+            return "verify-full only"
+        return f"allow-weaker: {store.tls_policy_reason}"
+
     @admin.display(description="drain")
     def drain_label(self, store: MetadataStore) -> str:
         drain_id = getattr(store, "active_drain_id", None)
@@ -682,7 +690,6 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
 
 
 # --- store drains -------------------------------------------------------------------------------
-        "tls_label",
 
 # The progress column: the service's counts (``reshard.drains.progress``) under operator labels;
 # any other non-zero count (``cancelled``) follows, so the parts always add up to the items.
@@ -708,13 +715,6 @@ def drain_actions(drain: StoreDrain) -> list[str]:
     """The transitions the drain's state allows (the service's own table; it re-checks by
     compare-and-set, so this only chooses the buttons)."""
     return drains.actions_allowed(drain.state)
-
-    @admin.display(description="TLS policy", ordering="tls_policy")
-    def tls_label(self, store: MetadataStore) -> str:
-        """``verify-full only``, or the explicit opt-in with its reason (safeguard reshard-133)."""
-        if not store.allows_weaker_tls:
-            return "verify-full only"
-        return f"allow-weaker: {store.tls_policy_reason}"
 
 
 @admin.register(StoreDrain)

@@ -436,6 +436,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "knox",
     "drf_spectacular",
     "django_celery_beat",
     "axes",
@@ -505,7 +506,6 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(_static_root)
 STATIC_MANIFEST = _static_storage == "manifest" or (
     _static_storage == "auto" and (IS_COLLECTSTATIC or (STATIC_ROOT / "staticfiles.json").is_file())
-    "knox",
 )
 STORAGES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -564,6 +564,14 @@ REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
+# Personal tokens: stored as SHA-512 digests, never refreshed by use (a request writes nothing),
+# sent as `Authorization: Token <token>` (the runner's own credential is a Bearer one).
+REST_KNOX: dict[str, Any] = {
+    "TOKEN_TTL": timedelta(days=DUCKGRES_API_TOKEN_TTL_DAYS),
+    "AUTO_REFRESH": False,
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_PREFIX": "dgadm_",
+}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Duckgres Admin API",
     "VERSION": "1",
@@ -587,12 +595,4 @@ LOGGING: dict[str, Any] = {
         # django-axes: its per-attempt INFO lines would be a flood during a lockout.
         "axes": {"level": "WARNING"},
     },
-}
-# Personal tokens: stored as SHA-512 digests, never refreshed by use (a request writes nothing),
-# sent as `Authorization: Token <token>` (the runner's own credential is a Bearer one).
-REST_KNOX: dict[str, Any] = {
-    "TOKEN_TTL": timedelta(days=DUCKGRES_API_TOKEN_TTL_DAYS),
-    "AUTO_REFRESH": False,
-    "AUTH_HEADER_PREFIX": "Token",
-    "TOKEN_PREFIX": "dgadm_",
 }
