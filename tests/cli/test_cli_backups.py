@@ -22,7 +22,7 @@ from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
 from reshard import verify
 from reshard.backup import backup_key
-from tests.fixtures.backups_listing import bucket, op_in_state, warehouse_with_bucket
+from tests.fixtures.backups_listing import bucket, op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
@@ -49,8 +49,8 @@ def test_backups_list_prints_this_orgs_backups(
     )
     op = new_op(wh, to_store=new_store(), state="succeeded", finished_at=timezone.now())
     key = backup_key(op.id)
-    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"dump")
-    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=backup_key(99_999_999), Body=b"x")
+    put_object(s3_bucket, key, size=4)  # recorded on its operation, as the runner records it
+    put_object(s3_bucket, backup_key(99_999_999), size=1)  # an id this installation does not know
 
     listed = cli("backups", "list", wh.org_id)
     assert listed.returncode == 0, listed.stderr
@@ -92,7 +92,7 @@ def test_restore_start_against_the_live_api(
     )
     op = new_op(wh, to_store=there, state="succeeded", finished_at=timezone.now())
     key = backup_key(op.id)
-    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"dump")
+    put_object(s3_bucket, key, size=4)
     uri = f"s3://{s3_bucket.bucket}/{key}"
 
     # The dry run: the backup's facts, and the reshard's preflight (this warehouse's catalog
