@@ -101,6 +101,7 @@ class CatalogPair:
                 user=cluster.provisioner_user,
                 password=cluster.provisioner_password,
                 sslmode=cluster.sslmode,
+                sslrootcert=cluster.sslrootcert,  # the test CA with verify-full
                 connect_timeout=10,
                 application_name=self.app,
                 autocommit=True,
