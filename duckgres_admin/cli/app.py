@@ -573,18 +573,27 @@ def backups_list(org: str, retention_plan: bool) -> int:
         if _state().output == "json":
             _emit_json(doc)
             return EXIT_OK
-        header = "key\tsize\tlast_modified\top\tstate\tverified"
+        header = "key\tsize\tlast_modified\top\tstate\tsha256\tverified"
         _emit(header + ("\tretention" if retention_plan else ""))
         for b in doc.get("backups", []):
             verified = "-" if b.get("verified") is None else str(b.get("verified")).lower()
             line = (
                 f"{b.get('key')}\t{b.get('size')}\t{b.get('last_modified')}\t{b.get('op_id')}\t"
-                f"{b.get('op_state')}\t{verified}"
+                f"{b.get('op_state')}\t{str(b.get('sha256') or '-')[:12]}\t{verified}"
             )
             if retention_plan:
                 decision = b.get("retention") or {}
                 line += f"\t{decision.get('action')}: {decision.get('reason')}"
             _emit(line)
+        for changed in doc.get("changed_objects") or []:
+            _emit(f"not listed, changed since it was recorded: {changed.get('key')}: "
+                  f"{changed.get('reason')}")  # fmt: skip
+        if doc.get("unrecorded_objects"):
+            _emit(
+                f"({doc['unrecorded_objects']} object(s) of this org's operations are not "
+                "recorded backups (a killed attempt's, or not written by the product): not "
+                "listed)"
+            )
         if doc.get("truncated"):
             _emit(f"(listing truncated at {doc.get('max_listed_objects')} objects)")
         if retention_plan and doc.get("retention"):

@@ -6,6 +6,7 @@ real store clusters, and how a restore is named by ``reshard list`` and ``--foll
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import subprocess
@@ -51,14 +52,21 @@ def test_backups_list_prints_this_orgs_backups(
     key = backup_key(op.id)
     put_object(s3_bucket, key, size=4)  # recorded on its operation, as the runner records it
     put_object(s3_bucket, backup_key(99_999_999), size=1)  # an id this installation does not know
+    # A killed attempt's complete object of the same operation: never recorded, never listed.
+    attempt = backup_key(op.id, timezone.now() + dt.timedelta(seconds=2))
+    put_object(s3_bucket, attempt, size=4, record=False)
 
     listed = cli("backups", "list", wh.org_id)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == "key\tsize\tlast_modified\top\tstate\tverified"
-    assert len(lines) == 2
+    assert lines[0] == "key\tsize\tlast_modified\top\tstate\tsha256\tverified"
+    sha = ReshardOperation.objects.get(pk=op.id).backup_sha256
     assert lines[1].startswith(f"{key}\t4\t")
-    assert lines[1].endswith(f"\t{op.id}\tsucceeded\t-")
+    assert lines[1].endswith(f"\t{op.id}\tsucceeded\t{sha[:12]}\t-")
+    assert lines[2:] == [
+        "(1 object(s) of this org's operations are not recorded backups (a killed attempt's, "
+        "or not written by the product): not listed)"
+    ]
 
     planned = cli("backups", "list", wh.org_id, "--retention-plan")
     assert planned.returncode == 0, planned.stderr
