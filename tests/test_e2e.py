@@ -362,7 +362,7 @@ def test_external_target_password_is_never_at_rest(
                     "endpoint": f"{external.cluster.host}:{external.cluster.port}",
                     "user": external.role,
                     "database": external.database,
-                    "sslmode": "require",
+                    "sslmode": external.cluster.sslmode,  # verify-full with the test CA
                     "password_secret_ref": external.password_ref,
                     "password": password,
                 }
