@@ -25,8 +25,9 @@ Also here, because submit and runner share them:
   role statement.
 - **One warehouse per catalog** (:func:`other_binding`): no two live warehouses are bound to
   the same database on the same server (same cnpg store, or a shared ``host:port``).
-- **Store hosts** (:func:`host_refusal`): no address in ``DUCKGRES_STORE_HOST_DENYLIST``
-  (link-local, cloud metadata, "any"), literal or resolved.
+- **Store hosts** (:func:`host_refusal`): a DNS name or one literal address (``lib.hosts``, no
+  host list, socket path or zone id), a name that resolves, and no address in
+  ``DUCKGRES_STORE_HOST_DENYLIST`` (link-local, cloud metadata, "any"), literal or resolved.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from duckgres_admin.lib import pgadmin
+from duckgres_admin.lib import hosts, pgadmin
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import (
     ACTIVE_STATES,
@@ -405,12 +406,17 @@ def op_role_refusal(
 def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | None:
     """Why ``host`` may not be a metadata store's address (None: it may).
 
-    A literal address is checked as is; a name is resolved (``getaddrinfo``) and every address
-    it resolves to is checked. A name that does not resolve now is not judged (it may be
-    created after the store is registered; connecting to it would fail anyway)."""
-    text = host.strip().strip("[]")
-    if not text:
+    First the syntax rule (``lib.hosts``: a DNS name or one literal address; no host list,
+    socket path or zone id; safeguard reshard-136). A literal address is then checked as is; a
+    name is resolved (``getaddrinfo``) and every address it resolves to is checked. A name that
+    does not resolve is refused (``resolve=False`` skips resolution: syntax and literal checks
+    only). An empty ``host`` is "not given" (None): callers require it where it is required."""
+    if not host:
         return None
+    syntax = hosts.syntax_refusal(field_name, host)
+    if syntax is not None:
+        return syntax
+    text = host.rstrip(".")  # an absolute name is judged as the name
     fix = (
         "link-local, cloud metadata and wildcard addresses (DUCKGRES_STORE_HOST_DENYLIST) are "
         "never metadata stores; use the server's own address"
@@ -419,7 +425,7 @@ def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | N
     if network is not None:
         return f"{field_name}: {text} is in the denied network {network}: {fix}"
     try:
-        ipaddress.ip_address(text.split("%", 1)[0])
+        ipaddress.ip_address(text)
         return None  # a literal address that is not denied
     except ValueError:
         pass
@@ -427,8 +433,11 @@ def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | N
         return None
     try:
         infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return None
+    except (OSError, UnicodeError) as exc:
+        return (
+            f"{field_name}: {text} did not resolve ({exc}): give a name this control plane "
+            "resolves (its DNS, its cluster's service names) or the server's address"
+        )
     for info in infos:
         address = str(info[4][0])
         network = pgadmin.denied_network(address)

@@ -582,7 +582,8 @@ def open_external_target(target: ExternalTarget, password: str) -> identity.PgCo
             application_name="duckgres-admin-submit",
             connect_timeout=PROBE_TIMEOUT_SECONDS,
         )
-        conn.execute("SELECT 1")
+        with pgadmin.socket_deadline(conn, PROBE_TIMEOUT_SECONDS):  # reshard-139
+            conn.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - reported without the password (scrubbed)
         if conn is not None:
             conn.close()

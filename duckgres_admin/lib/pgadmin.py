@@ -48,17 +48,32 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   order) while ``host`` stays the name, so TLS still verifies the name. A name whose DNS answer
   changes between a check and the connection (rebinding) can therefore never steer a session,
   a password or ``pg_dump`` to a denied address: a denied answer fails the connection
-  (:class:`DeniedStoreAddress`) before any packet is sent to it.
+  (:class:`DeniedStoreAddress`) before any packet is sent to it. The host itself must pass the
+  syntax rule of ``lib.hosts`` (safeguard reshard-136: no comma list, socket directory or zone
+  id), else :class:`InvalidStoreHost`.
+
+- **No hostile server holds a caller for ever** (safeguard reshard-139). Every connection sets
+  ``connect_timeout`` (per address: a name pinned to k addresses may take k times it) and TCP
+  keepalives with ``tcp_user_timeout`` (:func:`socket_params`): a peer that vanishes (network
+  partition, powered off) is detected within about a minute even in the middle of a statement.
+  A live peer that accepts and never answers, or answers the login and then stalls, is not
+  caught by keepalives (its kernel acknowledges them): the login is bounded by
+  ``connect_timeout``, and a probe's query by :func:`socket_deadline`, which shuts the socket
+  down when its time is up (a cancel request would go to the same server, which may ignore it).
+  :func:`probe` is bounded in total by ``connect_timeout`` per address plus ``query_seconds``.
 
 Auth failures are classified so waits can report a stranded password with its remedy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
 import ssl
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +81,7 @@ import psycopg
 from django.conf import settings
 from psycopg import pq
 
-from duckgres_admin.lib import endpoints, secretrefs
+from duckgres_admin.lib import endpoints, hosts, secretrefs
 
 AUTH_SQLSTATES = frozenset({"28P01", "28000"})
 AUTH_TEXTS = ("sasl authentication failed", "password authentication failed")
@@ -81,6 +96,14 @@ REQUIRE_AUTH_MIN_LIBPQ = 16  # the first libpq that knows require_auth
 CHANNEL_BINDING_MIN_LIBPQ = 13  # the first libpq that knows channel_binding
 CHANNEL_BINDING_EXEMPT_SETTING = "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT"
 SYSTEM_ROOTCERT = "system"
+# Dead-peer detection on every connection (safeguard reshard-139): keepalive probes after 30 s
+# of silence, every 10 s, 3 unanswered ones end it; data unacknowledged for 60 s ends it too.
+KEEPALIVES_IDLE = 30
+KEEPALIVES_INTERVAL = 10
+KEEPALIVES_COUNT = 3
+TCP_USER_TIMEOUT_MS = 60_000
+# The bound of a probe's query (a server that answers the login and then stalls).
+PROBE_QUERY_SECONDS = 8.0
 # Statements of connections opened without explicit limits (the API's identity reads, the
 # backup's fact read): a minute is far more than any of them needs.
 DEFAULT_STATEMENT_TIMEOUT = 60.0
@@ -96,6 +119,11 @@ class LibpqTooOld(psycopg.OperationalError):
 
 class DeniedStoreAddress(psycopg.OperationalError):
     """The store's host is, or resolves to, a denied address; nothing was sent to it."""
+
+
+class InvalidStoreHost(psycopg.OperationalError):
+    """The store's host is not a DNS name or one literal address (``lib.hosts``); nothing was
+    resolved or sent."""
 
 
 class CannotRefuseCleartext(psycopg.OperationalError):
@@ -128,19 +156,21 @@ def denied_network(address: str) -> Network | None:
 
 
 def pinned_host(host: str, port: int) -> dict[str, str]:
-    """libpq ``host``/``hostaddr`` for ``host``: a literal address (or a socket directory) as
-    is, a name resolved once with each address checked and pinned (see the module rules).
-    A name that does not resolve is passed on unpinned: libpq then fails to resolve it too."""
-    text = host.strip()
-    if not text or text.startswith("/"):
-        return {"host": host}
-    literal = text.strip("[]")
+    """libpq ``host``/``hostaddr`` for ``host``: a literal address as is, a name resolved once
+    with each address checked and pinned (see the module rules). A name that does not resolve
+    is passed on unpinned: libpq then fails to resolve it too. A host that breaks the syntax
+    rule (``lib.hosts``: a host list, a socket directory, a zone id) is
+    :class:`InvalidStoreHost`, before anything is resolved or sent."""
+    problem = hosts.syntax_refusal("host", host)
+    if problem is not None:
+        raise InvalidStoreHost(problem)
+    text = host
     try:
-        ipaddress.ip_address(literal.split("%", 1)[0])
+        ipaddress.ip_address(text)
     except ValueError:
         pass
     else:
-        network = denied_network(literal)
+        network = denied_network(text)
         if network is not None:
             raise DeniedStoreAddress(f"{text} is in the denied network {network}")
         return {"host": host}
@@ -321,6 +351,40 @@ def check_secret_endpoint(password: str | None, host: str, port: int) -> None:
         raise SecretNotBoundHere(str(exc)) from None
 
 
+def socket_params() -> dict[str, int]:
+    """The libpq keywords of dead-peer detection (module rules); every connection uses them."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVES_IDLE,
+        "keepalives_interval": KEEPALIVES_INTERVAL,
+        "keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+    }
+
+
+@contextlib.contextmanager
+def socket_deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Shut ``conn``'s socket down if the body still runs after ``seconds``: a statement
+    waiting on a server that stopped answering then fails at once (psycopg ``OperationalError``)
+    instead of waiting for ever. The socket is held through a duplicate descriptor, so the shut
+    down can never reach a descriptor the process reused after ``conn`` closed."""
+    held = socket.socket(fileno=os.dup(conn.pgconn.socket))
+
+    def expire() -> None:
+        with contextlib.suppress(OSError):
+            held.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()  # an expiry in progress finishes before the duplicate is closed
+        held.close()  # closes the duplicate only; the connection's socket stays as it is
+
+
 def libpq_major() -> int:
     """The major version of the libpq psycopg is using."""
     return int(pq.version()) // 10000
@@ -389,16 +453,18 @@ def connect(
         "password": password or None,
         "connect_timeout": connect_timeout,
         "application_name": application_name,
+        **socket_params(),
         **tls_params(endpoint, libpq16=True, pooled=not pin),
     }
     conn = psycopg.connect(autocommit=autocommit, **params)
     if pin:
         try:
-            pin_session(
-                conn,
-                statement_timeout=statement_timeout,
-                lock_timeout=statement_timeout if lock_timeout is None else lock_timeout,
-            )
+            with socket_deadline(conn, connect_timeout):  # the pin is part of the login
+                pin_session(
+                    conn,
+                    statement_timeout=statement_timeout,
+                    lock_timeout=statement_timeout if lock_timeout is None else lock_timeout,
+                )
         except BaseException:
             conn.close()
             raise
@@ -413,16 +479,23 @@ def probe(
     password: str | None,
     application_name: str = "duckgres-admin",
     connect_timeout: int = 8,
+    query_seconds: float = PROBE_QUERY_SECONDS,
 ) -> None:
-    """Connect and ``SELECT 1``; raises the psycopg error on failure."""
-    with connect(
-        endpoint,
-        dbname=dbname,
-        user=user,
-        password=password,
-        application_name=application_name,
-        connect_timeout=connect_timeout,
-    ) as conn:
+    """Connect and ``SELECT 1``; raises the psycopg error on failure. Bounded in total: the
+    login by ``connect_timeout`` (per address), the pin and the query by ``query_seconds``
+    (:func:`socket_deadline`)."""
+    with (
+        connect(
+            endpoint,
+            dbname=dbname,
+            user=user,
+            password=password,
+            application_name=application_name,
+            connect_timeout=connect_timeout,
+            statement_timeout=query_seconds,
+        ) as conn,
+        socket_deadline(conn, query_seconds),
+    ):
         conn.execute("SELECT 1")
 
 

@@ -200,7 +200,7 @@ def test_patch_racing_the_block_never_lands_after_it(transactional_db, clients):
 STORE = {
     "name": "shard-009",
     "kind": "cnpg",
-    "host": "pg.example",
+    "host": "localhost",  # a name that resolves (an unresolvable one is refused: reshard-136)
     "port": 5432,
     "sslmode": "verify-full",
     "provisioner_user": "provisioner",
@@ -223,7 +223,7 @@ def test_store_create_read_patch(clients):
     assert [s["name"] for s in listing] == ["shard-009"]
     response = clients.admin.patch(
         "/api/v1/metadata-stores/shard-009",
-        {"pooler_host": "pool.example", "pooler_port": 6432, "pooler_sslmode": "require"},
+        {"pooler_host": "localhost", "pooler_port": 6432, "pooler_sslmode": "require"},
         format="json",
     )
     assert response.status_code == 400  # a weaker mode needs the opt-in (reshard-133)
@@ -231,7 +231,7 @@ def test_store_create_read_patch(clients):
     response = clients.admin.patch(
         "/api/v1/metadata-stores/shard-009",
         {
-            "pooler_host": "pool.example", "pooler_port": 6432, "pooler_sslmode": "require",
+            "pooler_host": "localhost", "pooler_port": 6432, "pooler_sslmode": "require",
             "tls_policy": "allow-weaker", "tls_policy_reason": "the pooler's cert names no host",
         },
         format="json",
