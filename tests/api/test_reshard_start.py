@@ -471,7 +471,7 @@ def test_external_target_bound_to_another_warehouse_is_400(
 def test_cnpg_to_external_is_accepted_with_password_url_and_stash(
     transactional_db, clients, published, cnpg_source, tenant_catalog
 ):
-    target = tenant_catalog(cnpg_source.clusters.target)
+    target = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
     response = clients.internal.post(cnpg_source.path, external_target_body(target), format="json")
     assert response.status_code == 202, response.content
     body = response.json()
@@ -491,7 +491,7 @@ def test_cnpg_to_external_is_accepted_with_password_url_and_stash(
 def test_enqueue_failure_is_502_and_fails_the_op(
     transactional_db, clients, published, cnpg_source, tenant_catalog, monkeypatch
 ):
-    target = tenant_catalog(cnpg_source.clusters.target)
+    target = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
 
     def broken(op_id: int) -> None:
         raise ConnectionError(f"broker unreachable (password {target.password})")
@@ -561,7 +561,7 @@ def test_psycopg_sees_the_password_only_as_its_own_argument(
 ):
     import psycopg
 
-    target = tenant_catalog(cnpg_source.clusters.target)
+    target = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
     real_connect = psycopg.connect
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
@@ -614,7 +614,7 @@ def test_no_advertise_address_fails_the_op(
     clients, published, cnpg_source, tenant_catalog, settings, monkeypatch
 ):
     """Step 8: no own address → op failed "control plane could not determine…", 500."""
-    target = tenant_catalog(cnpg_source.clusters.target)
+    target = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
     real_validate = start_checks.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:

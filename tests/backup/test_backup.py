@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shlex
 import stat
 import subprocess
 import time
@@ -131,21 +132,36 @@ def test_success_restorable_untagged_no_password_in_argv(
     assert "HARD prerequisite for the destructive cnpg→external direction" in text
     server = f"host={catalog.cluster.host} port={catalog.cluster.port}"
     restored = f"{catalog.database}_restored_op41"
+    bucket, _, key = result.uri.removeprefix("s3://").partition("/")
+    owner = backup_mod.restore_owner_role(restored)
+    mode = catalog.cluster.sslmode or "verify-full"
+    script = (
+        "\\getenv pw DUCKGRES_RESTORE_PASSWORD\n"
+        f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION '
+        "NOBYPASSRLS PASSWORD :'pw';\n"
+        f'GRANT "{owner}" TO CURRENT_USER;\n'
+        f'CREATE DATABASE "{restored}" OWNER "{owner}" TEMPLATE template0;\n'
+        f'REVOKE ALL ON DATABASE "{restored}" FROM PUBLIC;'
+    )
     assert result.restore_command == (
-        f"aws s3 cp {result.uri} ./catalog.dump --endpoint-url {moto_s3.endpoint_url} "
-        "--region us-east-1 && "
-        f"psql --no-psqlrc -v ON_ERROR_STOP=1 '--dbname={server} dbname=postgres sslmode=require'"
-        f" '--command=CREATE DATABASE \"{restored}\" TEMPLATE template0' && "
+        f"aws s3api get-object --bucket {bucket} --key {key} --endpoint-url "
+        f"{moto_s3.endpoint_url} --region us-east-1 ./catalog.dump >/dev/null && "
+        f"printf '%s  %s\\n' {result.sha256} ./catalog.dump | sha256sum --check --strict - && "
+        'export DUCKGRES_RESTORE_PASSWORD="$(openssl rand -hex 24)" && '
+        f"printf '%s\\n' {shlex.quote(script)} | psql --no-psqlrc -v ON_ERROR_STOP=1 "
+        f"'--dbname={server} dbname=postgres sslmode={mode}' --file=- && "
+        f'PGUSER={owner} PGPASSWORD="$DUCKGRES_RESTORE_PASSWORD" '
         "pg_restore --no-owner --no-acl --clean --if-exists --exit-on-error --format=custom "
-        f"'--dbname={server} dbname={restored} sslmode=require' ./catalog.dump"
+        f"'--dbname={server} dbname={restored} sslmode={mode}' ./catalog.dump"
     )
     assert result.restore_prerequisites == (
-        "PGUSER and PGPASSWORD of a login with CREATEDB on "
+        "PGUSER and PGPASSWORD of a login with CREATEDB and CREATEROLE on "
         f"{catalog.cluster.host}:{catalog.cluster.port}; "
-        "AWS credentials with s3:GetObject on the backup; "
-        "psql and pg_restore of PostgreSQL 15 to 16 on PATH"
+        + ("PGSSLROOTCERT = the CA file of that server; " if mode != "require" else "")
+        + "AWS credentials with s3:GetObject (and s3:GetObjectVersion) on the backup; "
+        "psql and pg_restore of PostgreSQL 15 to 16, sha256sum and openssl on PATH"
     )
-    assert result.log_lines()[1] == (
+    assert result.log_lines()[2] == (
         f"restore command (needs {result.restore_prerequisites}): {result.restore_command}"
     )
     assert all(proc.returncode == 0 for proc in hooks.processes)
@@ -164,9 +180,11 @@ def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
         )
     assert "--endpoint-url" not in cmd
     assert "--region" not in cmd
-    assert "PGPASSWORD" not in cmd
+    # The only password is the one the line makes, by reference: none is printed.
+    assert cmd.count("PGPASSWORD") == 1
+    assert 'PGPASSWORD="$DUCKGRES_RESTORE_PASSWORD"' in cmd
     needs = backup_mod.restore_prerequisites(target, 15, server_major=15)
-    assert "CREATEDB on db.example.com:6543;" in needs
+    assert "CREATEDB and CREATEROLE on db.example.com:6543;" in needs
     assert "PGSSLROOTCERT" in needs  # verify-full (the default) needs the CA
 
 

@@ -82,7 +82,7 @@ def test_pg18_source_is_dumped_with_pg_dump_18_and_restores(
     # The restore line names the majors that read its archive (safeguard reshard-71), and
     # asks for SCRAM as a client of that major can (safeguard reshard-68).
     assert result.restore_prerequisites.endswith(
-        "psql and pg_restore of PostgreSQL 18 or newer on PATH"
+        "psql and pg_restore of PostgreSQL 18 or newer, sha256sum and openssl on PATH"
     )
     assert "require_auth=scram-sha-256" in result.restore_command
     dump = tmp_path / "catalog.dump"
@@ -130,7 +130,9 @@ def test_pg15_source_keeps_pg_dump_15_when_18_is_also_there(
         72, catalog_source(catalog), BackupDestination(moto_s3.bucket), hooks, pg_bin_dirs=dirs
     )
     assert result.pg_dump_version.startswith("15.")
-    assert "pg_restore of PostgreSQL 15 to 16 on PATH" in result.restore_prerequisites
+    assert "pg_restore of PostgreSQL 15 to 16, sha256sum and openssl on PATH" in (
+        result.restore_prerequisites
+    )
     assert "require_auth" not in result.restore_command
 
 
