@@ -23,6 +23,7 @@ from duckgres_admin.cli.client import (
     client_from_environ,
     default_environ,
 )
+from duckgres_admin.cli.text import clean
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 OUTPUTS = ("text", "json")
@@ -85,7 +86,8 @@ def _emit_json(document: Any) -> None:
 
 
 def _emit(text: str) -> None:
-    click.echo(_state().scrub(text))
+    """Print server-provided text: escapes and controls removed (``cli.text``), then scrubbed."""
+    click.echo(_state().scrub(clean(text, multiline=True)))
 
 
 def _run(action: Callable[[], int]) -> int:
@@ -96,7 +98,7 @@ def _run(action: Callable[[], int]) -> int:
         return action()
     except CliError as exc:
         message = state.scrub(exc.message)
-        if state.output == "json":
+        if state.output == "json":  # json.dumps escapes every control character
             click.echo(
                 json.dumps(
                     {"error": message, "status": exc.status, "exit_code": exc.exit_code},
@@ -104,7 +106,7 @@ def _run(action: Callable[[], int]) -> int:
                 )
             )
         else:
-            click.echo(f"duckgres: {message}", err=True)
+            click.echo(f"duckgres: {state.scrub(clean(exc.message, multiline=True))}", err=True)
         return exc.exit_code
 
 
@@ -402,7 +404,9 @@ def reshard_cancel(op_id: int) -> int:
 
 
 def _log_line(entry: dict[str, Any]) -> str:
-    return f"{entry.get('ts')} [{entry.get('source')}/{entry.get('level')}] {entry.get('message')}"
+    """One op-log entry as one printed line: no escape, control character or newline."""
+    line = f"{entry.get('ts')} [{entry.get('source')}/{entry.get('level')}] {entry.get('message')}"
+    return clean(line)
 
 
 def _follow(op_id: int, *, deadline: float, interval: float) -> int:
@@ -440,7 +444,7 @@ def _follow(op_id: int, *, deadline: float, interval: float) -> int:
             if exc.exit_code != EXIT_TRANSPORT or failures >= 4:
                 raise
             failures += 1
-            click.echo(f"duckgres: {state.scrub(exc.message)} (retrying)", err=True)
+            click.echo(f"duckgres: {state.scrub(clean(exc.message))} (retrying)", err=True)
             op = {}
         op_state = op.get("state")
         if op_state in TERMINAL:
