@@ -245,7 +245,8 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
     if op.target_kind == "external" and not ctx.target_password:
         log.warn(
             f"rollback: the tables on the external target {where} were left in place (password "
-            "unavailable to this runner); the next attempt drops each table first"
+            "unavailable to this runner); drop them by hand: a new operation refuses a target "
+            "database that holds anything"
         )
         return "with whatever tables it holds (not read: password unavailable)"
     try:

@@ -182,11 +182,23 @@ def test_sigterm_cancels_a_statement_waiting_on_a_lock(
     target = tenant_catalog(
         store_clusters.target, name=catalog.role, password=catalog.password, with_tables=False
     )
+    # The target is adopted only empty (safeguard reshard-108): the table the copy will wait
+    # on is created and locked while the runner pauses after the flip.
+    runner = start_runner(
+        op.id, runner_state_dir, DUCKGRES_RESHARD_FLIP_TIMEOUT="300",
+        DUCKGRES_RESHARD_TEST_HOOKS="1", DUCKGRES_RESHARD_TEST_PAUSE_AT="after_flip",
+        DUCKGRES_RESHARD_TEST_PAUSE_SECONDS="6",
+    )  # fmt: skip
+    wait_until(
+        lambda: reload(op).target_claimed_at is not None or runner.proc.poll() is not None,
+        timeout=90,
+        what="the flip onto the claimed target",
+    )
+    assert runner.proc.poll() is None, runner.output()
     with target.cluster.superuser_conn(target.database) as conn:
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(target.role)))
         conn.execute("CREATE TABLE ducklake_snapshot (snapshot_id bigint)")
     lock_holder(target.cluster, target.database, "ducklake_snapshot")
-    runner = start_runner(op.id, runner_state_dir, DUCKGRES_RESHARD_FLIP_TIMEOUT="300")
     app = f"duckgres-reshard-op-{op.id}"
     wait_until(
         lambda: bool(_waiting(target.cluster, app)) or runner.proc.poll() is not None,

@@ -193,10 +193,8 @@ def test_cnpg_to_external_end_to_end(
     world = external_target_world
     _with_bucket(world.warehouse, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
-    # leftovers of an earlier attempt of the same org are accepted and replaced (safeguard 44)
-    with world.target.tenant_conn() as conn:
-        conn.execute("CREATE TABLE ducklake_snapshot (snapshot_id bigint, junk text)")
-        conn.execute("INSERT INTO ducklake_snapshot VALUES (999, 'stale')")
+    # An empty external database is adopted (one holding anything is refused, even the same
+    # org's leftovers: tests/reshard/test_target_claim.py, safeguard 108).
     with password_url(world.target.password) as url:
         runner = run_runner(
             world.op.id,

@@ -243,7 +243,9 @@ def _copied_target(world: CnpgWorld, env: StepEnv) -> None:
     ) as conn:
         conn.execute(f'SET ROLE "{world.catalog.role}"')
         conn.execute("CREATE TABLE ducklake_snapshot (snapshot_id bigint)")
-    env.fence.update(target_rendered_at=Now(), tables_copied=1, step="copying")
+    env.fence.update(
+        target_rendered_at=Now(), target_claimed_at=Now(), tables_copied=1, step="copying"
+    )  # as the cutover records it
     binding.switch(env, binding.target_binding(env.op), what="switch")
     env.op.refresh_from_db()
     env.ctx.progress = reconstruct(env.op)
