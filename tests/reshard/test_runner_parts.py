@@ -104,7 +104,7 @@ def test_external_source_records_the_binding_with_its_sslmode(
     assert (op.source_endpoint, op.source_port, op.source_sslmode) == (
         store_clusters.source.host,
         store_clusters.source.port,
-        "require",
+        store_clusters.source.sslmode,  # the binding's (TEST_SSLMODE)
     )
     assert Warehouse.objects.get(org_id=op.org_id).state == "ready"
     lines = op_log(op.id)
