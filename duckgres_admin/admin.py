@@ -674,7 +674,7 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
 
     @admin.display(description="TLS policy", ordering="tls_policy")
     def tls_label(self, store: MetadataStore) -> str:
-        """``verify-full only``, or the explicit opt-in with its reason (safeguard reshard-133)."""
+        """``verify-full only``, or the explicit opt-in with its reason (safeguard reshard-122)."""
         if not store.allows_weaker_tls:
             return "verify-full only"
         return f"allow-weaker: {store.tls_policy_reason}"

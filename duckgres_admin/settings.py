@@ -247,7 +247,7 @@ def _allowlist(variable: str) -> tuple[secretrefs.AllowEntry, ...]:
 DUCKGRES_SECRET_REF_ALLOW_PROVISIONER = _allowlist("DUCKGRES_SECRET_REF_ALLOW_PROVISIONER")
 DUCKGRES_SECRET_REF_ALLOW_TENANT = _allowlist("DUCKGRES_SECRET_REF_ALLOW_TENANT")
 # Where each reference's secret may be sent: "<ref entry>=<host>:<port>[,…];…" (unset: anywhere,
-# warned with the pod launcher; set: a reference no entry names goes nowhere). reshard-135.
+# warned with the pod launcher; set: a reference no entry names goes nowhere). reshard-124.
 DUCKGRES_SECRET_REF_ENDPOINTS, _problems = secretrefs.parse_endpoint_bindings(
     "DUCKGRES_SECRET_REF_ENDPOINTS", env.string("DUCKGRES_SECRET_REF_ENDPOINTS")
 )
@@ -263,7 +263,7 @@ if (
         "reference to its servers (docs/configuration.md)"
     )
 # Endpoints whose TLS is terminated in front of PostgreSQL (no SCRAM channel binding possible):
-# channel_binding=prefer there, require_auth still (safeguard reshard-134).
+# channel_binding=prefer there, require_auth still (safeguard reshard-123).
 DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT, _problems = endpoints.parse_patterns(
     "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT", env.string("DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT")
 )

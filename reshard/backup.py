@@ -18,8 +18,8 @@ Guarantees:
   TLS mandatory, ``verify-full`` by default, the configured CA, ``channel_binding=require`` and
   ``require_auth=scram-sha-256`` when the client's libpq knows it — either makes libpq refuse a
   cleartext password request; where channel binding is exempt only a ``require_auth`` client is
-  used, else the backup is refused; safeguards reshard-68, reshard-134), and the password only
-  to an endpoint its secret reference is bound to (safeguard reshard-135);
+  used, else the backup is refused; safeguards reshard-68, reshard-123), and the password only
+  to an endpoint its secret reference is bound to (safeguard reshard-124);
 - ``pg_dump`` waits for its table locks at most ``lock_wait_seconds`` (``--lock-wait-timeout``;
   safeguard reshard-66);
 - the restore command written to the op log quotes every part for a POSIX shell
@@ -284,7 +284,7 @@ def source_conninfo(
     """Every connection parameter of ``pg_dump`` as one conninfo string (no password): the
     database name is a quoted value there, never parsed as connection settings."""
     endpoint = Endpoint(source.host, source.port, source.sslmode)
-    check_secret_endpoint(source.password, source.host, source.port)  # reshard-135
+    check_secret_endpoint(source.password, source.host, source.port)  # reshard-124
     return make_conninfo(
         "",
         **pinned_host(source.host, source.port),  # the checked address is the one dumped

@@ -407,7 +407,7 @@ def host_refusal(field_name: str, host: str, *, resolve: bool = True) -> str | N
     """Why ``host`` may not be a metadata store's address (None: it may).
 
     First the syntax rule (``lib.hosts``: a DNS name or one literal address; no host list,
-    socket path or zone id; safeguard reshard-136). A literal address is then checked as is; a
+    socket path or zone id; safeguard reshard-125). A literal address is then checked as is; a
     name is resolved (``getaddrinfo``) and every address it resolves to is checked. A name that
     does not resolve is refused (``resolve=False`` skips resolution: syntax and literal checks
     only). An empty ``host`` is "not given" (None): callers require it where it is required."""

@@ -14,7 +14,7 @@ that does not exist (nothing is contacted). A client whose libpq does not know i
 a server that asks for a cleartext password by itself (docs/backup.md); a client that is not an
 ELF binary (a wrapper script) is never run for this and counts as not knowing it.
 
-**Refusing cleartext** (safeguard reshard-134): every conninfo carries ``channel_binding=require``
+**Refusing cleartext** (safeguard reshard-123): every conninfo carries ``channel_binding=require``
 (libpq 13+; clients of majors older than 13 are ignored), which already makes libpq 15 refuse a
 cleartext, MD5 or no-password request. Where channel binding cannot be required (an endpoint in
 ``DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT``) the caller passes ``require_auth=True`` and only

@@ -547,7 +547,7 @@ def validate_external_target(source_kind: str, target: TargetRequest) -> Externa
     sslmode = target.sslmode or pgadmin.DEFAULT_SSLMODE
     if sslmode not in EXTERNAL_SSLMODES:
         raise ServiceError(400, f"target.sslmode must be one of {', '.join(EXTERNAL_SSLMODES)}")
-    store_tls.require_endpoint_opt_in("target.sslmode", host, port, sslmode)  # reshard-133
+    store_tls.require_endpoint_opt_in("target.sslmode", host, port, sslmode)  # reshard-122
     if not target.password:
         raise ServiceError(400, "target.password is required for external targets")
     return ExternalTarget(
@@ -582,7 +582,7 @@ def open_external_target(target: ExternalTarget, password: str) -> identity.PgCo
             application_name="duckgres-admin-submit",
             connect_timeout=PROBE_TIMEOUT_SECONDS,
         )
-        with pgadmin.socket_deadline(conn, PROBE_TIMEOUT_SECONDS):  # reshard-139
+        with pgadmin.socket_deadline(conn, PROBE_TIMEOUT_SECONDS):  # reshard-127
             conn.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - reported without the password (scrubbed)
         if conn is not None:

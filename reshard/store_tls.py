@@ -1,4 +1,4 @@
-"""Explicit opt-ins for an sslmode weaker than ``verify-full`` (safeguard reshard-133), as the
+"""Explicit opt-ins for an sslmode weaker than ``verify-full`` (safeguard reshard-122), as the
 API edges check them and the dry run shows them (docs/configuration.md "Metadata-store TLS").
 
 Invariants:

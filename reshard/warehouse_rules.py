@@ -153,7 +153,7 @@ def validate_warehouse(
                 + ", ".join(EXTERNAL_SSLMODES),
             )
         if writes("metadata_store_sslmode", "metadata_store_host", "metadata_store_port"):
-            store_tls.require_endpoint_opt_in(  # verify-full unless opted in (reshard-133)
+            store_tls.require_endpoint_opt_in(  # verify-full unless opted in (reshard-122)
                 "invalid body: metadata_store_sslmode",
                 str(values["metadata_store_host"]),
                 int(values["metadata_store_port"]),

@@ -179,7 +179,7 @@ def validate_store(values: dict[str, Any], *, written: frozenset[str] | None = N
         problem = pgadmin.sslmode_refusal(str(value)) if value else None
         if problem is not None and writes(key):
             raise ServiceError(400, f"invalid body: {key}: {problem}")
-    # verify-full unless the store opts in (tls_policy allow-weaker + reason; reshard-133).
+    # verify-full unless the store opts in (tls_policy allow-weaker + reason; reshard-122).
     tls_problem = store_tls.store_values_refusal(values, written=written)
     if tls_problem is not None:
         raise ServiceError(400, f"invalid body: {tls_problem}")

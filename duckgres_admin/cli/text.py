@@ -1,4 +1,4 @@
-"""Server-provided text made safe for a terminal (safeguard reshard-137).
+"""Server-provided text made safe for a terminal (safeguard reshard-126).
 
 Op-log lines, server error messages and every other string the API sends can contain
 anything a tenant, a store or a hostile server put there. Printed raw, an escape sequence could

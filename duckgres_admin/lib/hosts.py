@@ -1,4 +1,4 @@
-"""The one syntax rule for a metadata store's host (safeguard reshard-136).
+"""The one syntax rule for a metadata store's host (safeguard reshard-125).
 
 A host the control plane stores or connects to — a store's ``host`` and ``pooler_host``, an
 external binding's ``metadata_store_host``, an external target's endpoint host — is exactly one

@@ -11,13 +11,13 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   check for the API edge). The CA is ``DUCKGRES_STORE_SSLROOTCERT`` (a PEM path, or ``system``:
   the OS trust store, which implies ``verify-full``). :func:`tls_params` is the same policy as
   libpq keywords, for the ``pg_dump`` conninfo.
-- **verify-full unless explicitly allowed** (safeguard reshard-133). ``require`` and
+- **verify-full unless explicitly allowed** (safeguard reshard-122). ``require`` and
   ``verify-ca`` are accepted only with an opt-in: a store's ``tls_policy = allow-weaker`` (with a
   reason), which is also the opt-in of an external endpoint registered as an ``external`` store.
   The API edges (store, binding and start writes) refuse a weaker mode without it with
   :func:`weaker_sslmode_refusal`; the database refuses a store row without it; this seam trusts
   the vetted fields it is handed (as runners trust vetted secret references).
-- **SCRAM with channel binding only** (safeguard reshard-134). Every connection sets
+- **SCRAM with channel binding only** (safeguard reshard-123). Every connection sets
   ``require_auth=scram-sha-256`` (libpq 16+; psycopg's bundled libpq is 18) and
   ``channel_binding=require`` (libpq 13+): a server that asks for a cleartext or MD5 password,
   or for none, or that cannot bind the SCRAM exchange to the TLS channel it presented (a relay,
@@ -28,7 +28,7 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   of the server). A conninfo that could refuse neither way — an exempt endpoint and a client
   whose libpq predates ``require_auth`` — is never built (:class:`CannotRefuseCleartext`). An
   older psycopg libpq is refused (:class:`LibpqTooOld`).
-- **Secrets go only where they are bound** (safeguard reshard-135): before connecting, the
+- **Secrets go only where they are bound** (safeguard reshard-124): before connecting, the
   password is checked against ``DUCKGRES_SECRET_REF_ENDPOINTS`` for the references it was
   resolved from (``lib.secretrefs.check_endpoint``); a refusal is :class:`SecretNotBoundHere`.
 - **Pinned sessions.** Before its first query every session is pinned in one round trip of
@@ -49,10 +49,10 @@ Rules (spec reshard §4.9, §4.11; safeguards reshard-51, -67, -69):
   changes between a check and the connection (rebinding) can therefore never steer a session,
   a password or ``pg_dump`` to a denied address: a denied answer fails the connection
   (:class:`DeniedStoreAddress`) before any packet is sent to it. The host itself must pass the
-  syntax rule of ``lib.hosts`` (safeguard reshard-136: no comma list, socket directory or zone
+  syntax rule of ``lib.hosts`` (safeguard reshard-125: no comma list, socket directory or zone
   id), else :class:`InvalidStoreHost`.
 
-- **No hostile server holds a caller for ever** (safeguard reshard-139). Every connection sets
+- **No hostile server holds a caller for ever** (safeguard reshard-127). Every connection sets
   ``connect_timeout`` (per address: a name pinned to k addresses may take k times it) and TCP
   keepalives with ``tcp_user_timeout`` (:func:`socket_params`): a peer that vanishes (network
   partition, powered off) is detected within about a minute even in the middle of a statement.
@@ -96,7 +96,7 @@ REQUIRE_AUTH_MIN_LIBPQ = 16  # the first libpq that knows require_auth
 CHANNEL_BINDING_MIN_LIBPQ = 13  # the first libpq that knows channel_binding
 CHANNEL_BINDING_EXEMPT_SETTING = "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT"
 SYSTEM_ROOTCERT = "system"
-# Dead-peer detection on every connection (safeguard reshard-139): keepalive probes after 30 s
+# Dead-peer detection on every connection (safeguard reshard-127): keepalive probes after 30 s
 # of silence, every 10 s, 3 unanswered ones end it; data unacknowledged for 60 s ends it too.
 KEEPALIVES_IDLE = 30
 KEEPALIVES_INTERVAL = 10

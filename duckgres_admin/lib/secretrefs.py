@@ -20,7 +20,7 @@ behind it and present it to a server. Two rules bound it:
 - **Runner pods never call the Kubernetes API** (``MOUNTED_MODE_VAR``): their ``k8s:``
   references arrive as ``secretKeyRef`` variables the pod launcher mounted, so a runner's
   identity needs no RBAC at all and a compromised runner can read no other Secret.
-- **Only to the endpoints it is bound to** (:func:`check_endpoint`; safeguard reshard-135):
+- **Only to the endpoints it is bound to** (:func:`check_endpoint`; safeguard reshard-124):
   ``DUCKGRES_SECRET_REF_ENDPOINTS`` binds references (allowlist-entry forms) to the
   ``host:port`` patterns of the servers their secret may be presented to (entries parsed by
   :func:`parse_endpoint_bindings`). :func:`resolve` remembers, for the life of the process,

@@ -1,4 +1,4 @@
-"""Store TLS policy (safeguard reshard-133; docs/configuration.md "Metadata-store TLS").
+"""Store TLS policy (safeguard reshard-122; docs/configuration.md "Metadata-store TLS").
 
 Adds ``tls_policy`` (``verify-full`` | ``allow-weaker``) and ``tls_policy_reason``, makes
 ``verify-full`` the default ``sslmode`` and lets the database refuse a weaker mode without the

@@ -1,6 +1,6 @@
 """Metadata stores: PostgreSQL servers holding tenant catalogs (spec reshard §2.2).
 
-TLS policy (docs/configuration.md "Metadata-store TLS"; safeguard reshard-133): every endpoint
+TLS policy (docs/configuration.md "Metadata-store TLS"; safeguard reshard-122): every endpoint
 of a store is ``verify-full`` unless the store carries the explicit opt-in ``tls_policy =
 allow-weaker`` with a ``tls_policy_reason``. The database enforces it
 (``metadata_store_tls_weaker_opt_in``): a row whose ``sslmode`` or ``pooler_sslmode`` is

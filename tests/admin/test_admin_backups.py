@@ -127,7 +127,7 @@ def test_a_restore_operation_is_shown_as_one(client: Any, bucket: S3Bucket) -> N
     assert f"/admin/duckgres_admin/reshardoperation/{made.id}/change/" not in listed
 
 
-@pytest.mark.safeguard("reshard-119")
+@pytest.mark.safeguard("reshard-113")
 def test_an_admin_queues_a_restore_test_from_the_backups_page(
     client: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:

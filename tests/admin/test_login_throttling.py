@@ -46,7 +46,7 @@ def quick(settings: Any) -> Any:
     return settings
 
 
-@pytest.mark.safeguard("reshard-127")
+@pytest.mark.safeguard("reshard-118")
 @pytest.mark.django_db
 def test_failed_logins_lock_the_username_out_for_the_cooloff(quick: Any):
     limit = quick.AXES_FAILURE_LIMIT
@@ -82,7 +82,7 @@ def test_failed_logins_lock_the_username_out_for_the_cooloff(quick: Any):
     assert logged_in(login(user, PASSWORD))
 
 
-@pytest.mark.safeguard("reshard-127")
+@pytest.mark.safeguard("reshard-118")
 @pytest.mark.django_db
 def test_the_api_is_not_throttled_by_admin_lockouts(quick: Any, clients: Any):
     """Only the admin site's login is counted: the API authenticates by its own means."""
@@ -93,7 +93,7 @@ def test_the_api_is_not_throttled_by_admin_lockouts(quick: Any, clients: Any):
     assert clients.internal.get("/api/v1/warehouses").status_code == 200
 
 
-@pytest.mark.safeguard("reshard-127")
+@pytest.mark.safeguard("reshard-118")
 def test_the_limit_and_the_cooloff_come_from_the_environment():
     names = ("AXES_FAILURE_LIMIT", "AXES_COOLOFF_TIME", "AXES_LOCKOUT_PARAMETERS")
     result = settings_of({}, *names)

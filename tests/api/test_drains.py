@@ -2,7 +2,7 @@
 refusals that name the field and the fix, pause/resume/cancel by compare-and-set, a store
 being drained accepting no new warehouses (safeguard reshard-97), a cancel that asks the
 active children in its own transaction and says which were past their point of no return
-(issue 29; safeguard reshard-116), and the drain's times in RFC 3339 ``Z``."""
+(issue 29; safeguard reshard-111), and the drain's times in RFC 3339 ``Z``."""
 
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def _launched(drain_id: int, org_id: str, target: Any, **op: Any) -> ReshardOper
     return child
 
 
-@pytest.mark.safeguard("reshard-116")
+@pytest.mark.safeguard("reshard-111")
 def test_a_cancel_asks_the_active_children_in_its_own_transaction(clients):
     source, target = new_store(), new_store()
     blocking, late, pending, waiting = _bound(source, 4)

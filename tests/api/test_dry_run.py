@@ -59,7 +59,7 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
     assert body["source"] == {
         "kind": "cnpg",
         "store": store.name,
-        "sslmode": store.sslmode,  # what the connections use (reshard-133)
+        "sslmode": store.sslmode,  # what the connections use (reshard-122)
         "tls": {
             "sslmode": store.sslmode,
             "configured_sslmode": store.sslmode,

@@ -1,4 +1,4 @@
-"""One syntax rule for every host the API accepts (safeguard reshard-136).
+"""One syntax rule for every host the API accepts (safeguard reshard-125).
 
 A store's ``host``/``pooler_host``, an external binding's ``metadata_store_host`` and an
 external target's endpoint host are each a DNS name or one literal address: a comma list, a
@@ -16,7 +16,7 @@ from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from tests.fixtures.api import error
 from tests.fixtures.rows import unique
 
-pytestmark = pytest.mark.safeguard("reshard-136")
+pytestmark = pytest.mark.safeguard("reshard-125")
 
 STORE = {
     "kind": "cnpg",

@@ -390,7 +390,7 @@ def test_endpoint_and_reference_changes_are_audited_old_to_new(clients):
         ("host", "::", "::/128"),
         ("host", "fd00:ec2::254", "fd00:ec2::254/128"),
         ("host", "::ffff:169.254.169.254", "169.254.0.0/16"),
-        ("pooler_host", "fe80::1", "fe80::/10"),  # with a zone id: the syntax rule (reshard-136)
+        ("pooler_host", "fe80::1", "fe80::/10"),  # with a zone id: the syntax rule (reshard-125)
     ],
 )
 def test_denied_store_hosts_are_refused(clients, key, host, network):
@@ -418,7 +418,7 @@ def test_names_are_resolved_and_every_address_is_checked(clients, settings):
     assert error(response).startswith(
         "invalid body: host: localhost resolves to 127.0.0.1, in the denied network 127.0.0.0/8"
     )
-    # A name that does not resolve is refused: it could not be checked (reshard-136).
+    # A name that does not resolve is refused: it could not be checked (reshard-125).
     response = clients.internal.post(
         "/api/v1/metadata-stores",
         {**STORE, "name": unique("h"), "host": "not-yet.invalid"},

@@ -51,7 +51,7 @@ def unauthenticated_count(reason: str) -> float:
     return float(value)
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_an_admin_token_starts_a_reshard_as_the_person(clients, published, cnpg_source):
     person("ops@example.com", role="admin")
     token = make_token("ops@example.com")
@@ -83,7 +83,7 @@ def test_an_admin_token_starts_a_reshard_as_the_person(clients, published, cnpg_
         assert token not in message
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_a_viewer_token_reads_but_cannot_write(clients):
     person("reader@example.com", role="viewer")
     client = token_client(make_token("reader@example.com"))
@@ -108,7 +108,7 @@ def test_a_viewer_token_reads_but_cannot_write(clients):
     assert response.status_code == 403
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_a_revoked_token_is_401_at_once_and_writes_nothing(clients):
     user = person("leaver@example.com", role="admin")
     token = make_token("leaver@example.com")
@@ -127,7 +127,7 @@ def test_a_revoked_token_is_401_at_once_and_writes_nothing(clients):
     assert token_client(kept).get("/api/v1/reshards").status_code == 200
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_expired_inactive_non_staff_and_disabled_tokens_are_refused(clients):
     user = person("old@example.com", role="admin")
     token = make_token("old@example.com", "--days", "1")
@@ -161,7 +161,7 @@ def test_expired_inactive_non_staff_and_disabled_tokens_are_refused(clients):
     assert (audit.actor, audit.source) == ("off@example.com", "personal-token")
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_a_wrong_token_never_falls_through_to_the_session(clients):
     clients.admin.credentials(HTTP_AUTHORIZATION="Token dgadm_" + "0" * 64)
     response = clients.admin.get("/api/v1/reshards")
@@ -172,7 +172,7 @@ def test_a_wrong_token_never_falls_through_to_the_session(clients):
     assert clients.admin.get("/api/v1/reshards").status_code == 200
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 @pytest.mark.parametrize(
     "value",
     ["", "dgadm_\x00abc", "two words", "x" * 129, "dgadm_ñ", "dgadm_" + "0" * 64 + "%00"],
@@ -185,7 +185,7 @@ def test_malformed_tokens_are_401_never_500(clients, value):
     assert error(response) == "invalid credentials"
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_a_token_is_refused_on_the_runner_and_lease_routes(clients):
     person("ops2@example.com", role="admin")
     client = token_client(make_token("ops2@example.com"))
@@ -215,7 +215,7 @@ def test_a_token_is_refused_on_the_runner_and_lease_routes(clients):
     assert wrong.get(f"/api/v1/reshards/{op.id}/password").status_code == 403
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_the_command_refuses_users_a_token_would_not_serve(db):
     person("nostaff@example.com", role="admin", staff=False)
     inactive = person("asleep@example.com", role="admin")
@@ -236,7 +236,7 @@ def test_the_command_refuses_users_a_token_would_not_serve(db):
     assert timedelta(days=89) < row.expiry - timezone.now() <= timedelta(days=90)
 
 
-@pytest.mark.safeguard("reshard-130")
+@pytest.mark.safeguard("reshard-119")
 def test_tokens_are_created_and_revoked_in_the_admin(clients):
     from django.contrib.messages import get_messages
 

@@ -25,7 +25,7 @@ POST = b"POST /api/v1/warehouses HTTP/1.1\r\nHost: x\r\n"
 # --- the head ---------------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
@@ -71,7 +71,7 @@ def test_a_head_is_decided_alone(data: bytes, expected: Any):
     assert admission.inspect(data, MAX) == expected
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 def test_the_refusal_is_a_whole_http_response_that_closes():
     raw = admission.response_bytes(admission.BUSY)
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -85,7 +85,7 @@ def test_the_refusal_is_a_whole_http_response_that_closes():
 # --- the budget -------------------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-125")
+@pytest.mark.safeguard("reshard-116")
 def test_large_bodies_never_take_the_reserve_of_heads_and_small_bodies():
     reserve = admission.reserve_bytes()
     budget = admission.BufferBudget(reserve + 3 * MAX)
@@ -110,7 +110,7 @@ def test_large_bodies_never_take_the_reserve_of_heads_and_small_bodies():
     assert budget.used == 3 * MAX
 
 
-@pytest.mark.safeguard("reshard-125")
+@pytest.mark.safeguard("reshard-116")
 def test_the_shipped_budget_and_django_s_own_limit():
     assert settings.DUCKGRES_API_BUFFER_BUDGET_BYTES == 128 * MAX
     assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE == settings.DUCKGRES_API_MAX_BODY_BYTES == MAX
@@ -134,7 +134,7 @@ def settings_of(env: dict[str, str], *names: str) -> subprocess.CompletedProcess
     )
 
 
-@pytest.mark.safeguard("reshard-125")
+@pytest.mark.safeguard("reshard-116")
 def test_the_budget_and_the_body_limit_are_set_together():
     result = settings_of(
         {"DUCKGRES_API_MAX_BODY_BYTES": "4096", "DUCKGRES_API_BUFFER_BUDGET_BYTES": "67108864"},
@@ -156,7 +156,7 @@ def test_the_budget_and_the_body_limit_are_set_together():
 # --- the reserved routes ----------------------------------------------------------------------
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 @pytest.mark.parametrize(
     ("target", "priority"),
     [
@@ -194,7 +194,7 @@ class Unreadable:
     readline = read
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 @pytest.mark.django_db
 def test_django_refuses_from_the_headers_before_csrf_reads_the_body():
     client = Client(enforce_csrf_checks=True)

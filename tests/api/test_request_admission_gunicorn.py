@@ -191,7 +191,7 @@ def stall_bodies(
     return held, peak
 
 
-@pytest.mark.safeguard("reshard-125")
+@pytest.mark.safeguard("reshard-116")
 def test_stalled_bodies_keep_the_worker_inside_its_buffer_budget(api: Gunicorn):
     make_org("budget-org")
     pid = worker_pid(api.proc.pid)
@@ -237,7 +237,7 @@ def test_stalled_bodies_keep_the_worker_inside_its_buffer_budget(api: Gunicorn):
             sock.close()
 
 
-@pytest.mark.safeguard("reshard-125")
+@pytest.mark.safeguard("reshard-116")
 def test_refused_clients_that_never_close_hold_a_bounded_number_of_descriptors(api: Gunicorn):
     """A refusal lingers in the poller for the client's leftovers (RFC 9112 §9.6), but at most
     ``LINGER_MAX_SOCKETS`` at once: clients that never close cannot exhaust descriptors."""
@@ -287,7 +287,7 @@ def refusals(metrics_port: int) -> dict[str, float]:
     return {reason.decode(): float(value) for reason, value in found}
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 def test_the_head_alone_is_answered_and_no_body_is_waited_for(metered_api: tuple[Gunicorn, int]):
     """Each answer arrives at once although no body byte is ever sent; each is counted, and
     logged once per reason and minute."""
@@ -392,7 +392,7 @@ def csrf_form(api: Gunicorn) -> tuple[str, str]:
     return cookie[1], html.unescape(token[1])
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 def test_admin_post_tricklers_hold_no_thread(api: Gunicorn):
     make_org("trickle-org")
     cookie, _ = csrf_form(api)
@@ -470,7 +470,7 @@ class LoginHammer:
                 conn.close()
 
 
-@pytest.mark.safeguard("reshard-126")
+@pytest.mark.safeguard("reshard-117")
 def test_lease_grants_and_probes_keep_threads_no_admin_request_can_take(api: Gunicorn):
     from duckgres_admin import gunicorn_conf
 

@@ -30,7 +30,7 @@ def _queued(published: Published) -> list[tuple[str, dict[str, Any]]]:
     return [(m["headers"]["task"], m["body"][1]) for m in published.messages]
 
 
-@pytest.mark.safeguard("reshard-119")
+@pytest.mark.safeguard("reshard-113")
 def test_the_newest_backup_or_the_named_one_is_queued_audited_and_not_run_here(
     clients: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:
@@ -102,7 +102,7 @@ def test_the_newest_backup_or_the_named_one_is_queued_audited_and_not_run_here(
     assert published.messages == []
 
 
-@pytest.mark.safeguard("reshard-119")
+@pytest.mark.safeguard("reshard-113")
 def test_no_restore_test_store_is_a_clear_409_and_queues_nothing(
     clients: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:

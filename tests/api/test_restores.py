@@ -100,7 +100,7 @@ def test_an_unknown_field_is_named_before_a_missing_backup_key(clients, bucket: 
     assert not ReshardOperation.objects.filter(kind="restore").exists()
 
 
-@pytest.mark.safeguard("reshard-120")
+@pytest.mark.safeguard("reshard-114")
 def test_the_reads_say_which_kind_an_operation_is(clients, bucket: S3Bucket) -> None:
     """``kind`` and ``in_place`` on GET /reshards and /reshards/<id>: an in-place restore
     (``S -> S``) is told from a reshard and from a restore onto another store."""

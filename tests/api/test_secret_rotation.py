@@ -59,7 +59,7 @@ def accepted_count(variable: str) -> float:
     return float(auth.PREVIOUS_SECRET_ACCEPTED.labels(secret=variable)._value.get())
 
 
-@pytest.mark.safeguard("reshard-132")
+@pytest.mark.safeguard("reshard-121")
 @pytest.mark.parametrize(("variable", "header", "request_", "proven"), CASES)
 def test_the_previous_value_is_accepted_only_during_the_overlap(
     db, settings, variable, header, request_, proven
@@ -81,7 +81,7 @@ def test_the_previous_value_is_accepted_only_during_the_overlap(
     assert send(header, current, request_).status_code == proven
 
 
-@pytest.mark.safeguard("reshard-132")
+@pytest.mark.safeguard("reshard-121")
 def test_the_previous_internal_secret_writes_as_internal_secret_and_is_scrubbed(db, settings):
     settings.DUCKGRES_INTERNAL_SECRET_PREVIOUS = OLD
     client = APIClient()
@@ -98,14 +98,14 @@ def test_the_previous_internal_secret_writes_as_internal_secret_and_is_scrubbed(
     assert client.get("/api/v1/reshards").status_code == 403
 
 
-@pytest.mark.safeguard("reshard-132")
+@pytest.mark.safeguard("reshard-121")
 def test_a_previous_variable_is_never_readable_through_a_reference():
     for name in ("INTERNAL", "RUNNER", "DATAPLANE"):
         parsed = secretrefs.parse(f"env:DUCKGRES_{name}_SECRET_PREVIOUS")
         assert secretrefs.denied_reason(parsed) is not None
 
 
-@pytest.mark.safeguard("reshard-132")
+@pytest.mark.safeguard("reshard-121")
 def test_the_settings_check_previous_values_without_echoing_them(tmp_path):
     from tests.testenv import TEST_ENV
 

@@ -1,4 +1,4 @@
-"""verify-full unless explicitly allowed (safeguard reshard-133), at every API edge, against the
+"""verify-full unless explicitly allowed (safeguard reshard-122), at every API edge, against the
 real store clusters (5433/5434, certificates of the test CA).
 
 - A store with ``sslmode``/``pooler_sslmode`` ``require`` or ``verify-ca`` is refused without
@@ -24,7 +24,7 @@ from tests.fixtures.rows import new_store, unique
 from tests.fixtures.start import Setup, external_target_body
 from tests.fixtures.store_tls import PgWireStub
 
-pytestmark = pytest.mark.safeguard("reshard-133")
+pytestmark = pytest.mark.safeguard("reshard-122")
 
 STORE = {
     "kind": "external",

@@ -200,7 +200,7 @@ def test_patch_racing_the_block_never_lands_after_it(transactional_db, clients):
 STORE = {
     "name": "shard-009",
     "kind": "cnpg",
-    "host": "localhost",  # a name that resolves (an unresolvable one is refused: reshard-136)
+    "host": "localhost",  # a name that resolves (an unresolvable one is refused: reshard-125)
     "port": 5432,
     "sslmode": "verify-full",
     "provisioner_user": "provisioner",
@@ -226,7 +226,7 @@ def test_store_create_read_patch(clients):
         {"pooler_host": "localhost", "pooler_port": 6432, "pooler_sslmode": "require"},
         format="json",
     )
-    assert response.status_code == 400  # a weaker mode needs the opt-in (reshard-133)
+    assert response.status_code == 400  # a weaker mode needs the opt-in (reshard-122)
     assert "tls_policy allow-weaker" in error(response)
     response = clients.admin.patch(
         "/api/v1/metadata-stores/shard-009",

@@ -105,7 +105,7 @@ def test_success_restorable_untagged_no_password_in_argv(
         "sslmode": catalog.cluster.sslmode,
         **({"sslrootcert": settings.DUCKGRES_STORE_SSLROOTCERT}
            if settings.DUCKGRES_STORE_SSLROOTCERT else {}),
-        "channel_binding": "require",  # pg_dump 15 refuses cleartext through it (reshard-134)
+        "channel_binding": "require",  # pg_dump 15 refuses cleartext through it (reshard-123)
     }  # fmt: skip
     assert os.path.basename(argv[0]) == "pg_dump"
     assert not any(catalog.password in a for a in argv)

@@ -141,7 +141,7 @@ def test_wrong_major_client_fails_cleanly(
 ) -> None:
     """If the facts lie (server reported as 15), pg_dump 15 is chosen. Behind this TLS-ending
     proxy (exempt from channel binding) a libpq 15 client could not refuse a cleartext request:
-    it is never started (safeguard reshard-134). Not exempt, it runs, requires channel binding
+    it is never started (safeguard reshard-123). Not exempt, it runs, requires channel binding
     the proxied server cannot offer, and fails: the non-zero branch reports its stderr. Either
     way nothing is left behind."""
     with pytest.raises(BackupError, match="whose libpq can refuse a cleartext password"):

@@ -125,7 +125,7 @@ def test_restore_start_against_the_live_api(
     cli.assert_no_secret()
 
 
-@pytest.mark.safeguard("reshard-120")
+@pytest.mark.safeguard("reshard-114")
 def test_reshard_list_and_follow_name_a_restore_and_an_in_place_one(
     cli: Cli, transactional_db: None
 ) -> None:
@@ -188,7 +188,7 @@ def _wait_for(what: str, found: Callable[[], Any], worker: Any, seconds: float =
     raise AssertionError(f"{what}: not within {seconds:.0f} s\n{worker.log_text()[-6000:]}")
 
 
-@pytest.mark.safeguard("reshard-119")
+@pytest.mark.safeguard("reshard-113")
 def test_backups_test_queues_a_restore_test_that_the_worker_runs(
     cli: Cli,
     transactional_db: None,

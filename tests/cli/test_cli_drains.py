@@ -185,7 +185,7 @@ def test_pause_resume_cancel_and_the_apis_refusals(cli: Cli, transactional_db: N
     cli.assert_no_secret()
 
 
-@pytest.mark.safeguard("reshard-116")
+@pytest.mark.safeguard("reshard-111")
 def test_cancel_prints_the_reshards_asked_and_those_past_their_point_of_no_return(
     cli: Cli, transactional_db: None
 ) -> None:

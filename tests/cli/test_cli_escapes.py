@@ -1,4 +1,4 @@
-"""The CLI prints no terminal escape sequence a server sent (safeguard reshard-137).
+"""The CLI prints no terminal escape sequence a server sent (safeguard reshard-126).
 
 Op-log lines and an operation's error are printed by the real console script against the live
 API (the hostile text stored in the real database); server error messages come from a real HTTP
@@ -18,7 +18,7 @@ from duckgres_admin.cli.text import clean
 from duckgres_admin.models import LogSource, ReshardLogEntry, ReshardOperation
 from tests.fixtures.cli import Cli
 
-pytestmark = pytest.mark.safeguard("reshard-137")
+pytestmark = pytest.mark.safeguard("reshard-126")
 
 HOSTILE = "a\x1b]0;pwned\x07b\x1b[2Jc\x9b31md\rover\x1b]52;c;Y2xpcA==\x1b\\e\x9d0;t\x9cf\x08g\x7fh"
 FORBIDDEN = ("\x1b", "\x9b", "\x9d", "\x9c", "\x07", "\r", "\x08", "\x7f", "pwned", "[2J")

@@ -34,7 +34,7 @@ def as_person(cli: Cli) -> Cli:
     return Cli(cli.url, "")  # no internal secret in its environment
 
 
-@pytest.mark.safeguard("reshard-131")
+@pytest.mark.safeguard("reshard-120")
 def test_a_personal_token_acts_as_its_person(cli, tmp_path):
     admin_token = person_token("ops@example.com", "admin")
     viewer_token = person_token("reader@example.com", "viewer")
@@ -67,7 +67,7 @@ def test_a_personal_token_acts_as_its_person(cli, tmp_path):
         assert viewer_token not in text
 
 
-@pytest.mark.safeguard("reshard-131")
+@pytest.mark.safeguard("reshard-120")
 def test_one_identity_at_a_time(cli, tmp_path):
     path = tmp_path / "token"
     path.write_text("dgadm_" + "0" * 64)
@@ -138,7 +138,7 @@ def recorder() -> Iterator[Recorder]:
         server.close()
 
 
-@pytest.mark.safeguard("reshard-131")
+@pytest.mark.safeguard("reshard-120")
 def test_plain_http_to_a_non_loopback_host_needs_the_flag(cli, recorder):
     token = "dgadm_" + "5" * 64
     person = as_person(cli)
@@ -178,7 +178,7 @@ def test_plain_http_to_a_non_loopback_host_needs_the_flag(cli, recorder):
     assert https.returncode == 3, https.stderr
 
 
-@pytest.mark.safeguard("reshard-131")
+@pytest.mark.safeguard("reshard-120")
 def test_plain_http_to_loopback_is_accepted(cli):
     port = cli.url.rsplit(":", 1)[1]
     for url in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):

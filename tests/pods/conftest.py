@@ -402,7 +402,7 @@ def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[]
         wait_until(lambda: api.get("warehouses").status == 200, "the API through its Service", 60)
         pod_stores = {
             # The test CA's certificates name 127.0.0.1, not the node IP: require, with the
-            # store's explicit opt-in below (safeguard reshard-133).
+            # store's explicit opt-in below (safeguard reshard-122).
             name: StoreCluster(cluster.name, NODE_IP, cluster.port, sslmode="require")
             for name, cluster in (
                 ("source", store_clusters.source),

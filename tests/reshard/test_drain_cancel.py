@@ -1,5 +1,5 @@
 """A drain cancel racing the janitor's launch (reshard/drains.py, issue 29 item 2; safeguard
-reshard-117). The cancel commits from the API outside the drain's advisory lock, so a child the
+reshard-112). The cancel commits from the API outside the drain's advisory lock, so a child the
 janitor is starting at that moment is not in the cancel's transaction: the janitor marks the
 item launched whatever the cancel wrote on it, and asks that child's cancel at once (not at the
 next tick); a cancelled item whose operation exists is adopted like a waiting one; the cancel's
@@ -30,7 +30,7 @@ def _nothing() -> None:
     """``may_act`` of a leader whose lease is proven."""
 
 
-@pytest.mark.safeguard("reshard-117")
+@pytest.mark.safeguard("reshard-112")
 def test_a_child_started_while_the_cancel_commits_is_asked_at_once(cnpg_source: Setup) -> None:
     source, target = cnpg_source.source_store, cnpg_source.target_store
     drain = drains.create_drain(
@@ -60,7 +60,7 @@ def test_a_child_started_while_the_cancel_commits_is_asked_at_once(cnpg_source: 
     assert (ended.state, ended.summary) == ("cancelled", "1 cancelled")
 
 
-@pytest.mark.safeguard("reshard-117")
+@pytest.mark.safeguard("reshard-112")
 def test_a_cancelled_item_whose_operation_exists_is_adopted_and_asked() -> None:
     source, target = new_store(), new_store()
     name = unique("cat").replace("-", "_")

@@ -64,7 +64,7 @@ def _assert_no_secret(text: str) -> None:
         assert secret not in text
 
 
-@pytest.mark.safeguard("reshard-123")
+@pytest.mark.safeguard("reshard-115")
 def test_the_runner_logs_region_endpoint_and_credential_source_first_and_no_secret(
     transactional_db: None, runner_state_dir: Path, no_ambient_aws: Path
 ) -> None:
@@ -106,7 +106,7 @@ def test_the_runner_logs_region_endpoint_and_credential_source_first_and_no_secr
     _assert_no_secret("\n".join(log))
 
 
-@pytest.mark.safeguard("reshard-123")
+@pytest.mark.safeguard("reshard-115")
 def test_each_credential_source_is_named_as_boto3_reports_it(
     no_ambient_aws: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:

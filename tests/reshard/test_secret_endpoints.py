@@ -1,5 +1,5 @@
 """A secret reference's password goes only to the endpoints it is bound to (safeguard
-reshard-135; ``DUCKGRES_SECRET_REF_ENDPOINTS``), against the real store clusters.
+reshard-124; ``DUCKGRES_SECRET_REF_ENDPOINTS``), against the real store clusters.
 
 ``secretrefs.resolve`` remembers which references produced a value; every connection seam checks
 the password against the bindings of those references before a packet is sent: the product's
@@ -24,7 +24,7 @@ from tests.fixtures.store_tls import PgWireStub
 from tests.fixtures.stores import PROVISIONER_PASSWORD_VAR, StoreClusters
 from tests.test_settings import start as start_process
 
-pytestmark = pytest.mark.safeguard("reshard-135")
+pytestmark = pytest.mark.safeguard("reshard-124")
 
 REF = f"env:{PROVISIONER_PASSWORD_VAR}"
 

@@ -1,4 +1,4 @@
-"""SCRAM bound to the TLS channel on every store connection (safeguard reshard-134), against the
+"""SCRAM bound to the TLS channel on every store connection (safeguard reshard-123), against the
 real store cluster on 5433 (test CA, ``verify-full``) and a TLS-terminating relay in front of it
 (``PgWireStub`` with ``upstream``: TLS ends at the relay, like an impostor relaying a session).
 
@@ -32,7 +32,7 @@ from tests.fixtures.stores import StoreCluster, StoreClusters, TenantCatalogFact
 
 __all__ = ["runner_moto_server", "runner_s3"]  # fixtures used here
 
-pytestmark = pytest.mark.safeguard("reshard-134")
+pytestmark = pytest.mark.safeguard("reshard-123")
 
 DEBIAN_PG15 = "/usr/lib/postgresql/15/bin"
 

@@ -1,4 +1,4 @@
-"""A hostile store cannot hold a caller for ever (safeguard reshard-139).
+"""A hostile store cannot hold a caller for ever (safeguard reshard-127).
 
 Real sockets on 127.0.0.1: a server that accepts and never answers, one that answers the
 startup (the SSLRequest's ``S``) and then stalls in the TLS handshake, and a relay in front of
@@ -20,7 +20,7 @@ import pytest
 from duckgres_admin.lib import pgadmin
 from tests.fixtures.stores import StoreClusters
 
-pytestmark = pytest.mark.safeguard("reshard-139")
+pytestmark = pytest.mark.safeguard("reshard-127")
 
 
 class Hostile:

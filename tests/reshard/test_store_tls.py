@@ -6,7 +6,7 @@ reshard-69).
   that completes TLS and then asks for a cleartext password receives no password: libpq refuses
   before sending it. ``pg_dump`` 18 gets the same through its conninfo; ``pg_dump`` 15's libpq
   knows no ``require_auth`` but does know ``channel_binding=require``, which refuses the
-  cleartext request just as well (safeguard reshard-134). Where channel binding is exempt, only
+  cleartext request just as well (safeguard reshard-123). Where channel binding is exempt, only
   a ``require_auth`` client dumps, else the backup is refused (no more warn-and-continue).
 - ``disable``, ``allow`` and ``prefer`` are refused for every store kind before any packet is
   sent; an empty sslmode is ``verify-full``; ``verify-full`` uses ``DUCKGRES_STORE_SSLROOTCERT``
@@ -155,7 +155,7 @@ def test_pg_dump_18_sends_no_password_to_a_cleartext_server(
     assert not [m for _, m in hooks.logs if "cannot refuse a cleartext password" in m]
 
 
-@pytest.mark.safeguard("reshard-134")
+@pytest.mark.safeguard("reshard-123")
 def test_pg_dump_15_refuses_a_cleartext_server_through_channel_binding(
     stub: Stub, s3_bucket_name: str
 ) -> None:
