@@ -16,7 +16,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from duckgres_admin.base.scrub import process_scrubber
-from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from reshard.runner.errors import StepError
 from reshard.runner.steps import access, blocking, cleanup, fence_source, record_source
 from tests.fixtures.api import clients, published  # the API's identities and Celery capture
@@ -87,7 +87,16 @@ def test_the_migration_stops_on_existing_duplicates_and_changes_nothing(transact
     latest = executor.loader.graph.leaf_nodes("duckgres_admin")
     executor.migrate(before)
     try:
-        store = new_store(name="dup-store")
+        # The store row as that schema has it (later migrations added store columns); the
+        # warehouses refer to it by name.
+        old_store = executor.loader.project_state(before).apps.get_model(
+            "duckgres_admin", "MetadataStore"
+        )
+        old_store.objects.create(
+            name="dup-store", kind="cnpg", host="127.0.0.1", port=5433, sslmode="require",
+            provisioner_user="provisioner", provisioner_password_ref="env:X",
+        )  # fmt: skip
+        store = MetadataStore(name="dup-store", kind="cnpg")
         for org in ("dup-a", "dup-b"):
             new_warehouse(
                 org_id=org,
