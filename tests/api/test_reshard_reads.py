@@ -57,7 +57,9 @@ def test_detail_and_404(clients, target_store):
     # Every column but the local pull credential's verifier (safeguard reshard-79).
     expected = {f.column for f in ReshardOperation._meta.concrete_fields}
     assert "password_pull_digest" in expected
-    assert set(body) == expected - {"password_pull_digest"}
+    # ... plus the computed in_place (a restore onto the warehouse's own store, docs/api.md).
+    assert set(body) == (expected - {"password_pull_digest"}) | {"in_place"}
+    assert body["in_place"] is False
     assert body["compaction_prior"] is None
     assert body["progress"] == {}
     response = clients.internal.get("/api/v1/reshards/999999")
