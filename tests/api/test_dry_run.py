@@ -46,6 +46,7 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
         "dry_run",
         "direction",
         "steps",
+        "cancel_cutoff",
         "source",
         "target",
         "catalog",
@@ -55,6 +56,10 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
     assert body["dry_run"] is True
     assert body["direction"] == "cnpg_to_cnpg"
     assert body["steps"] == list(steps.CNPG_TO_CNPG)
+    assert body["cancel_cutoff"] == (
+        "a reshard to a cnpg store can be cancelled until the target login is ready in the "
+        "cutover (before copying)"
+    )
     store = cnpg_source.source_store
     assert body["source"] == {
         "kind": "cnpg",
