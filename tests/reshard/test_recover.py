@@ -505,6 +505,8 @@ def test_execute_rolls_back_cnpg_to_external_dropping_the_partial_copy(
             "blocked_at = now() - interval '10 minutes', "
             "source_fence_requested_at = now() - interval '9 minutes', "
             "source_fenced_at = now() - interval '9 minutes', tables_copied = 5, "
+            # the copy claimed the (then empty) external target before its first write
+            "target_claimed_at = now() - interval '8 minutes', "
             "source_endpoint = %s, source_port = %s, source_sslmode = %s, "
             "recovery_required = true, runner_id = 'janitor', finished_at = now() WHERE id = %s",
             [source_store.host, source_store.port, source_store.sslmode, op.id],
