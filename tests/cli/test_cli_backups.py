@@ -258,7 +258,8 @@ def test_backups_test_queues_a_restore_test_that_the_worker_runs(
     )
     assert (row.result, row.store, row.op_id) == ("passed", scratch.name, op.id)
     listed = cli("backups", "list", wh.org_id)
-    assert listed.stdout.splitlines()[1].endswith(f"\t{op.id}\tsucceeded\ttrue")
+    sha = hashlib.sha256(dump).hexdigest()[:12]
+    assert listed.stdout.splitlines()[1].endswith(f"\t{op.id}\tsucceeded\t{sha}\ttrue")
 
     # Asked again (no key: the newest backup): tested again, the result replaced.
     again = cli("backups", "test", wh.org_id, "-o", "json")

@@ -24,6 +24,7 @@ import pytest
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import restores
 from reshard.restore import login_role_name
+from tests.fixtures.backups_listing import put_backup
 from tests.fixtures.faults import backdate
 from tests.fixtures.restores import moved, restore_request, snapshots, start_restore
 from tests.fixtures.runner import (
@@ -243,7 +244,9 @@ def test_an_archive_that_changes_the_login_role_cannot_empty_the_restored_catalo
          "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres", on_b.database],
         capture_output=True, timeout=120, check=True,
     ).stdout  # fmt: skip
-    runner_s3.client().put_object(Bucket=runner_s3.bucket, Key=moved["key"], Body=dump)
+    # The backup as its operation wrote and recorded it held the hostile check (the tenant
+    # controls its catalog's contents): recorded like the runner records what it wrote.
+    put_backup(runner_s3.client(), runner_s3.bucket, moved["key"], dump)
     op = _in_place(moved)
     runner = run_runner(op.id, runner_state_dir, 240, env_extra=runner_s3.env())
     op = reload(op)
