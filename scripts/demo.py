@@ -101,18 +101,22 @@ def run() -> int:
     api = ApiClient.internal(os.environ["DEMO_API_URL"], os.environ["DUCKGRES_INTERNAL_SECRET"])
     _wait_api(api)
     provisioner_ref = f"env:{os.environ['DEMO_PROVISIONER_PASSWORD_VAR']}"
+    sslmode = "verify-full" if os.environ.get("DUCKGRES_STORE_SSLROOTCERT") else "require"
     for name, cluster in STORES:
         body = {
             "name": name,
             "kind": "cnpg",
             "host": cluster.host,
             "port": cluster.port,
-            "sslmode": "require",
+            "sslmode": sslmode,
             "provisioner_user": cluster.provisioner_user,
             "provisioner_password_ref": provisioner_ref,
         }
+        if sslmode != "verify-full":  # no CA to verify against: an explicit, visible opt-in
+            body["tls_policy"] = "allow-weaker"
+            body["tls_policy_reason"] = "demo on loopback without the services' CA"
         _check(api.post("metadata-stores", body), 201, f"POST /metadata-stores {name}")
-        say(f"metadata store {name}: cnpg at {cluster.host}:{cluster.port} (sslmode require)")
+        say(f"metadata store {name}: cnpg at {cluster.host}:{cluster.port} (sslmode {sslmode})")
     warehouse = {
         "org_id": ORG,
         "database_name": TENANT,

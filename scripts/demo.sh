@@ -30,6 +30,10 @@ export DJANGO_SETTINGS_MODULE=duckgres_admin.settings
 export DJANGO_SECRET_KEY="demo-$(rand)"
 export DUCKGRES_CONFIG_STORE="postgresql://postgres@127.0.0.1:5432/duckgres_demo?sslmode=require"
 export DUCKGRES_BROKER_URL=redis://127.0.0.1:6379/3
+# The stores' certificates come from the services' CA (.ci/test-ca.sh): the product verifies
+# them (verify-full), as in production; without it the demo opts its stores in explicitly.
+DEMO_CA=${CI_STATE_DIR:-/var/tmp/duckgres-ci}/ca/ca.crt
+if [ -f "$DEMO_CA" ]; then export DUCKGRES_STORE_SSLROOTCERT=$DEMO_CA; fi
 export DUCKGRES_INTERNAL_SECRET; DUCKGRES_INTERNAL_SECRET=$(rand)
 export DUCKGRES_RUNNER_SECRET; DUCKGRES_RUNNER_SECRET=$(rand)
 export DUCKGRES_DATAPLANE_SECRET; DUCKGRES_DATAPLANE_SECRET=$(rand)
