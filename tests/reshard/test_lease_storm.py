@@ -47,6 +47,7 @@ OTHER_CLIENTS = 4
 BUSY_CLIENTS = 3
 THINK_SECONDS = 0.01
 HOLD_AFTER_BLOCK_SECONDS = 4.0
+STORM_STALE_SECONDS = 75
 
 TRIGGER_SQL = """
 CREATE TABLE lease_storm_transitions (
@@ -203,7 +204,12 @@ def test_a_reshard_in_a_lease_storm_grants_nothing_between_block_and_unblock(
         max_connection_leases=20,
     ).org_id
     others = [make_org(f"storm-{i:02d}", cap=2).org_id for i in range(OTHER_ORGS)]
-    worker = request.getfixturevalue("celery_worker_factory")(extra_env=s3_bucket.env())
+    # The storm saturates both cores on purpose. The suite's stale window (62 s) makes a runner
+    # self-fence after 2 s without a heartbeat, which a starved heartbeat thread can miss here;
+    # this test is about admission, not fencing, so its runner gets 15 s (stale 75 s).
+    worker = request.getfixturevalue("celery_worker_factory")(
+        extra_env={**s3_bucket.env(), "DUCKGRES_RESHARD_STALE_SECONDS": str(STORM_STALE_SECONDS)}
+    )
     env = process_env(DUCKGRES_API_METRICS_PORT="0")
     with run_gunicorn(env, tmp_path / "gunicorn.log") as server:
         base_url = f"http://127.0.0.1:{server.port}"
