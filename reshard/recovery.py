@@ -251,7 +251,9 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
     if op.in_place:
         actions.append(
             f"end the sessions of the restore's login role {login_role_name(op.id)}, drop the "
-            f"sibling database {op.target_database} and the login role on {op.to_shard} (only "
+            f"sibling database {op.target_database} and the login role on {op.to_shard} (the "
+            "database only if this operation claimed it before creating it, "
+            f"{'claimed' if op.target_claimed_at else 'not claimed: it is kept'}; only "
             "if the binding names the source again and no other warehouse binds the sibling; "
             "if either is left, the warehouse stays resharding); the tenant role gets LOGIN "
             "only once the binding names the source"

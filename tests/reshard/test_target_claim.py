@@ -30,8 +30,11 @@ from reshard import restores
 from tests.fixtures.faults import backdate
 from tests.fixtures.restores import moved, restore_request, snapshots, start_restore
 from tests.fixtures.runner import (
+    ExternalTargetWorld,
     RunnerS3,
+    external_target_world,
     op_log,
+    password_url,
     reload,
     run_runner,
     runner_moto_server,
@@ -39,7 +42,7 @@ from tests.fixtures.runner import (
 )
 from tests.fixtures.stores import StoreCluster
 
-__all__ = ["moved", "runner_moto_server", "runner_s3"]
+__all__ = ["external_target_world", "moved", "runner_moto_server", "runner_s3"]
 
 pytestmark = [pytest.mark.faults, pytest.mark.safeguard("reshard-108")]
 
@@ -172,3 +175,82 @@ def test_recovery_drops_nothing_in_a_target_its_operation_never_claimed(
     _strangers_intact(cluster, world.catalog.database)
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready"), "B again"
+
+
+def test_an_in_place_restore_never_adopts_nor_drops_a_sibling_it_did_not_create(
+    moved: dict[str, Any], runner_state_dir: Path, runner_s3: RunnerS3
+) -> None:
+    """The in-place restore's sibling database already exists when its runner renders it (a
+    stranger's, holding a planted ``ducklake_*`` table): the cutover refuses it before creating
+    anything, records no claim, and the rollback leaves that database and its tables as found
+    while the current catalog on B stays bound and intact."""
+    world, on_b = moved["world"], moved["on_b"]
+    op = start_restore(moved, world.target_store.name)
+    assert op.in_place
+    _plant(on_b.cluster, op.target_database, on_b.role)
+    runner = run_runner(op.id, runner_state_dir, 180, env_extra=runner_s3.env())
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "failed", (op.error, runner.output(), "\n".join(lines))
+    # Refused before anything is created (here by the tenant-role identity check, which sees
+    # the role owning a second database; a sibling owned by anyone else fails the owner check).
+    assert op.target_database in op.error, op.error
+    assert op.target_claimed_at is None
+    assert any(
+        f"database {op.target_database} on store {world.target_store.name} was not created by "
+        "this operation" in line
+        for line in lines
+    ), lines
+    assert not any(line.startswith("dropped ducklake_") for line in lines), lines
+    _strangers_intact(on_b.cluster, op.target_database)
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
+        world.target_store.name,
+        world.catalog.database,
+        "ready",
+    )
+    assert snapshots(on_b) == moved["backup_snapshots"] + 1
+
+
+def test_an_external_target_that_fills_after_the_start_is_not_claimed_nor_emptied(
+    external_target_world: ExternalTargetWorld, runner_state_dir: Path, runner_s3: RunnerS3
+) -> None:
+    """cnpg→external: the start saw the external database empty; tables appear in it before
+    the runner's first write. The copy refuses to claim it, nothing is written or dropped there,
+    and the source catalog stays bound, un-fenced and intact."""
+    world = external_target_world
+    Warehouse.objects.filter(org_id=world.op.org_id).update(data_bucket=runner_s3.bucket)
+    with world.target.cluster.superuser_conn(world.target.database) as conn:
+        for name in STRANGERS:
+            conn.execute(sql.SQL("CREATE TABLE public.{} (note text)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("INSERT INTO public.{} VALUES ('kept')").format(sql.Identifier(name))
+            )
+            conn.execute(
+                sql.SQL("ALTER TABLE public.{} OWNER TO {}").format(
+                    sql.Identifier(name), sql.Identifier(world.target.role)
+                )
+            )
+    with password_url(world.target.password) as url:
+        runner = run_runner(
+            world.op.id,
+            runner_state_dir,
+            180,
+            env_extra=runner_s3.env(),
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+        )
+    op = reload(world.op)
+    lines = op_log(op.id)
+    assert op.state == "failed", (op.error, runner.output(), "\n".join(lines))
+    assert "already exists and holds 2 tables" in op.error, op.error
+    assert op.target_claimed_at is None
+    assert not any(line.startswith("dropped ducklake_") for line in lines), lines
+    _strangers_intact(world.target.cluster, world.target.database)
+    wh = Warehouse.objects.get(org_id=world.op.org_id)
+    assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
+        world.source_store.name,
+        world.catalog.database,
+        "ready",
+    )
+    with world.catalog.tenant_conn() as conn:  # un-fenced: the tenant logs in again
+        assert conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone() is not None

@@ -31,8 +31,11 @@ Invariants:
 - **Cancel until the commit point.** Nothing irreversible happens before ``cleaning_up``: a
   cancel is honoured through the restore and the verification
   (``reshard.runner.execute.before_cancel_cutoff``), and kills a running ``pg_restore``.
-- **Rollback leaves nothing, or stays blocked** (:func:`drop_sibling`): once the binding names
-  the source again, the sibling database is dropped and the login role with it; the source's
+- **Rollback leaves nothing of its own, or stays blocked** (:func:`drop_sibling`): once the
+  binding names the source again, the sibling database is dropped — only when this operation
+  claimed it (``target_claimed_at``, recorded once its plain ``CREATE DATABASE`` succeeded; an
+  existing database is refused, never adopted) — and the login role
+  with it; the source's
   un-fence is the reshard's, and only once the binding names the source. What cannot be
   dropped leaves the warehouse blocked for ``reshard_recover``.
 - **The login role is always named**, never ``CURRENT_USER``: an archive can change the
@@ -88,6 +91,16 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
         )
         if owner:
             raise StepError(owner)
+        if connections.database_exists(conn, sibling):
+            # The name is drawn per start, so an existing one is a stranger's (or a leftover
+            # no claim of this operation covers): never adopted, and never dropped by the
+            # rollback (no claim is recorded for it).
+            raise StepError(
+                f"database {sibling} already exists on store {prov.store.name} and is not this "
+                "operation's: an in-place restore creates its sibling database and never adopts "
+                "one; nothing was created — start the restore again (a new start draws a new "
+                "name) or drop that database"
+            )
         env.fence.pre_statement_heartbeat()
         # Never adopted: the cutover runs once per operation (a takeover at it rolls back, and
         # the rollback drops the role), so an existing one is not this operation's.
@@ -111,7 +124,19 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
                 f"{login} after GRANT (is it NOINHERIT?); refusing to restore in place"
             )
         connections.ensure_can_set_role(conn, tenant, prov.store.provisioner_user)
-        present = connections.ensure_database(conn, sibling, tenant)
+        # A plain CREATE fails rather than adopt a database that appeared since the check; the
+        # claim is recorded only once this CREATE succeeded, so a claimed sibling is always this
+        # operation's. A runner killed between the two leaves an unclaimed one: kept (and named
+        # in the log) rather than risk dropping a stranger's.
+        env.fence.pre_statement_heartbeat()
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(sibling), sql.Identifier(tenant)
+            )
+        )
+        env.fence.update(target_claimed_at=Now())
+        op.refresh_from_db(fields=["target_claimed_at"])
+        present = connections.database_exists(conn, sibling)
         tenant_state = connections.role_state(conn, tenant)
     if not present:
         raise StepError(f"database {sibling} missing on store {prov.store.name} after CREATE")
@@ -313,6 +338,7 @@ def drop_sibling(env: StepEnv) -> bool:
         )
         return False
     prov: connections.Provisioner | None = None
+    kept = False
     try:
         prov = connections.provisioner(ctx, op.to_shard)
         shared = identity.shared_catalog_message(
@@ -327,7 +353,17 @@ def drop_sibling(env: StepEnv) -> bool:
                 conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))
                 end_login_sessions(env, conn)
             present = connections.database_exists(conn, sibling)
-            if present:
+            if present and op.target_claimed_at is None:
+                # This operation never created it (its claim precedes its CREATE): a stranger's.
+                log.warn(
+                    f"rollback: database {sibling} on store {op.to_shard} was not created by this "
+                    "operation (no claim recorded); it is left as it was found — if this "
+                    "operation's runner died right after creating it, it is an empty leftover: "
+                    "check it and drop it by hand"
+                )
+                present = False
+                kept = True
+            elif present:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
                     sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -335,11 +371,12 @@ def drop_sibling(env: StepEnv) -> bool:
                     )
                 )
                 testhooks.kill_point("after_sibling_drop")
-        log.info(
-            f"rollback: the sibling database {sibling} dropped on store {op.to_shard}"
-            if present
-            else f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
-        )
+        if present:
+            log.info(f"rollback: the sibling database {sibling} dropped on store {op.to_shard}")
+        elif not kept:
+            log.info(
+                f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
+            )
         retire_login_role(env, prov)
     except (psycopg.Error, StepError, Interrupted) as exc:
         log.error(
