@@ -115,6 +115,10 @@ def test_a_restore_onto_the_current_store_goes_into_a_sibling_and_fences_the_ten
     org, store = world.op.org_id, world.target_store.name
     plan = restores.restore_dry_run(org, moved["key"], restore_request(store))
     assert plan["restore"]["in_place"] is True
+    assert plan["cancel_cutoff"] == (
+        "a restore in place can be cancelled until cleaning_up, when the replaced catalog is "
+        "dropped"
+    )
     assert all(entry["ok"] for entry in plan["preflight"]), plan["preflight"]
     op = _in_place(moved)
     assert (op.kind, op.from_shard, op.to_shard, op.in_place) == ("restore", store, store, True)

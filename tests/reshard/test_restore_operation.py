@@ -52,6 +52,10 @@ def test_a_restore_brings_the_backups_catalog_back_onto_another_store(
         world.op.org_id, moved["key"], restore_request(world.source_store.name)
     )
     assert plan["kind"] == "restore"
+    assert plan["cancel_cutoff"] == (
+        "a restore onto another store can be cancelled until cleaning_up, when the replaced "
+        "catalog is dropped"
+    )
     assert plan["restore"]["made_by_op"] == moved["op"].id
     assert "fingerprint operation" in plan["restore"]["verification"]
     assert plan["backup"]["mandatory"] is True

@@ -159,3 +159,70 @@ def test_a_drain_of_six_with_two_at_a_time_survives_the_janitor_leader_s_death(
     assert str(killed.proc.pid) not in lease.holder.split(".")
     for catalog, wh in zip(catalogs, warehouses, strict=True):
         assert database_exists(catalog.cluster, catalog.database) is (wh not in moved)
+
+
+@pytest.mark.safeguard("reshard-111")
+def test_a_drain_cancel_stops_the_child_that_is_blocking_now(
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    celery_worker_factory: Callable[..., CeleryWorker],
+) -> None:
+    """``duckgres store drain … --max-concurrent 1``, then the cancel while the first child is
+    ``running`` in ``blocking`` (its propagation wait, before its point of no return): the
+    cancel's own transaction asks that child, which a real runner honours — the child ends
+    ``cancelled`` with its catalog bound to the source and intact — and the waiting item is
+    cancelled at once, never launched. No janitor tick is needed for the child to be asked."""
+    reset_leases()
+    source, target = new_store(store_clusters.source), new_store(store_clusters.target)
+    catalogs = [tenant_catalog(store_clusters.source) for _ in range(2)]
+    warehouses = [new_warehouse(store=source, catalog=c) for c in catalogs]
+    drain_id = drains.create_drain(
+        source.name,
+        target_stores=[target.name],
+        max_concurrent=1,
+        drain_timeout_seconds=30,
+        actor="ops@example.com",
+    ).id
+    # A propagation wait of 2 x 6 s: the child sits in `blocking` long enough to be asked.
+    slow = {**CONTROL_ENV, "DUCKGRES_CONFIG_POLL_INTERVAL": "6"}
+    celery_worker_factory(queues=("duckgres.default",), extra_env=slow)
+    celery_worker_factory(queues=("duckgres.control",), extra_env=CONTROL_ENV)
+    child: ReshardOperation | None = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        send_tick()
+        child = ReshardOperation.objects.filter(drain_item__drain_id=drain_id).first()
+        if child is not None and (child.state, child.step) == ("running", "blocking"):
+            break
+        time.sleep(0.3)
+    assert child is not None, "the drain launched no child"
+    assert (child.state, child.step) == ("running", "blocking"), (child.state, child.step)
+    done = drains.cancel_drain(drain_id, actor="ops@example.com")
+    assert done.waiting_cancelled == 1
+    assert [(c.operation_id, c.honoured) for c in done.children] == [(child.id, True)]
+    asked = ReshardOperation.objects.get(pk=child.id)
+    assert asked.cancel_requested, "asked in the cancel's own transaction"
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        child = ReshardOperation.objects.get(pk=child.id)
+        if child.state in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.5)
+    assert child.state == "cancelled", (child.state, child.step, child.error)
+    moving = Warehouse.objects.get(org_id=child.org_id)
+    assert (moving.metadata_store_id, moving.state) == (source.name, "ready")
+    catalog = next(c for c, w in zip(catalogs, warehouses, strict=True) if w.org_id == child.org_id)
+    assert database_exists(catalog.cluster, catalog.database)
+    with catalog.tenant_conn() as conn:
+        assert conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone() is not None
+    # The waiting item was never launched; the drain ends cancelled once its child is terminal.
+    assert ReshardOperation.objects.filter(drain_item__drain_id=drain_id).count() == 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        send_tick()
+        if StoreDrain.objects.get(pk=drain_id).state == "cancelled":
+            break
+        time.sleep(1.0)
+    drain = StoreDrain.objects.get(pk=drain_id)
+    assert (drain.state, drain.summary) == ("cancelled", "2 cancelled"), drains.drain_view(drain)
