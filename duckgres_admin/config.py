@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 SECRET_VARIABLES = frozenset(
     {
         "DJANGO_SECRET_KEY",
+        "DJANGO_SECRET_KEY_PREVIOUS",
         "DUCKGRES_CONFIG_STORE",
         "DUCKGRES_INTERNAL_SECRET",
         "DUCKGRES_RUNNER_SECRET",

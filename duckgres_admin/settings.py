@@ -7,6 +7,7 @@ is no silent fallback (no eager Celery, no default broker, no default config sto
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -38,7 +39,19 @@ IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
 SCHEMA_COMMANDS = frozenset({"migrate", "wait_for_migrations", "createsuperuser"})
 IS_SCHEMA_COMMAND = len(sys.argv) > 1 and sys.argv[1] in SCHEMA_COMMANDS
 
-SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=not IS_COLLECTSTATIC)
+# A runner signs nothing (no session, cookie, CSRF token or password hash), so it is never given
+# Django's signing key (issue 25 item 3): a key drawn for the process satisfies Django, and
+# whatever DJANGO_SECRET_KEY an older launcher still passes is not read.
+if IS_RUNNER:
+    SECRET_KEY = secrets.token_urlsafe(64)
+    SECRET_KEY_FALLBACKS: list[str] = []
+else:
+    SECRET_KEY = env.string("DJANGO_SECRET_KEY", required=not IS_COLLECTSTATIC)
+    # Rotation with an overlap window, as for the shared secrets: the previous key still verifies
+    # what it signed (sessions, CSRF tokens, password-reset links) while new signatures use
+    # DJANGO_SECRET_KEY; unset it once the sessions signed with it have expired.
+    _previous_key = env.string("DJANGO_SECRET_KEY_PREVIOUS")
+    SECRET_KEY_FALLBACKS = [_previous_key] if _previous_key else []
 DEBUG = env.boolean("DUCKGRES_DEBUG", False)
 
 # --- config store -------------------------------------------------------------------------
@@ -350,7 +363,6 @@ DUCKGRES_KUBE_VERIFY_TLS = env.boolean("DUCKGRES_KUBE_VERIFY_TLS", True)
 if DUCKGRES_RESHARD_LAUNCHER == "pod":
     for _name in sorted(env.from_file):
         if _name in {
-            "DJANGO_SECRET_KEY",
             "DUCKGRES_CONFIG_STORE",
             "DUCKGRES_RUNNER_SECRET",
             "AWS_ACCESS_KEY_ID",

@@ -120,6 +120,75 @@ def test_a_runner_needs_no_broker_and_no_internal_or_dataplane_secret():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.safeguard("reshard-128")
+def test_a_runner_is_never_given_django_s_signing_key_and_never_reads_one():
+    """Issue 25 item 3: a runner starts without DJANGO_SECRET_KEY, and one passed anyway (an
+    older launcher) is not the key it holds; every other process still requires it."""
+    code = (
+        "import sys; sys.argv = ['manage.py', 'reshard_runner']; import django; django.setup(); "
+        "from django.conf import settings; import os; "
+        "print(len(settings.SECRET_KEY) >= 50, settings.SECRET_KEY == os.environ.get("
+        "'DJANGO_SECRET_KEY'), settings.SECRET_KEY_FALLBACKS)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
+    env.update(TEST_ENV)
+    env["DJANGO_SECRET_KEY_PREVIOUS"] = "previous-" + "p" * 50
+    given = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert given.returncode == 0, given.stderr
+    assert given.stdout.split() == ["True", "False", "[]"]
+    env.pop("DJANGO_SECRET_KEY")
+    without = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert without.returncode == 0, without.stderr
+    assert without.stdout.split() == ["True", "False", "[]"]
+    other = start({"DJANGO_SECRET_KEY": None}, "migrate")
+    assert other.returncode != 0
+    assert "DJANGO_SECRET_KEY is required" in other.stderr
+
+
+@pytest.mark.safeguard("reshard-129")
+def test_the_previous_signing_key_verifies_during_the_rotation_window():
+    """Rotation with an overlap (issue 25 item 7): what the previous key signed still verifies
+    while DJANGO_SECRET_KEY_PREVIOUS names it; without it, it no longer does."""
+    old = "old-" + "o" * 60
+    signed = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.core import signing; "
+         "print(signing.dumps('session-of-an-operator'))"],
+        cwd=ROOT, env={**_env(), "DJANGO_SECRET_KEY": old}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert signed.returncode == 0, signed.stderr
+    token = signed.stdout.strip()
+    check = (
+        "import django, sys; django.setup(); from django.core import signing; "
+        f"print(signing.loads({token!r}))"
+    )
+    new = "new-" + "n" * 60
+    during = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=ROOT, env={**_env(), "DJANGO_SECRET_KEY": new, "DJANGO_SECRET_KEY_PREVIOUS": old},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert during.returncode == 0, during.stderr
+    assert during.stdout.strip() == "session-of-an-operator"
+    after = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=ROOT, env={**_env(), "DJANGO_SECRET_KEY": new},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert after.returncode != 0
+    assert "BadSignature" in after.stderr
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
+    env.update(TEST_ENV)
+    return env
+
+
 def test_a_runner_with_a_password_url_needs_the_runner_secret():
     result = start(
         {

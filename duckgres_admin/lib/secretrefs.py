@@ -65,6 +65,7 @@ ALLOW_SETTINGS: dict[str, str] = {
 DENIED_VARIABLES = frozenset(
     {
         "DJANGO_SECRET_KEY",
+        "DJANGO_SECRET_KEY_PREVIOUS",
         "DUCKGRES_CONFIG_STORE",
         "DUCKGRES_INTERNAL_SECRET",
         "DUCKGRES_RUNNER_SECRET",

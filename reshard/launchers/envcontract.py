@@ -2,8 +2,9 @@
 
 A runner receives only the allowlisted names below, copied from the control plane, plus what the
 launcher sets itself (op id, pod identity, password URL, and for a local runner the fd number
-of its pull-credential pipe). The internal and data-plane secrets are never passed: a runner
-holds at most the runner secret, which alone no longer pulls a password (safeguard reshard-79).
+of its pull-credential pipe). The internal and data-plane secrets and Django's signing key are
+never passed: a runner holds at most the runner secret, which alone no longer pulls a password
+(safeguard reshard-79), and signs nothing (it draws a signing key of its own at start).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 # In spec order. Names in SECRET_BEARING travel only as references (pod launcher: secretKeyRef).
 ALLOWLIST: tuple[str, ...] = (
     "DJANGO_SETTINGS_MODULE",
-    "DJANGO_SECRET_KEY",
     "DUCKGRES_CONFIG_STORE",
     "DUCKGRES_CONFIG_POLL_INTERVAL",
     "DUCKGRES_RUNNER_SECRET",
@@ -42,7 +42,6 @@ ALLOWLIST: tuple[str, ...] = (
 
 SECRET_BEARING: frozenset[str] = frozenset(
     {
-        "DJANGO_SECRET_KEY",
         "DUCKGRES_CONFIG_STORE",
         "DUCKGRES_RUNNER_SECRET",
         "AWS_ACCESS_KEY_ID",
@@ -51,7 +50,15 @@ SECRET_BEARING: frozenset[str] = frozenset(
 )
 
 # Never given to a runner, whatever the allowlist says (spec §4.13, safeguard 50).
-NEVER_PASSED: frozenset[str] = frozenset({"DUCKGRES_INTERNAL_SECRET", "DUCKGRES_DATAPLANE_SECRET"})
+NEVER_PASSED: frozenset[str] = frozenset(
+    {
+        "DUCKGRES_INTERNAL_SECRET",
+        "DUCKGRES_DATAPLANE_SECRET",
+        # A runner signs nothing; it draws a key of its own (settings, issue 25 item 3).
+        "DJANGO_SECRET_KEY",
+        "DJANGO_SECRET_KEY_PREVIOUS",
+    }
+)
 
 # The local launcher additionally passes these through from its own environment.
 LOCAL_PASSTHROUGH: tuple[str, ...] = (

@@ -95,6 +95,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.safeguard("reshard-56")
+@pytest.mark.safeguard("reshard-128")
 def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
     environ = {
         "PATH": "/usr/bin",
@@ -104,6 +105,7 @@ def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
         "VIRTUAL_ENV": "/app/.venv",
         "DJANGO_SETTINGS_MODULE": "duckgres_admin.settings",
         "DJANGO_SECRET_KEY": "k" * 40,
+        "DJANGO_SECRET_KEY_PREVIOUS": "p" * 40,
         "DUCKGRES_CONFIG_STORE": "postgresql://u@h/db",
         "DUCKGRES_RUNNER_SECRET_FILE": "/run/secrets/runner",
         "DUCKGRES_INTERNAL_SECRET": "i" * 40,
@@ -128,8 +130,14 @@ def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
         environ,
         directory=Path("/state"),
         uid="local-1-2",
-        secret_refs=["env:PROV_PW", "k8s:ns/s#k", "env:DUCKGRES_INTERNAL_SECRET"],
+        secret_refs=[
+            "env:PROV_PW",
+            "k8s:ns/s#k",
+            "env:DUCKGRES_INTERNAL_SECRET",
+            "env:DJANGO_SECRET_KEY",
+        ],
     )
+    # Never Django's signing key (issue 25 item 3), not even named by a secret reference.
     assert env == {
         "PATH": "/usr/bin",
         "HOME": "/root",
@@ -137,7 +145,6 @@ def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
         "PYTHONPATH": "/app",
         "VIRTUAL_ENV": "/app/.venv",
         "DJANGO_SETTINGS_MODULE": "duckgres_admin.settings",
-        "DJANGO_SECRET_KEY": "k" * 40,
         "DUCKGRES_CONFIG_STORE": "postgresql://u@h/db",
         "DUCKGRES_RUNNER_SECRET_FILE": "/run/secrets/runner",
         "DUCKGRES_RESHARD_STALE_SECONDS": "62",
