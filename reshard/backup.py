@@ -67,6 +67,7 @@ from duckgres_admin.lib.pgadmin import (
     check_secret_endpoint,
     connect,
     pinned_host,
+    socket_params,
     tls_params,
 )
 from duckgres_admin.lib.s3 import S3, ObjectHead, S3Error, Uploaded, session_name_for_op
@@ -293,6 +294,10 @@ def source_conninfo(
         dbname=source.database,
         connect_timeout=str(CONNECT_TIMEOUT_SECONDS),
         application_name=application_name,
+        # A server that stops answering mid-dump or mid-restore is detected by the client's
+        # kernel (keepalives, tcp_user_timeout) as on every other store connection (reshard-127):
+        # pg_dump and pg_restore then fail instead of waiting for ever.
+        **{name: str(value) for name, value in socket_params().items()},
         **tls_params(endpoint, libpq16=require_auth),
     )
 

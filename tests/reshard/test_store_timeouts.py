@@ -16,8 +16,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.lib import pgadmin
+from reshard.backup import BackupSource, source_conninfo
 from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-127")
@@ -150,6 +152,25 @@ def test_every_connection_sets_keepalives_and_tcp_user_timeout(
     assert "keepalives_count=3" in dsn
     assert "tcp_user_timeout=60000" in dsn
     assert "connect_timeout=10" in dsn
+
+
+def test_pg_dump_and_pg_restore_connections_set_them_too(store_clusters: StoreClusters) -> None:
+    """The conninfo both client programs get (backup, restore, restore test) carries the same
+    dead-peer detection as the product's own connections (issue 25 item 8)."""
+    cluster = store_clusters.source
+    conninfo = conninfo_to_dict(
+        source_conninfo(
+            BackupSource("127.0.0.1", cluster.port, "postgres", "provisioner", "require", "x"),
+            require_auth=True,
+        )
+    )
+    assert {k: conninfo.get(k) for k in pgadmin.socket_params()} == {
+        "keepalives": "1",
+        "keepalives_idle": "30",
+        "keepalives_interval": "10",
+        "keepalives_count": "3",
+        "tcp_user_timeout": "60000",
+    }, conninfo
 
 
 @pytest.mark.parametrize("server", ["silent", "ssl_then_stall"])
