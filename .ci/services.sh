@@ -149,6 +149,10 @@ SELECT format('CREATE ROLE provisioner LOGIN CREATEDB CREATEROLE PASSWORD %L', :
 SELECT format('ALTER ROLE provisioner LOGIN CREATEDB CREATEROLE PASSWORD %L', :'pw') \gexec
 SQL
 done
+# The restore tests' scratch store (the "target" cluster) lets the provisioner bound a scratch
+# role's temporary files, as docs/backup.md asks of a production scratch store; the "source"
+# cluster stays without the grant, as a store where it was not given.
+su_psql 5434 -qc "GRANT SET ON PARAMETER temp_file_limit TO provisioner"
 
 # One test CA signs every cluster's server certificate (SAN 127.0.0.1, ::1, localhost),
 # so verify-full works against the test stores (.ci/test-ca.sh; tests/testenv.py trusts it).

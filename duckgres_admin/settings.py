@@ -428,6 +428,15 @@ DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS = env.integer(
 DUCKGRES_RESTORE_TEST_MAX_PER_RUN = env.integer(
     "DUCKGRES_RESTORE_TEST_MAX_PER_RUN", 3, minimum=1, maximum=100
 )
+# What one restored archive may write on the scratch store (its database; temp files too where
+# the provisioner may set temp_file_limit), and whether a store that serves warehouses may be
+# the scratch store at all (docs/backup.md "What a restore test may do to its store").
+DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = env.integer(
+    "DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES", 20 << 30, minimum=1 << 20
+)
+DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE = env.boolean(
+    "DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE", False
+)
 
 # --- notifications: the webhook (docs/notifications.md) ---------------------------------------
 DUCKGRES_WEBHOOK = webhook_config.from_env(

@@ -31,6 +31,16 @@ Invariants:
 - **Bounded.** At most ``DUCKGRES_RESTORE_TEST_MAX_PER_RUN`` restores per run, each under
   ``DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS``; every statement on the scratch store has a
   statement and lock timeout.
+- **An archive cannot fill the scratch store** (:class:`ScratchGuard`). While ``pg_restore``
+  runs, the provisioner reads the scratch database's size every ``SIZE_POLL_SECONDS``; at
+  ``STOP_FRACTION`` of ``DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES`` — or at the deadline — it
+  ends the scratch role's sessions at once and has ``pg_restore`` killed, and the backup is
+  recorded ``failed`` naming the cap (the deadline records nothing, as before). Where the
+  provisioner may set it, the scratch role's ``temp_file_limit`` is the same cap, so temporary
+  files an archive's code makes are bounded by the server itself.
+- **Never on a store that serves tenants, unless told.** A scratch store that shares its
+  server (host and port) with any store or external binding that a warehouse is bound to is
+  refused (:func:`serving_refusal`) unless ``DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE``.
 - **A backup without a fingerprint** (made before operations recorded one, or by a run whose
   verification never finished) passes on a weaker check: it restores, and the three DuckLake
   tables are there; ``detail`` says the fingerprint was missing.
@@ -42,6 +52,7 @@ import contextlib
 import datetime as dt
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,6 +85,10 @@ _log = logging.getLogger("duckgres.reshard.restore_test")
 SCRATCH_PREFIX = "duckgres_restore_test_"
 STATEMENT_TIMEOUT_SECONDS = 60.0
 MAX_WAREHOUSES_PER_RUN = 1000
+# The size guard (module doc): how often it reads the scratch database's size, and at which
+# fraction of the cap it stops the restore (the margin absorbs what is written between reads).
+SIZE_POLL_SECONDS = 0.5
+STOP_FRACTION = 0.9
 
 
 @dataclass
@@ -113,20 +128,54 @@ def scratch_name(op_id: int) -> str:
     return f"{installation_prefix()}op{op_id}"
 
 
+def serving_refusal(store: MetadataStore) -> str | None:
+    """Why ``store`` may not be the scratch store (None: it may): its server serves a warehouse
+    through any registered store of the same host and port, or an external binding there."""
+    if settings.DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE:
+        return None
+    same_server = MetadataStore.objects.filter(host=store.host, port=store.port)
+    bound = Warehouse.objects.filter(
+        Q(metadata_store_kind="cnpg", metadata_store__in=same_server)
+        | Q(
+            metadata_store_kind="external",
+            metadata_store_host=store.host,
+            metadata_store_port=store.port,
+        )
+    ).order_by("org_id")
+    count = bound.count()
+    if not count:
+        return None
+    first = bound.first()
+    assert first is not None
+    return (
+        f"DUCKGRES_RESTORE_TEST_STORE={store.name!r} is on {store.host}:{store.port}, which "
+        f"serves {count} warehouse(s) (e.g. {first.org_id}): a restore test runs "
+        "tenant-controlled archives there; name a store whose server serves no warehouse, or "
+        "set DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE=true to accept that risk"
+    )
+
+
 def _store(report: RestoreTestReport) -> MetadataStore | None:
-    """The configured scratch store; a name that is not a cnpg store is an error of the run."""
+    """The configured scratch store; a name that is not a cnpg store, or a store whose server
+    serves warehouses (unless allowed), is an error of the run."""
     name: str = settings.DUCKGRES_RESTORE_TEST_STORE
     if not name:
         return None
     report.enabled = True
     store = MetadataStore.objects.filter(name=name).first()
+    problem: str | None = None
     if store is None or store.kind != "cnpg":
-        problem = "names no metadata store" if store is None else "names an external store"
-        report.errors.append(
-            f"DUCKGRES_RESTORE_TEST_STORE={name!r} {problem}: name a cnpg store, whose "
-            "provisioner login creates and drops the scratch databases"
+        problem = (
+            f"DUCKGRES_RESTORE_TEST_STORE={name!r} "
+            + ("names no metadata store" if store is None else "names an external store")
+            + ": name a cnpg store, whose provisioner login creates and drops the scratch "
+            "databases"
         )
-        _log.warning("restore test: %s", report.errors[-1])
+    else:
+        problem = serving_refusal(store)
+    if problem:
+        report.errors.append(problem)
+        _log.warning("restore test: %s", problem)
         return None
     return store
 
@@ -204,10 +253,98 @@ def _create_scratch(conn: Any, name: str, password: str, made: list[str]) -> Non
         )
     )
     made.append("role")
+    _limit_temp_files(conn, name)
     conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(ident))
     conn.execute(sql.SQL("CREATE DATABASE {} OWNER {} TEMPLATE template0").format(ident, ident))
     made.append("database")
     conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
+
+
+def _limit_temp_files(conn: Any, name: str) -> None:
+    """The scratch role's ``temp_file_limit`` (kB) = the size cap, where the provisioner may
+    set that parameter (a superuser's ``GRANT SET ON PARAMETER temp_file_limit TO <it>``, 15+);
+    otherwise a warning naming that grant, and only the database's size is guarded."""
+    row = conn.execute(
+        "SELECT pg_catalog.current_setting('server_version_num')::int >= 150000 AND "
+        "pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"
+    ).fetchone()
+    if not row or not row[0]:
+        _log.warning(
+            "restore test: the provisioner may not set temp_file_limit on the scratch store, so "
+            "an archive's temporary files are not bounded (its database still is); a superuser "
+            "can allow it: GRANT SET ON PARAMETER temp_file_limit TO <provisioner>"
+        )
+        return
+    limit_kb = max(1, int(settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES) // 1024)
+    conn.execute(
+        sql.SQL("ALTER ROLE {} SET temp_file_limit = {}").format(
+            sql.Identifier(name), sql.Literal(f"{limit_kb}kB")
+        )
+    )
+
+
+class CapExceeded(Exception):
+    """The restored database grew to the size guard's stop point."""
+
+
+class ScratchGuard:
+    """Guards one ``pg_restore`` (module doc): a thread of its own with its own provisioner
+    connection reads the scratch database's size every ``SIZE_POLL_SECONDS``; at the stop point
+    or the deadline it ends every session of the scratch role at once, and
+    :meth:`should_stop` then has the restore's watchdog kill ``pg_restore``. A guard that loses
+    its connection stops the restore too (``lost``): an unguarded restore does not go on."""
+
+    def __init__(self, store: MetadataStore, password: str, scratch: str, deadline: float) -> None:
+        self.store, self.password, self.scratch, self.deadline = store, password, scratch, deadline
+        self.cap = int(settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES)
+        self.stop_at = int(self.cap * STOP_FRACTION)
+        self.seen = 0
+        self.over_cap = False
+        self.lost = ""
+        self._tripped = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="restore-test-guard", daemon=True)
+
+    def __enter__(self) -> ScratchGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=STATEMENT_TIMEOUT_SECONDS)
+
+    def should_stop(self) -> bool:
+        return self._tripped.is_set()
+
+    def _watch(self) -> None:
+        try:
+            with _admin_conn(self.store, self.password) as conn:
+                while not self._done.wait(SIZE_POLL_SECONDS):
+                    row = conn.execute(
+                        "SELECT pg_catalog.pg_database_size(%s)", (self.scratch,)
+                    ).fetchone()
+                    self.seen = int(row[0]) if row and row[0] is not None else 0
+                    self.over_cap = self.seen >= self.stop_at
+                    if self.over_cap or time.monotonic() > self.deadline:
+                        self._tripped.set()
+                        conn.execute(
+                            "SELECT count(pg_catalog.pg_terminate_backend(pid)) "
+                            "FROM pg_catalog.pg_stat_activity WHERE usename = %s",
+                            (self.scratch,),
+                        )
+                        return
+        except psycopg.Error as exc:
+            if not self._done.is_set():
+                self.lost = " ".join(str(exc).split())
+                self._tripped.set()
+
+    def cap_message(self) -> str:
+        return (
+            f"the restored database reached {self.seen} bytes, {STOP_FRACTION:.0%} of the cap "
+            f"DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES={self.cap}: the archive expands past what "
+            "a restore test may write; its sessions were ended and pg_restore stopped (raise the "
+            "cap if this catalog is really that large)"
+        )
 
 
 def _relock_scratch(conn: Any, name: str, password: str) -> None:
@@ -307,18 +444,29 @@ def _restore_and_read(
     with _admin_conn(store, password) as conn:
         major = server_major(int(str(conn.execute("SHOW server_version_num").fetchone()[0])))
     target = BackupSource(store.host, store.port, scratch, scratch, store.sslmode, login)
-    stream_restore(
-        s3,
-        candidate.warehouse.data_bucket,
-        candidate.backup.key,
-        target,
-        server_major=major,
-        timeout_seconds=settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS,
-        if_match=candidate.backup.etag,
-        expected=Expected(
-            candidate.backup.sha256, candidate.backup.size, candidate.backup.version_id
-        ),
-    )
+    timeout = float(settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS)
+    with ScratchGuard(store, password, scratch, time.monotonic() + timeout) as guard:
+        try:
+            stream_restore(
+                s3,
+                candidate.warehouse.data_bucket,
+                candidate.backup.key,
+                target,
+                server_major=major,
+                timeout_seconds=timeout,
+                should_stop=guard.should_stop,
+                if_match=candidate.backup.etag,
+                expected=Expected(
+                    candidate.backup.sha256, candidate.backup.size, candidate.backup.version_id
+                ),
+            )
+        except RestoreError:
+            if not guard.over_cap:
+                raise
+        if guard.lost:
+            raise Inconclusive(f"the scratch store's size guard failed: {guard.lost}")
+        if guard.over_cap:
+            raise CapExceeded(guard.cap_message())
     reader = secrets.token_urlsafe(32)
     with _admin_conn(store, password) as conn:
         _relock_scratch(conn, scratch, reader)
@@ -352,6 +500,8 @@ def test_one(
             _create_scratch(conn, scratch, login, made)
         state = _restore_and_read(candidate, store, password, s3, scratch, login)
         ok, detail = _check(state, op.catalog_fingerprint)
+    except CapExceeded as exc:
+        ok, detail, state = False, str(exc), None
     except RestoreError as exc:
         if not exc.archive_fault:
             raise Inconclusive(str(exc)) from None

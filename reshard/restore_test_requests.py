@@ -14,7 +14,9 @@ Invariants:
   only in the worker.
 - **No no-op is queued.** With no restore-test store configured in this process
   (``DUCKGRES_RESTORE_TEST_STORE`` empty: 409 ``restore_test_disabled``), or one naming no
-  cnpg store (409 ``restore_test_store_invalid``), nothing is sent.
+  cnpg store (409 ``restore_test_store_invalid``), or one whose server serves warehouses
+  without ``DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE`` (409 ``restore_test_store_serving``),
+  nothing is sent.
 - **Only one of the org's own backups**, by the listing's rules (``reshard.backups``), of an
   operation that has ended (409 otherwise: its fingerprint may not be recorded yet). Without a
   key: the org's newest such backup.
@@ -36,7 +38,7 @@ from django.conf import settings
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ACTIVE_STATES, MetadataStore
 from duckgres_admin.queues import QueueName, TaskName
-from reshard import backups, oplog
+from reshard import backups, oplog, restore_test
 
 TASK = TaskName.BACKUP_RESTORE_TEST
 QUEUE = QueueName.DEFAULT
@@ -107,6 +109,9 @@ def scratch_store() -> MetadataStore:
             "provisioner login creates and drops the scratch databases",
             code="restore_test_store_invalid",
         )
+    serving = restore_test.serving_refusal(store)
+    if serving:
+        raise ServiceError(409, f"{serving}: nothing was queued", code="restore_test_store_serving")
     return store
 
 

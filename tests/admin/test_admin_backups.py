@@ -131,7 +131,7 @@ def test_a_restore_operation_is_shown_as_one(client: Any, bucket: S3Bucket) -> N
 def test_an_admin_queues_a_restore_test_from_the_backups_page(
     client: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:
-    scratch = new_store()
+    scratch = new_store(port=5434)  # a server no warehouse of this test is on
     wh = warehouse_with_bucket(bucket.bucket)
     old, new = op_in_state(wh, "succeeded"), op_in_state(wh, "succeeded")
     old_key = put_object(bucket, backup_key(old.id))

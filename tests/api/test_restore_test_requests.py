@@ -34,7 +34,7 @@ def _queued(published: Published) -> list[tuple[str, dict[str, Any]]]:
 def test_the_newest_backup_or_the_named_one_is_queued_audited_and_not_run_here(
     clients: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:
-    scratch = new_store()
+    scratch = new_store(port=5434)  # a server no warehouse of this test is on
     settings.DUCKGRES_RESTORE_TEST_STORE = scratch.name
     wh = warehouse_with_bucket(bucket.bucket)
     old, new = op_in_state(wh, "succeeded"), op_in_state(wh, "failed")
@@ -103,6 +103,7 @@ def test_the_newest_backup_or_the_named_one_is_queued_audited_and_not_run_here(
 
 
 @pytest.mark.safeguard("reshard-113")
+@pytest.mark.safeguard("reshard-130")
 def test_no_restore_test_store_is_a_clear_409_and_queues_nothing(
     clients: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:
@@ -123,16 +124,23 @@ def test_no_restore_test_store_is_a_clear_409_and_queues_nothing(
     assert (wrong.status_code, wrong.json()["code"]) == (409, "restore_test_store_invalid")
     assert "DUCKGRES_RESTORE_TEST_STORE='no-such-store' names no metadata store" in error(wrong)
 
+    # The warehouse's own store (its server serves a warehouse): refused unless allowed.
+    settings.DUCKGRES_RESTORE_TEST_STORE = wh.metadata_store_id
+    serving = clients.internal.post(_url(wh.org_id), {}, format="json")
+    assert (serving.status_code, serving.json()["code"]) == (409, "restore_test_store_serving")
+    assert "serves 1 warehouse(s)" in error(serving), error(serving)
+    assert error(serving).endswith("to accept that risk: nothing was queued")
+
     assert published.messages == [], "a refusal queues no no-op"
     assert list(
         AuditRecord.objects.filter(action="backup.restore_test").values_list("status", flat=True)
-    ) == [409, 409], "refusals are audited too"
+    ) == [409, 409, 409], "refusals are audited too"
 
 
 def test_who_may_ask_and_the_bodys_refusals(
     clients: Any, bucket: S3Bucket, published: Published, settings: Any
 ) -> None:
-    settings.DUCKGRES_RESTORE_TEST_STORE = new_store().name
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(port=5434).name
     wh, empty = warehouse_with_bucket(bucket.bucket), warehouse_with_bucket(bucket.bucket)
     other = warehouse_with_bucket(bucket.bucket)
     foreign = put_object(bucket, backup_key(op_in_state(other, "succeeded").id))

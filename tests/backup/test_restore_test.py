@@ -26,7 +26,7 @@ from reshard import backups, metrics, restore, restore_test, verify
 from reshard.backup import BackupSource, backup_key
 from reshard.pgclients import PgClient
 from tests.fixtures.backups_listing import bucket, op_in_state, put_backup, warehouse_with_bucket
-from tests.fixtures.rows import new_store
+from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.stores import StoreCluster, StoreClusters, TenantCatalog
 
@@ -495,3 +495,100 @@ def test_only_the_one_refused_transaction_timeout_is_tolerated() -> None:
 
 def _target() -> BackupSource:
     return BackupSource("127.0.0.1", 5434, "db", "user", "require", "pw", role="scratch")
+
+
+@pytest.mark.safeguard("reshard-130")
+def test_a_scratch_store_whose_server_serves_a_warehouse_is_refused_unless_allowed(
+    world, store_clusters: StoreClusters, settings: Any
+) -> None:
+    """Issue 25 item 5: a warehouse bound to any store on the scratch store's server makes the
+    run refuse it, naming the setting; nothing is created there. Allowed explicitly, it runs."""
+    serving = new_store(store_clusters.target)  # another name, the same server
+    tenant = new_warehouse(
+        store=serving,
+        metadata_store_database="served",
+        metadata_store_user="served",
+        metadata_store_password_ref="env:DUCKGRES_TEST_PW_served",
+    )
+    report = restore_test.run()
+    assert report.tested == []
+    assert len(report.errors) == 1, report.errors
+    assert (
+        f"DUCKGRES_RESTORE_TEST_STORE={settings.DUCKGRES_RESTORE_TEST_STORE!r} is on "
+        f"{store_clusters.target.host}:{store_clusters.target.port}, which serves 1 warehouse(s) "
+        f"(e.g. {tenant.org_id})"
+    ) in report.errors[0]
+    assert "DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE=true" in report.errors[0]
+    assert not BackupVerification.objects.exists()
+    settings.DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE = True
+    allowed = restore_test.run()
+    assert allowed.tested == [f"s3://{world['wh'].data_bucket}/{world['key']}: passed"], allowed
+
+
+def _catalog_with(catalog: TenantCatalog, statements: str, bucket: S3Bucket) -> str:
+    """The catalog plus ``statements`` (run as its tenant), dumped and recorded as a backup of
+    a finished operation; returns the key."""
+    with catalog.tenant_conn() as conn:
+        conn.execute(statements)
+    wh = warehouse_with_bucket(bucket.bucket)
+    op = op_in_state(wh, "succeeded")
+    key = backup_key(op.id)
+    put_backup(bucket.client(), bucket.bucket, key, _dump(catalog))
+    return key
+
+
+@pytest.mark.safeguard("reshard-131")
+def test_an_archive_that_expands_past_its_cap_ends_failed_before_the_cap(
+    bucket: S3Bucket,
+    store_clusters: StoreClusters,
+    tenant_catalog: Any,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small archive (a few hundred kB, compressed) that restores into ~60 MB: the guard
+    stops it at its stop point, under the cap, ends the scratch role's sessions, and the backup
+    is recorded failed naming the cap; nothing is left on the store."""
+    cap = 32 << 20
+    monkeypatch.setattr(restore_test, "SIZE_POLL_SECONDS", 0.05)
+    monkeypatch.setattr(restore_test, "STOP_FRACTION", 0.5)
+    settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = cap
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
+    catalog = tenant_catalog(store_clusters.source, rows=2)
+    key = _catalog_with(
+        catalog,
+        "CREATE TABLE public.padding AS SELECT g, repeat('x', 1000) AS filler "
+        "FROM generate_series(1, 60000) g",
+        bucket,
+    )
+    report = restore_test.run()
+    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
+    row = BackupVerification.objects.get(key=key)
+    assert f"DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES={cap}" in row.detail, row.detail
+    seen = int(row.detail.split("reached ", 1)[1].split(" bytes", 1)[0])
+    assert cap // 2 <= seen < cap, row.detail
+    assert _scratch_databases(store_clusters.target) == []
+
+
+@pytest.mark.safeguard("reshard-131")
+def test_an_archive_s_temporary_files_are_bounded_by_the_cap(
+    bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any, settings: Any
+) -> None:
+    """The scratch role's temp_file_limit is the cap (the test's scratch store lets the
+    provisioner set it): an archive whose check sorts far more than the cap through temporary
+    files fails on the server's own limit, whatever its database's size."""
+    settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = 8 << 20
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
+    catalog = tenant_catalog(store_clusters.source, rows=2)
+    key = _catalog_with(
+        catalog,
+        "CREATE FUNCTION public.spill() RETURNS boolean LANGUAGE sql SET work_mem = '64kB' "
+        "AS $f$ SELECT count(*) > 0 FROM (SELECT g FROM generate_series(1, 2000000) g "
+        "ORDER BY g DESC) s $f$; "
+        "ALTER TABLE ducklake_metadata ADD CONSTRAINT spill CHECK (public.spill())",
+        bucket,
+    )
+    report = restore_test.run()
+    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
+    row = BackupVerification.objects.get(key=key)
+    assert "temporary file size exceeds temp_file_limit (8192kB)" in row.detail, row.detail
+    assert _scratch_databases(store_clusters.target) == []
