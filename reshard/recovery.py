@@ -234,7 +234,7 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             )
         if op.in_place:
             actions.append(
-                f"drop the restore's login role {login_role_name(op.id)} (NOLOGIN, its sessions "
+                f"drop the restore's login role {login_role_name(op)} (NOLOGIN, its sessions "
                 f"ended, what it owns handed to {op.target_user}), ALTER ROLE "
                 f"{op.target_user} LOGIN on {op.to_shard}, then wait for a tenant SELECT 1 on "
                 f"{op.target_database}"
@@ -250,7 +250,7 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
         actions.append("flip the binding back to the source (only to a usable source binding)")
     if op.in_place:
         actions.append(
-            f"end the sessions of the restore's login role {login_role_name(op.id)}, drop the "
+            f"end the sessions of the restore's login role {login_role_name(op)}, drop the "
             f"sibling database {op.target_database} and the login role on {op.to_shard} (the "
             "database only if this operation claimed it before creating it, "
             f"{'claimed' if op.target_claimed_at else 'not claimed: it is kept'}; only "

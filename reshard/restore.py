@@ -31,17 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
+import secrets
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib.s3 import S3, S3Error
+from duckgres_admin.models import Installation, ReshardOperation
 from reshard.backup import (
     BackupSource,
     StderrTail,
@@ -66,21 +67,46 @@ _TRANSACTION_TIMEOUT_REFUSAL = 'unrecognized configuration parameter "transactio
 
 
 LOGIN_ROLE_PREFIX = "duckgres_restore_"
+_log = logging.getLogger("duckgres.reshard.restore")
+
+
+def installation() -> Installation:
+    """This installation's row (``duckgres_admin.models.installation``), written by migration
+    0021. Should it be missing (deleted by hand, or a test database flushed), a new random tag is
+    drawn and recorded — logged, since names made under the old one are no longer recognised."""
+    row = Installation.objects.filter(pk=1).first()
+    if row is None:
+        row, created = Installation.objects.get_or_create(
+            pk=1, defaults={"tag": secrets.token_hex(6)}
+        )
+        if created:
+            _log.warning("installation row was missing: drew the new installation tag %s", row.tag)
+    return row
 
 
 def installation_tag() -> str:
-    """8 hex digits naming this installation's config store (host, port, database): the names
-    a restore creates on a shared metadata store carry it, so installations sharing a store —
-    or test processes sharing one server — never take, or sweep, each other's."""
-    db = settings.DATABASES["default"]
-    where = f"{db.get('HOST', '')}:{db.get('PORT', '')}/{db.get('NAME', '')}"
-    return hashlib.sha256(where.encode()).hexdigest()[:8]
+    """The random tag naming this installation on shared stores: the names a restore or a
+    restore test creates carry it, so installations sharing a store — or test processes sharing
+    one server — never take, or sweep, each other's, whatever their config stores' addresses."""
+    return installation().tag
 
 
-def login_role_name(op_id: int) -> str:
+def installation_tags() -> tuple[str, ...]:
+    """The current tag, then the address-derived one an upgraded installation used before
+    (names made with it may still be on a store)."""
+    row = installation()
+    return (row.tag, row.previous_tag) if row.previous_tag else (row.tag,)
+
+
+def login_role_name(op: ReshardOperation) -> str:
     """The login role an in-place restore writes through (docs/restore.md "Onto the current
-    store"): ``duckgres_restore_<installation>_op<id>``."""
-    return f"{LOGIN_ROLE_PREFIX}{installation_tag()}_op{op_id}"
+    store"): ``duckgres_restore_<installation>_op<id>``, with the tag the operation was created
+    under (an operation created before migration 0021 keeps its address-derived tag)."""
+    row = installation()
+    tag = row.tag
+    if row.previous_tag and op.created_at is not None and op.created_at < row.created_at:
+        tag = row.previous_tag
+    return f"{LOGIN_ROLE_PREFIX}{tag}_op{op.id}"
 
 
 class RestoreError(RuntimeError):

@@ -78,7 +78,13 @@ from duckgres_admin.models import (
 from reshard import backups, oplog, verify
 from reshard.backup import KEY_PREFIX, BackupSource
 from reshard.pgclients import server_major
-from reshard.restore import Expected, RestoreError, installation_tag, stream_restore
+from reshard.restore import (
+    Expected,
+    RestoreError,
+    installation_tag,
+    installation_tags,
+    stream_restore,
+)
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
 
@@ -118,10 +124,16 @@ class Only:
 
 
 def installation_prefix() -> str:
-    """``duckgres_restore_test_<8 hex>_``: the hex names this installation's config store
-    (host, port, database), so installations sharing a scratch store — or test processes
-    sharing one server — never take, or sweep, each other's scratch databases."""
+    """``duckgres_restore_test_<tag>_``: the tag is this installation's random one
+    (``reshard.restore.installation_tag``), so installations sharing a scratch store — or test
+    processes sharing one server — never take, or sweep, each other's scratch databases."""
     return f"{SCRATCH_PREFIX}{installation_tag()}_"
+
+
+def sweep_prefixes() -> tuple[str, ...]:
+    """The prefixes a sweep recognises: this installation's tag, and the address-derived one an
+    upgraded installation named its scratch databases with before."""
+    return tuple(f"{SCRATCH_PREFIX}{tag}_" for tag in installation_tags())
 
 
 def scratch_name(op_id: int) -> str:
@@ -207,13 +219,15 @@ def sweep(store: MetadataStore, password: str) -> list[str]:
     database of that name someone else owns is not ours to drop. A role of this installation's
     prefix that owns no database (a run killed between creating the two) is dropped too. The
     caller holds the run lock, so no run of this installation is creating one."""
+    prefixes = list(sweep_prefixes())
     with _admin_conn(store, password) as conn:
         orphans = [
             str(row[0])
             for row in conn.execute(
-                "SELECT r.rolname FROM pg_catalog.pg_roles r WHERE starts_with(r.rolname, %s) "
+                "SELECT r.rolname FROM pg_catalog.pg_roles r "
+                "WHERE EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(r.rolname, p)) "
                 "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_database d WHERE d.datdba = r.oid)",
-                (installation_prefix(),),
+                (prefixes,),
             )
         ]
         for name in orphans:
@@ -223,8 +237,9 @@ def sweep(store: MetadataStore, password: str) -> list[str]:
             for row in conn.execute(
                 "SELECT d.datname FROM pg_catalog.pg_database d "
                 "JOIN pg_catalog.pg_roles r ON r.oid = d.datdba "
-                "WHERE starts_with(d.datname, %s) AND r.rolname = d.datname",
-                (installation_prefix(),),
+                "WHERE EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(d.datname, p)) "
+                "AND r.rolname = d.datname",
+                (prefixes,),
             )
         ]
         for name in names:

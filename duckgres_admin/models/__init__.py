@@ -13,6 +13,7 @@ from duckgres_admin.models.drains import (
     StoreDrainItem,
     progress_of,
 )
+from duckgres_admin.models.installation import Installation
 from duckgres_admin.models.leases import ConnectionLease, Lease, LeasePurpose, LeaseState
 from duckgres_admin.models.notifications import Notification, NotificationKind, NotificationState
 from duckgres_admin.models.reshard import (
@@ -53,6 +54,7 @@ __all__ = [
     "ConnectionLease",
     "DrainRule",
     "DrainState",
+    "Installation",
     "ItemState",
     "Lease",
     "LeasePurpose",

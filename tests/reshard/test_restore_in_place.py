@@ -79,7 +79,7 @@ def _assert_restored_in_place(moved: dict[str, Any], op: ReshardOperation) -> No
     assert snapshots(_restored(moved, op)) == moved["backup_snapshots"], "the backup's state"
     assert not database_exists(cluster, world.catalog.database), "the replaced one is dropped"
     assert _databases(cluster, world.catalog.database) == [op.target_database], "nothing else"
-    assert role_can_login(cluster, login_role_name(op.id)) is None, "the login role is dropped"
+    assert role_can_login(cluster, login_role_name(op)) is None, "the login role is dropped"
     assert role_can_login(cluster, world.catalog.role) is True
 
 
@@ -141,7 +141,7 @@ def test_a_restore_onto_the_current_store_goes_into_a_sibling_and_fences_the_ten
             str(r[0])
             for r in conn.execute("SELECT who FROM observer.ddl WHERE tag = 'CREATE TABLE'")
         }
-    assert creators == {login_role_name(op.id)}, "pg_restore logs in as the login role only"
+    assert creators == {login_role_name(op)}, "pg_restore logs in as the login role only"
     _assert_restored_in_place(moved, op)
     assert op.target_login_ready_at is not None
     fingerprint = op.catalog_fingerprint
@@ -183,7 +183,7 @@ def test_a_cancel_mid_restore_in_place_rolls_back_and_leaves_nothing(
     )
     assert snapshots(moved["on_b"]) == moved["backup_snapshots"] + 1, "B's catalog untouched"
     assert _databases(cluster, world.catalog.database) == [world.catalog.database], "no sibling"
-    assert role_can_login(cluster, login_role_name(op.id)) is None, "no login role"
+    assert role_can_login(cluster, login_role_name(op)) is None, "no login role"
     assert role_can_login(cluster, world.catalog.role) is True
     assert any("sibling database" in line and "dropped" in line for line in lines)
 

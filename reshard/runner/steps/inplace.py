@@ -81,7 +81,7 @@ _DEPENDENT_DATABASES = (
 def render(env: StepEnv, prov: connections.Provisioner) -> None:
     """The login role (NOLOGIN for now) and the empty sibling database owned by the tenant."""
     op, ctx = env.op, env.ctx
-    login, tenant, sibling = login_role_name(op.id), op.target_user, op.target_database
+    login, tenant, sibling = login_role_name(op), op.target_user, op.target_database
     with connections.provisioner_conn(ctx, prov) as conn:
         refusal = identity.op_role_refusal(conn, op, "target", prov.store)
         if refusal:
@@ -181,7 +181,7 @@ def end_login_sessions(
     connections.end_sessions(
         conn,
         _LOGIN_SESSIONS,
-        (login_role_name(env.op.id), list(keep)),
+        (login_role_name(env.op), list(keep)),
         what="session(s) of the restore's login role",
         warn=env.log.warn,
         seconds=END_SESSIONS_SECONDS,
@@ -200,7 +200,7 @@ def login_side(
     but ``keep`` is ended — all by the provisioner, naming the role."""
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
-    name = login_role_name(op.id)
+    name = login_role_name(op)
     login, sibling = sql.Identifier(name), sql.Identifier(op.target_database)
     if fresh or not ctx.restore_login_password:
         password = secrets.token_urlsafe(32)
@@ -246,7 +246,7 @@ def retire_login_role(env: StepEnv, prov: connections.Provisioner) -> None:
     intruder that reset the role creates anything as it) handed to the tenant and its grants
     dropped, then the role dropped — all by the provisioner, naming the role. Idempotent."""
     op, ctx = env.op, env.ctx
-    name = login_role_name(op.id)
+    name = login_role_name(op)
     login, tenant = sql.Identifier(name), sql.Identifier(op.target_user)
     with connections.provisioner_conn(ctx, prov) as conn:
         if connections.role_state(conn, name) is None:
@@ -347,7 +347,7 @@ def drop_sibling(env: StepEnv) -> bool:
         if shared:
             raise StepError(f"{shared}; DROP DATABASE was not sent")
         with connections.provisioner_conn(ctx, prov) as conn:
-            name = login_role_name(op.id)
+            name = login_role_name(op)
             if connections.role_state(conn, name) is not None:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))
@@ -381,7 +381,7 @@ def drop_sibling(env: StepEnv) -> bool:
     except (psycopg.Error, StepError, Interrupted) as exc:
         log.error(
             f"rollback: dropping the in-place restore's sibling database {sibling} or its "
-            f"login role {login_role_name(op.id)} on store {op.to_shard} failed: {exc}; the "
+            f"login role {login_role_name(op)} on store {op.to_shard} failed: {exc}; the "
             f"warehouse stays blocked — drop them, then run reshard_recover {op.id}"
         )
         _nologin_best_effort(env, prov)
@@ -392,7 +392,7 @@ def drop_sibling(env: StepEnv) -> bool:
 def _nologin_best_effort(env: StepEnv, prov: connections.Provisioner | None) -> None:
     if prov is None:
         return
-    name = login_role_name(env.op.id)
+    name = login_role_name(env.op)
     with (
         contextlib.suppress(psycopg.Error, StepError),
         connections.provisioner_conn(env.ctx, prov) as conn,
