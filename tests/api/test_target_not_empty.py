@@ -14,31 +14,9 @@ from psycopg import sql
 
 from tests.fixtures.api import error
 from tests.fixtures.start import Setup, assert_nothing_created, external_target_body
-from tests.fixtures.stores import StoreCluster
+from tests.fixtures.strangers import plant_tables, strangers_intact
 
 pytestmark = [pytest.mark.safeguard("reshard-108")]
-
-STRANGERS = ("ducklake_inlined_data_999_999", "operator_notes")
-
-
-def _plant_tables(cluster: StoreCluster, database: str, owner: str) -> None:
-    with cluster.superuser_conn(database) as conn:
-        for name in STRANGERS:
-            table = sql.Identifier(name)
-            conn.execute(sql.SQL("CREATE TABLE public.{} (note text)").format(table))
-            conn.execute(sql.SQL("INSERT INTO public.{} VALUES ('kept')").format(table))
-            conn.execute(
-                sql.SQL("ALTER TABLE public.{} OWNER TO {}").format(table, sql.Identifier(owner))
-            )
-
-
-def _intact(cluster: StoreCluster, database: str) -> None:
-    with cluster.superuser_conn(database) as conn:
-        for name in STRANGERS:
-            rows = conn.execute(
-                sql.SQL("SELECT note FROM public.{}").format(sql.Identifier(name))
-            ).fetchall()
-            assert rows == [("kept",)], name
 
 
 def _refused(clients: Any, setup: Setup, body: dict[str, Any], database: str) -> None:
@@ -71,18 +49,18 @@ def test_a_reshard_onto_a_cnpg_store_refuses_a_target_database_that_holds_tables
                 sql.Identifier(catalog.database), sql.Identifier(catalog.role)
             )
         )
-    _plant_tables(cluster, catalog.database, catalog.role)
+    plant_tables(cluster, catalog.database, catalog.role)
     body = {"target": {"type": "cnpg", "cnpg_shard": cnpg_source.target_store.name}}
     _refused(clients, cnpg_source, body, catalog.database)
     assert_nothing_created(published)
-    _intact(cluster, catalog.database)
+    strangers_intact(cluster, catalog.database)
 
 
 def test_a_reshard_onto_an_external_target_refuses_a_database_that_holds_tables(
     clients: Any, published: Any, cnpg_source: Setup, tenant_catalog: Any
 ) -> None:
     ext = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
-    _plant_tables(ext.cluster, ext.database, ext.role)
+    plant_tables(ext.cluster, ext.database, ext.role)
     _refused(clients, cnpg_source, external_target_body(ext), ext.database)
     assert_nothing_created(published)
-    _intact(ext.cluster, ext.database)
+    strangers_intact(ext.cluster, ext.database)

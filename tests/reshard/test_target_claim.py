@@ -41,12 +41,11 @@ from tests.fixtures.runner import (
     runner_s3,
 )
 from tests.fixtures.stores import StoreCluster
+from tests.fixtures.strangers import plant_tables, strangers_intact
 
 __all__ = ["external_target_world", "moved", "runner_moto_server", "runner_s3"]
 
 pytestmark = [pytest.mark.faults, pytest.mark.safeguard("reshard-108")]
-
-STRANGERS = ("ducklake_inlined_data_999_999", "operator_notes")
 
 
 def _plant(cluster: StoreCluster, database: str, owner: str) -> None:
@@ -57,26 +56,7 @@ def _plant(cluster: StoreCluster, database: str, owner: str) -> None:
                 sql.Identifier(database), sql.Identifier(owner)
             )
         )
-    with cluster.superuser_conn(database) as conn:
-        for name in STRANGERS:
-            conn.execute(sql.SQL("CREATE TABLE public.{} (note text)").format(sql.Identifier(name)))
-            conn.execute(
-                sql.SQL("INSERT INTO public.{} VALUES ('kept')").format(sql.Identifier(name))
-            )
-            conn.execute(
-                sql.SQL("ALTER TABLE public.{} OWNER TO {}").format(
-                    sql.Identifier(name), sql.Identifier(owner)
-                )
-            )
-
-
-def _strangers_intact(cluster: StoreCluster, database: str) -> None:
-    with cluster.superuser_conn(database) as conn:
-        for name in STRANGERS:
-            rows = conn.execute(
-                sql.SQL("SELECT note FROM public.{}").format(sql.Identifier(name))
-            ).fetchall()
-            assert rows == [("kept",)], name
+    plant_tables(cluster, database, owner)
 
 
 def test_a_restore_onto_a_stale_database_is_refused_by_the_dry_run_and_the_start(
@@ -108,7 +88,7 @@ def test_a_restore_onto_a_stale_database_is_refused_by_the_dry_run_and_the_start
     assert ReshardOperation.objects.filter(org_id=org, kind="restore").count() == 0
     wh = Warehouse.objects.get(org_id=org)
     assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready")
-    _strangers_intact(cluster, world.catalog.database)
+    strangers_intact(cluster, world.catalog.database)
 
 
 def test_a_stale_database_that_appears_after_the_start_is_not_adopted_nor_emptied(
@@ -128,7 +108,7 @@ def test_a_stale_database_that_appears_after_the_start_is_not_adopted_nor_emptie
     assert "already exists and holds 2 tables" in op.error, op.error
     assert op.target_claimed_at is None
     assert not any(line.startswith("dropped ducklake_") for line in lines), lines
-    _strangers_intact(cluster, world.catalog.database)
+    strangers_intact(cluster, world.catalog.database)
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
         world.target_store.name,
@@ -172,7 +152,7 @@ def test_recovery_drops_nothing_in_a_target_its_operation_never_claimed(
     lines = op_log(op.id)
     assert any("was not created or adopted empty by this operation" in line for line in lines)
     assert not any(line.startswith("dropped ducklake_") for line in lines), lines
-    _strangers_intact(cluster, world.catalog.database)
+    strangers_intact(cluster, world.catalog.database)
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.state) == (world.target_store.name, "ready"), "B again"
 
@@ -202,7 +182,7 @@ def test_an_in_place_restore_never_adopts_nor_drops_a_sibling_it_did_not_create(
         for line in lines
     ), lines
     assert not any(line.startswith("dropped ducklake_") for line in lines), lines
-    _strangers_intact(on_b.cluster, op.target_database)
+    strangers_intact(on_b.cluster, op.target_database)
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
         world.target_store.name,
@@ -220,17 +200,7 @@ def test_an_external_target_that_fills_after_the_start_is_not_claimed_nor_emptie
     and the source catalog stays bound, un-fenced and intact."""
     world = external_target_world
     Warehouse.objects.filter(org_id=world.op.org_id).update(data_bucket=runner_s3.bucket)
-    with world.target.cluster.superuser_conn(world.target.database) as conn:
-        for name in STRANGERS:
-            conn.execute(sql.SQL("CREATE TABLE public.{} (note text)").format(sql.Identifier(name)))
-            conn.execute(
-                sql.SQL("INSERT INTO public.{} VALUES ('kept')").format(sql.Identifier(name))
-            )
-            conn.execute(
-                sql.SQL("ALTER TABLE public.{} OWNER TO {}").format(
-                    sql.Identifier(name), sql.Identifier(world.target.role)
-                )
-            )
+    plant_tables(world.target.cluster, world.target.database, world.target.role)
     with password_url(world.target.password) as url:
         runner = run_runner(
             world.op.id,
@@ -245,7 +215,7 @@ def test_an_external_target_that_fills_after_the_start_is_not_claimed_nor_emptie
     assert "already exists and holds 2 tables" in op.error, op.error
     assert op.target_claimed_at is None
     assert not any(line.startswith("dropped ducklake_") for line in lines), lines
-    _strangers_intact(world.target.cluster, world.target.database)
+    strangers_intact(world.target.cluster, world.target.database)
     wh = Warehouse.objects.get(org_id=world.op.org_id)
     assert (wh.metadata_store_id, wh.metadata_store_database, wh.state) == (
         world.source_store.name,
