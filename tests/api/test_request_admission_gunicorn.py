@@ -46,6 +46,7 @@ MiB = 1024 * 1024
 # Beyond the budget: the Python objects of 1,000 connections, the allocator's slack, the probes.
 RSS_MARGIN = 32 * MiB
 PROBE_SECONDS = 2.0
+CONTROL_MIN_WAIT_SECONDS = 1.0
 
 
 @pytest.fixture
@@ -477,8 +478,10 @@ def test_lease_grants_and_probes_keep_threads_no_admin_request_can_take(api: Gun
     make_org("reserved-org")
     general = gunicorn_conf.threads - gunicorn_conf.RESERVED_THREADS
     timings: list[tuple[float, float]] = []
-    with LoginHammer(api, general + 4, seconds=30) as hammer:
-        time.sleep(2)  # every general thread is hashing a password, four logins queue
+    # Twice as many hashers as general threads: a full round of logins queues behind the busy
+    # threads.
+    with LoginHammer(api, 2 * general, seconds=30) as hammer:
+        time.sleep(2)  # every general thread is hashing a password, as many logins queue
         # The control: a general-lane request waits for a general thread.
         started = time.monotonic()
         with contextlib.suppress(TimeoutError):
@@ -489,9 +492,16 @@ def test_lease_grants_and_probes_keep_threads_no_admin_request_can_take(api: Gun
         for _ in range(3):
             timings.append(probes(api, "reserved-org"))
     print(
-        f"\nunder {general + 4} login hashers: admin page waited {waited:.2f} s; (livez, lease) "
+        f"\nunder {2 * general} login hashers: admin page waited {waited:.2f} s; (livez, lease) "
         f"seconds {timings}; logins answered before the stop: "
         f"{sum(status != 0 for status in hammer.statuses)} of {len(hammer.statuses)}"
     )
-    assert waited >= PROBE_SECONDS, f"the general threads were not saturated ({waited:.2f} s)"
+    # The control: the general lane was saturated — its request waited at least a second and
+    # far longer than any probe on the reserved lane (when it arrives just as a round of hashes
+    # ends it waits less than a whole round, so no fixed wait is promised).
+    slowest = max(max(pair) for pair in timings)
+    assert waited >= CONTROL_MIN_WAIT_SECONDS, (
+        f"the general threads were not saturated ({waited:.2f} s)"
+    )
+    assert waited >= 5 * slowest, (waited, timings)
     assert all(livez < PROBE_SECONDS and lease < PROBE_SECONDS for livez, lease in timings)
