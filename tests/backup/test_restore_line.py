@@ -187,6 +187,45 @@ def test_the_logged_restore_line_works_as_printed_after_a_finished_move(
         _drop_role(source, restore_owner_role(restored))
 
 
+@pytest.mark.safeguard("reshard-110")
+def test_the_printed_line_refuses_an_object_the_tenant_replaced(
+    cnpg_world: CnpgWorld, runner_state_dir: Path, runner_s3: RunnerS3, tmp_path: Path
+) -> None:
+    """Issue 25 items 1-2: after the move the tenant overwrites its backup object with another
+    archive (its bucket is the tenant's). Pasted as printed, the line stops at the digest check
+    before pg_restore reads a byte: no database and no restore role is created."""
+    world = cnpg_world
+    source = world.catalog.cluster
+    Warehouse.objects.filter(id=world.warehouse.id).update(data_bucket=runner_s3.bucket)
+    runner = run_runner(world.op.id, runner_state_dir, env_extra=runner_s3.env())
+    op = reload(world.op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
+    hostile = subprocess.run(
+        ["pg_dump", "--format=custom", "--no-owner", "-h", source.host, "-p", str(source.port),
+         "-U", "postgres", "postgres"],
+        capture_output=True, timeout=60, check=True,
+        env={"PATH": "/usr/bin:/bin", "PGSSLMODE": "require"},
+    ).stdout  # fmt: skip
+    bucket, _, key = op.backup_s3_uri.removeprefix("s3://").partition("/")
+    runner_s3.client().put_object(Bucket=bucket, Key=key, Body=hostile)
+    restored = restored_database_name(world.catalog.database, op.id)
+    home = tmp_path / "operator"
+    try:
+        done = subprocess.run(
+            ["bash", "-c", _printed_command(_restore_line(lines))], cwd=home,
+            env=_operator_env(source, home), capture_output=True, text=True, timeout=180,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        assert "FAILED" in done.stderr or "FAILED" in done.stdout, done.stderr
+        assert not database_exists(source, restored)
+        assert role_can_login(source, restore_owner_role(restored)) is None
+    finally:
+        _drop(source, restored)
+        _drop_role(source, restore_owner_role(restored))
+
+
 def test_the_restore_line_states_the_pg_restore_majors_that_work() -> None:
     target = RestoreTarget("db.example.com", 6543, "cat_restored_op7", "verify-full")
     assert restore_prerequisites(target, 15, server_major=15) == (
