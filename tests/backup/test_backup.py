@@ -106,6 +106,9 @@ def test_success_restorable_untagged_no_password_in_argv(
         **({"sslrootcert": settings.DUCKGRES_STORE_SSLROOTCERT}
            if settings.DUCKGRES_STORE_SSLROOTCERT else {}),
         "channel_binding": "require",  # pg_dump 15 refuses cleartext through it (reshard-123)
+        # Dead-peer detection as on every store connection (reshard-127).
+        "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+        "keepalives_count": "3", "tcp_user_timeout": "60000",
     }  # fmt: skip
     assert os.path.basename(argv[0]) == "pg_dump"
     assert not any(catalog.password in a for a in argv)
