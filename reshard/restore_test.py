@@ -154,14 +154,12 @@ def serving_refusal(store: MetadataStore) -> str | None:
             metadata_store_port=store.port,
         )
     ).order_by("org_id")
-    count = bound.count()
-    if not count:
-        return None
     first = bound.first()
-    assert first is not None
+    if first is None:
+        return None
     return (
         f"DUCKGRES_RESTORE_TEST_STORE={store.name!r} is on {store.host}:{store.port}, which "
-        f"serves {count} warehouse(s) (e.g. {first.org_id}): a restore test runs "
+        f"serves {bound.count()} warehouse(s) (e.g. {first.org_id}): a restore test runs "
         "tenant-controlled archives there; name a store whose server serves no warehouse, or "
         "set DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE=true to accept that risk"
     )

@@ -16,10 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECK = "import django; django.setup(); print('configured')"
 
 
-def start(overrides: dict[str, str | None], *argv: str) -> subprocess.CompletedProcess[str]:
-    """Import the settings in a fresh interpreter, as any process of ours would."""
+def _env() -> dict[str, str]:
+    """This environment without our variables, plus the test defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
     env.update(TEST_ENV)
+    return env
+
+
+def start(overrides: dict[str, str | None], *argv: str) -> subprocess.CompletedProcess[str]:
+    """Import the settings in a fresh interpreter, as any process of ours would."""
+    env = _env()
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)
@@ -130,9 +136,7 @@ def test_a_runner_is_never_given_django_s_signing_key_and_never_reads_one():
         "print(len(settings.SECRET_KEY) >= 50, settings.SECRET_KEY == os.environ.get("
         "'DJANGO_SECRET_KEY'), settings.SECRET_KEY_FALLBACKS)"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
-    env.update(TEST_ENV)
-    env["DJANGO_SECRET_KEY_PREVIOUS"] = "previous-" + "p" * 50
+    env = {**_env(), "DJANGO_SECRET_KEY_PREVIOUS": "previous-" + "p" * 50}
     given = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
@@ -181,12 +185,6 @@ def test_the_previous_signing_key_verifies_during_the_rotation_window():
     )  # fmt: skip
     assert after.returncode != 0
     assert "BadSignature" in after.stderr
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
-    env.update(TEST_ENV)
-    return env
 
 
 def test_a_runner_with_a_password_url_needs_the_runner_secret():

@@ -525,16 +525,26 @@ def test_a_scratch_store_whose_server_serves_a_warehouse_is_refused_unless_allow
     assert allowed.tested == [f"s3://{world['wh'].data_bucket}/{world['key']}: passed"], allowed
 
 
-def _catalog_with(catalog: TenantCatalog, statements: str, bucket: S3Bucket) -> str:
-    """The catalog plus ``statements`` (run as its tenant), dumped and recorded as a backup of
-    a finished operation; returns the key."""
+def _failed_under_cap(
+    cap: int,
+    statements: str,
+    bucket: S3Bucket,
+    clusters: StoreClusters,
+    tenant_catalog: Any,
+    settings: Any,
+) -> BackupVerification:
+    """A catalog plus ``statements`` (run as its tenant), recorded as a backup of a finished
+    operation and restore-tested under ``cap`` on the target cluster: it must fail; its row."""
+    settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = cap
+    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(clusters.target).name
+    catalog = tenant_catalog(clusters.source, rows=2)
     with catalog.tenant_conn() as conn:
         conn.execute(statements)
-    wh = warehouse_with_bucket(bucket.bucket)
-    op = op_in_state(wh, "succeeded")
-    key = backup_key(op.id)
+    key = backup_key(op_in_state(warehouse_with_bucket(bucket.bucket), "succeeded").id)
     put_backup(bucket.client(), bucket.bucket, key, _dump(catalog))
-    return key
+    report = restore_test.run()
+    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
+    return BackupVerification.objects.get(key=key)
 
 
 @pytest.mark.safeguard("reshard-131")
@@ -551,18 +561,12 @@ def test_an_archive_that_expands_past_its_cap_ends_failed_before_the_cap(
     cap = 32 << 20
     monkeypatch.setattr(restore_test, "SIZE_POLL_SECONDS", 0.05)
     monkeypatch.setattr(restore_test, "STOP_FRACTION", 0.5)
-    settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = cap
-    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
-    catalog = tenant_catalog(store_clusters.source, rows=2)
-    key = _catalog_with(
-        catalog,
+    row = _failed_under_cap(
+        cap,
         "CREATE TABLE public.padding AS SELECT g, repeat('x', 1000) AS filler "
         "FROM generate_series(1, 60000) g",
-        bucket,
-    )
-    report = restore_test.run()
-    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
-    row = BackupVerification.objects.get(key=key)
+        bucket, store_clusters, tenant_catalog, settings,
+    )  # fmt: skip
     assert f"DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES={cap}" in row.detail, row.detail
     seen = int(row.detail.split("reached ", 1)[1].split(" bytes", 1)[0])
     assert cap // 2 <= seen < cap, row.detail
@@ -576,19 +580,13 @@ def test_an_archive_s_temporary_files_are_bounded_by_the_cap(
     """The scratch role's temp_file_limit is the cap (the test's scratch store lets the
     provisioner set it): an archive whose check sorts far more than the cap through temporary
     files fails on the server's own limit, whatever its database's size."""
-    settings.DUCKGRES_RESTORE_TEST_MAX_DATABASE_BYTES = 8 << 20
-    settings.DUCKGRES_RESTORE_TEST_STORE = new_store(store_clusters.target).name
-    catalog = tenant_catalog(store_clusters.source, rows=2)
-    key = _catalog_with(
-        catalog,
+    row = _failed_under_cap(
+        8 << 20,
         "CREATE FUNCTION public.spill() RETURNS boolean LANGUAGE sql SET work_mem = '64kB' "
         "AS $f$ SELECT count(*) > 0 FROM (SELECT g FROM generate_series(1, 2000000) g "
         "ORDER BY g DESC) s $f$; "
         "ALTER TABLE ducklake_metadata ADD CONSTRAINT spill CHECK (public.spill())",
-        bucket,
-    )
-    report = restore_test.run()
-    assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
-    row = BackupVerification.objects.get(key=key)
+        bucket, store_clusters, tenant_catalog, settings,
+    )  # fmt: skip
     assert "temporary file size exceeds temp_file_limit (8192kB)" in row.detail, row.detail
     assert _scratch_databases(store_clusters.target) == []

@@ -338,7 +338,6 @@ def drop_sibling(env: StepEnv) -> bool:
         )
         return False
     prov: connections.Provisioner | None = None
-    kept = False
     try:
         prov = connections.provisioner(ctx, op.to_shard)
         shared = identity.shared_catalog_message(
@@ -352,18 +351,20 @@ def drop_sibling(env: StepEnv) -> bool:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))
                 end_login_sessions(env, conn)
-            present = connections.database_exists(conn, sibling)
-            if present and op.target_claimed_at is None:
-                # This operation never created it (its claim precedes its CREATE): a stranger's.
+            if not connections.database_exists(conn, sibling):
+                log.info(
+                    f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing "
+                    "to drop"
+                )
+            elif op.target_claimed_at is None:
+                # The claim follows this operation's own CREATE: without it, not ours to drop.
                 log.warn(
                     f"rollback: database {sibling} on store {op.to_shard} was not created by this "
                     "operation (no claim recorded); it is left as it was found — if this "
                     "operation's runner died right after creating it, it is an empty leftover: "
                     "check it and drop it by hand"
                 )
-                present = False
-                kept = True
-            elif present:
+            else:
                 env.fence.pre_statement_heartbeat()
                 conn.execute(
                     sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -371,12 +372,7 @@ def drop_sibling(env: StepEnv) -> bool:
                     )
                 )
                 testhooks.kill_point("after_sibling_drop")
-        if present:
-            log.info(f"rollback: the sibling database {sibling} dropped on store {op.to_shard}")
-        elif not kept:
-            log.info(
-                f"rollback: no sibling database {sibling} on store {op.to_shard}; nothing to drop"
-            )
+                log.info(f"rollback: the sibling database {sibling} dropped on store {op.to_shard}")
         retire_login_role(env, prov)
     except (psycopg.Error, StepError, Interrupted) as exc:
         log.error(
