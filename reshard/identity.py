@@ -42,11 +42,11 @@ import psycopg
 from duckgres_admin.lib import hosts, pgadmin
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import (
-    ACTIVE_STATES,
+    ActiveTarget,
+    BindingCoordinates,
     MetadataStore,
     ReshardOperation,
     StoreKind,
-    Warehouse,
     WarehouseState,
 )
 
@@ -154,7 +154,7 @@ def store_endpoints(store: MetadataStore) -> set[tuple[str, int]]:
 
 
 def _binding_server(
-    warehouse: Warehouse, stores: dict[str, MetadataStore]
+    warehouse: BindingCoordinates, stores: dict[str, MetadataStore]
 ) -> tuple[str | None, set[tuple[str, int]]]:
     if warehouse.metadata_store_kind == StoreKind.CNPG and warehouse.metadata_store_id:
         store = stores.get(str(warehouse.metadata_store_id))
@@ -170,13 +170,14 @@ LIVE_EXCLUDED = (WarehouseState.DELETING, WarehouseState.DELETED)
 
 def _bindings_on_server(
     *, org_id: str, store_name: str | None, endpoints: Iterable[tuple[str, int]], **match: str
-) -> Iterable[Warehouse]:
+) -> Iterable[BindingCoordinates]:
     """Live warehouses of other orgs bound to the same server (the cnpg store ``store_name``,
-    or a binding sharing one of ``endpoints``) whose binding matches ``match``."""
+    or a binding sharing one of ``endpoints``) whose binding matches ``match``. Read through
+    the coordinates view, which a runner's own login may read too (models/coordinates.py)."""
     wanted = {(normalize_host(h), p) for h, p in endpoints}
     stores = {s.name: s for s in MetadataStore.objects.all()}
     candidates = (
-        Warehouse.objects.exclude(org_id=org_id)
+        BindingCoordinates.objects.exclude(org_id=org_id)
         .exclude(state__in=LIVE_EXCLUDED)
         .exclude(metadata_store_kind="")
         .filter(**{f"metadata_store_{k}": v for k, v in match.items()})
@@ -194,7 +195,7 @@ def other_binding(
     database: str,
     store_name: str | None,
     endpoints: Iterable[tuple[str, int]],
-) -> Warehouse | None:
+) -> BindingCoordinates | None:
     """The live warehouse of another org bound to ``database`` on this server, if any."""
     return next(
         iter(
@@ -287,8 +288,7 @@ def _role_users_message(*, org_id: str, role: str, store: MetadataStore) -> str 
         s.name for s in MetadataStore.objects.all() if store_endpoints(s) & endpoints
     ] or [name]
     op = (
-        ReshardOperation.objects.filter(
-            state__in=ACTIVE_STATES,
+        ActiveTarget.objects.filter(
             target_kind=StoreKind.CNPG,
             to_shard__in=same_server,
             target_user=role,

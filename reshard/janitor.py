@@ -64,7 +64,7 @@ from duckgres_admin.models import ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from duckgres_admin.names import runner_name
 from reshard import drains, metrics, oplog, uploads
-from reshard.launchers import get_launcher
+from reshard.launchers import get_launcher, login
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     Launcher,
@@ -291,10 +291,36 @@ class Janitor:
             _log.warning("janitor: reading the restore tests' results failed: %s", exc)
 
         self._check_deadline()
-        self._reap(report)
+        live = self._reap(report)
+        if live is not None:
+            self._sweep_logins(report, live)
         self._sweep_uploads(report)
         self._advance_drains(report)
         return True
+
+    # --- step 7b: runner logins (reshard.launchers.login) -------------------------------------
+    def _sweep_logins(self, report: TickReport, live: set[int]) -> None:
+        """Drop the config-store login of every operation that is terminal and whose runner
+        object is gone (``live``: the op ids the reap listed; a runner it just deleted is
+        still listed, so its login goes on a later tick)."""
+        launcher = self._launcher(settings.DUCKGRES_RESHARD_LAUNCHER)
+        try:
+            ended = login.ended(login.logins(), live)
+        except DbError as exc:  # a later tick retries
+            _log.warning("janitor: listing runner logins failed: %s", exc)
+            return
+        for name in ended:
+            self._check_deadline()
+            self._may_act()
+            op_id = login.op_id_of(name)
+            try:
+                if op_id is not None:
+                    launcher.forget_login(op_id)
+                login.drop(name)
+            except Exception as exc:  # noqa: BLE001 - one login's failure never stops the sweep
+                _log.warning("janitor: dropping runner login %s failed: %s", name, exc)
+                continue
+            report.add(f"drop-login {op_id}")
 
     # --- step 9: store drains (reshard.drains) -----------------------------------------------
     def _advance_drains(self, report: TickReport) -> None:
@@ -529,21 +555,23 @@ class Janitor:
         )
 
     # --- step 7: reap -------------------------------------------------------------------------
-    def _reap(self, report: TickReport) -> None:
+    def _reap(self, report: TickReport) -> set[int] | None:
+        """Reap finished runners; the op ids of the runner objects listed (None: no listing)."""
         launcher = self._launcher(settings.DUCKGRES_RESHARD_LAUNCHER)
         try:
             objects = launcher.list()
         except Exception as exc:  # noqa: BLE001
             _log.warning("janitor: listing runner objects failed: %s", exc)
-            return
+            return None
         parsed: list[tuple[int, RunnerStatus]] = []
         for obj in objects:
             try:
                 parsed.append((int(obj.op_id_label), obj.status))
             except ValueError:
                 continue  # not ours to judge
+        live = {op_id for op_id, _ in parsed}
         if not parsed:
-            return
+            return live
         try:
             rows = {
                 op.id: (op, bool(op.reap_due))
@@ -560,7 +588,7 @@ class Janitor:
             }
         except DbError as exc:
             _log.warning("janitor: reading ops for the reap failed; keeping runners: %s", exc)
-            return
+            return live
         for op_id, status in parsed:
             try:
                 found = rows.get(op_id)
@@ -570,6 +598,7 @@ class Janitor:
                 raise
             except Exception:  # noqa: BLE001 - one runner's failure never stops the reap
                 _log.exception("janitor: reaping runner of op %s failed; next", op_id)
+        return live
 
     def _reap_one(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Generator
+from typing import Any
 
 import psycopg
 import pytest
@@ -44,6 +45,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _drop_orphan_runner_logins(conn: psycopg.Connection[Any]) -> None:
+    """Runner logins are server-wide; a test database's go with it. Drop those that hold no
+    grant any more (their database was dropped); one still granted in a live test database
+    cannot be dropped and is kept."""
+    rows = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE starts_with(rolname, 'duckgres_runner_')"
+    ).fetchall()
+    for (name,) in rows:
+        try:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(str(name))))
+        except psycopg.errors.DependentObjectsStillExist:
+            continue
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Drop per-process test databases whose pytest process is gone (killed runs)."""
     try:
@@ -59,6 +74,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                             sql.Identifier(str(name))
                         )
                     )
+            _drop_orphan_runner_logins(conn)
     except psycopg.Error:
         pass  # the config store is down: the tests that need it will say so
 

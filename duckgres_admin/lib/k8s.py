@@ -138,6 +138,45 @@ def delete_pod(namespace: str, name: str, grace_seconds: int | None = None) -> b
     return True
 
 
+def put_secret(namespace: str, name: str, data: dict[str, str], labels: dict[str, str]) -> None:
+    """Create Secret ``name`` holding ``data`` (string values), replacing one of that name.
+
+    Replacement is delete-then-create: the launcher may create and delete Secrets, never update
+    or patch them (k8s/rbac.yaml). Errors name the Secret, never a value."""
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "labels": labels},
+        "stringData": data,
+    }
+    for attempt in (1, 2):
+        try:
+            core().create_namespaced_secret(
+                namespace=namespace, body=body, _request_timeout=CALL_TIMEOUT_SECONDS
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+            wrapped = _wrap(exc, "create", f"secrets/{name} in namespace {namespace}")
+            if wrapped.status != 409 or attempt == 2:
+                raise wrapped from None
+        delete_secret(namespace, name)
+
+
+def delete_secret(namespace: str, name: str) -> bool:
+    """Delete Secret ``name``; False when it was gone already."""
+    try:
+        core().delete_namespaced_secret(
+            name=name, namespace=namespace, _request_timeout=CALL_TIMEOUT_SECONDS
+        )
+    except Exception as exc:  # noqa: BLE001 - mapped to a named cause
+        wrapped = _wrap(exc, "delete", f"secrets/{name} in namespace {namespace}")
+        if wrapped.status == 404:
+            return False
+        raise wrapped from None
+    return True
+
+
 def read_pod_log(namespace: str, name: str, container: str, limit_bytes: int) -> str:
     """The container's log, at most ``limit_bytes`` from the end (``tail`` semantics).
 

@@ -83,6 +83,9 @@ DENIED_VARIABLES = frozenset(
     }
 )
 DENIED_SECRET_NAMES = frozenset({"duckgres-admin", "duckgres-admin-trino"})
+# Each runner's own config-store login (reshard.launchers.podspec.login_secret_name): never a
+# reference, or a runner could have another operation's login mounted.
+DENIED_SECRET_NAME_RE = re.compile(r"^duckgres-reshard-op-[0-9]+-login$")
 
 # Runner pods have no Kubernetes API access: the pod launcher mounts each Secret key their
 # operation references as a `secretKeyRef` variable (`mounted_variable`) and sets this flag, and
@@ -138,7 +141,9 @@ def denied_reason(parsed: SecretRef) -> str | None:
             "which is never readable through a reference; store the password in a variable "
             "or Secret of its own"
         )
-    if parsed.scheme == "k8s" and parsed.name in DENIED_SECRET_NAMES:
+    if parsed.scheme == "k8s" and (
+        parsed.name in DENIED_SECRET_NAMES or DENIED_SECRET_NAME_RE.match(parsed.name)
+    ):
         return (
             f"secret {parsed} is the control plane's own Secret {parsed.name}, which is never "
             "readable through a reference; store the password in a Secret of its own"

@@ -2,6 +2,7 @@
 
 from duckgres_admin.models.audit import AuditRecord, Operator, OperatorRole
 from duckgres_admin.models.backups import BackupVerification, VerificationResult
+from duckgres_admin.models.coordinates import ActiveTarget, BindingCoordinates
 from duckgres_admin.models.drains import (
     ACTIVE_DRAIN_STATES,
     ENDED_DRAIN_STATES,
@@ -49,8 +50,10 @@ __all__ = [
     "PROGRESS_KEYS",
     "STORE_NAME_PATTERN",
     "TERMINAL_STATES",
+    "ActiveTarget",
     "AuditRecord",
     "BackupVerification",
+    "BindingCoordinates",
     "ConnectionLease",
     "DrainRule",
     "DrainState",

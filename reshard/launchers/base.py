@@ -18,6 +18,7 @@ from duckgres_admin.names import runner_name as runner_name  # the one definitio
 PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
 
 RUNNER_APP_LABEL = "duckgres-reshard"  # label `app`; the runner NetworkPolicy selects it
+LOGIN_APP_LABEL = "duckgres-reshard-login"  # label `app` of a runner's config-store login Secret
 OP_ID_LABEL = "duckgres-op-id"
 SPAWNED_AT_ANNOTATION = "duckgres.posthog.com/runner-spawned-at"
 DEFAULT_GRACE_SECONDS = 600  # the runner pod's terminationGracePeriodSeconds
@@ -72,6 +73,11 @@ class Launcher(Protocol):
     def delete(self, op_id: int, grace_seconds: int | None = None) -> None: ...
 
     def read_log(self, op_id: int, limit_bytes: int = 5 * 1024 * 1024) -> str: ...
+
+    def forget_login(self, op_id: int) -> None:
+        """Remove what holds the op's config-store login outside the config store (the pod
+        launcher's per-op Secret); the janitor calls it before dropping the login."""
+        ...
 
     def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
         """Copy the log of runner ``status`` into the op log unless it is durable there

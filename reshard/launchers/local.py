@@ -42,7 +42,7 @@ from django.conf import settings
 
 from duckgres_admin.lib.secretrefs import env_variable
 from duckgres_admin.models import ReshardOperation
-from reshard.launchers import capture
+from reshard.launchers import capture, login
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     LauncherError,
@@ -258,6 +258,10 @@ class LocalLauncher:
         env = runner_env(
             op, os.environ, directory=self.directory, uid=uid, secret_refs=runner_secret_refs(op)
         )
+        # Its own config-store login, never the worker's (login module); minted only now that
+        # no runner of this op is alive (a new password would refuse that one's next connection).
+        env.pop("DUCKGRES_CONFIG_STORE_FILE", None)
+        env["DUCKGRES_CONFIG_STORE"] = login.mint(op.id)
         pipe = issue_pull_credential(op)
         pass_fds: tuple[int, ...] = ()
         if pipe is not None:
@@ -370,6 +374,10 @@ class LocalLauncher:
                 return False
             time.sleep(0.02)
         return True
+
+    def forget_login(self, op_id: int) -> None:
+        """Nothing outside the config store holds a local runner's login: its environment
+        ended with the process."""
 
     def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
         return capture.capture_log(op_id, status, self.read_log)

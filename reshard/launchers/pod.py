@@ -16,8 +16,9 @@ from django.conf import settings
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
-from reshard.launchers import capture
+from reshard.launchers import capture, login
 from reshard.launchers.base import (
+    LOGIN_APP_LABEL,
     OP_ID_LABEL,
     PHASES,
     RUNNER_APP_LABEL,
@@ -29,7 +30,13 @@ from reshard.launchers.base import (
     runner_name,
     runner_secret_refs,
 )
-from reshard.launchers.podspec import CONTAINER_NAME, build_runner_pod, parse_spawned_at
+from reshard.launchers.podspec import (
+    CONTAINER_NAME,
+    LOGIN_SECRET_KEY,
+    build_runner_pod,
+    login_secret_name,
+    parse_spawned_at,
+)
 
 _log = logging.getLogger("duckgres.reshard.launcher")
 ABSENT = RunnerStatus(phase="absent")
@@ -93,19 +100,7 @@ class PodLauncher:
     def create(self, op: ReshardOperation, replace: bool) -> RunnerStatus:
         namespace = _namespace()
         name = runner_name(op.id)
-        body = build_runner_pod(
-            op_id=op.id,
-            own_pod=_own_pod(),
-            runner_image=op.runner_image,
-            password_url=op.password_url,
-            cpu=settings.DUCKGRES_RESHARD_POD_CPU,
-            memory=settings.DUCKGRES_RESHARD_POD_MEMORY,
-            machine=platform.machine(),
-            now=datetime.now(UTC),
-            service_account=settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT,
-            secret_refs=runner_secret_refs(op),
-            pull_audience=settings.DUCKGRES_PASSWORD_PULL_AUDIENCE,
-        )
+        own_pod = _own_pod()
         existing = self._read(namespace, name)
         if existing is not None:
             current = status_of(existing)
@@ -115,6 +110,32 @@ class PodLauncher:
                 k8s.delete_pod(namespace, name)
             except k8s.KubeError as exc:
                 _log.warning("deleting exited runner pod %s failed: %s", name, exc)
+        # Minted only once no runner of this op is alive: a new password would refuse its
+        # next connection (login module docstring).
+        secret = login_secret_name(op.id)
+        try:
+            k8s.put_secret(
+                namespace,
+                secret,
+                {LOGIN_SECRET_KEY: login.mint(op.id)},
+                {"app": LOGIN_APP_LABEL, OP_ID_LABEL: str(op.id)},
+            )
+        except k8s.KubeError as exc:
+            raise LauncherError(f"storing the runner's config-store login failed: {exc}") from None
+        body = build_runner_pod(
+            op_id=op.id,
+            own_pod=own_pod,
+            runner_image=op.runner_image,
+            password_url=op.password_url,
+            cpu=settings.DUCKGRES_RESHARD_POD_CPU,
+            memory=settings.DUCKGRES_RESHARD_POD_MEMORY,
+            machine=platform.machine(),
+            now=datetime.now(UTC),
+            service_account=settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT,
+            secret_refs=runner_secret_refs(op),
+            pull_audience=settings.DUCKGRES_PASSWORD_PULL_AUDIENCE,
+            login_secret=secret,
+        )
         try:
             created = k8s.create_pod(namespace, body)
         except k8s.KubeError as exc:
@@ -151,6 +172,14 @@ class PodLauncher:
             k8s.delete_pod(_namespace(), name, grace_seconds)
         except k8s.KubeError as exc:
             raise LauncherError(f"deleting runner pod {name} failed: {exc}") from None
+
+    def forget_login(self, op_id: int) -> None:
+        """Delete the Secret holding the op's config-store login (gone already is fine)."""
+        name = login_secret_name(op_id)
+        try:
+            k8s.delete_secret(_namespace(), name)
+        except k8s.KubeError as exc:
+            raise LauncherError(f"deleting Secret {name} failed: {exc}") from None
 
     def capture_log(self, op_id: int, status: RunnerStatus) -> bool:
         return capture.capture_log(op_id, status, self.read_log)

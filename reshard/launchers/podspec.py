@@ -37,6 +37,8 @@ from reshard.launchers.envcontract import (
 )
 
 CONTAINER_NAME = "reshard-runner"
+CONFIG_STORE_VAR = "DUCKGRES_CONFIG_STORE"
+LOGIN_SECRET_KEY = "config-store-dsn"  # key of the per-operation login Secret
 COMMAND = ["python", "manage.py", "reshard_runner"]
 DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 ARCH_LABEL = "kubernetes.io/arch"
@@ -202,6 +204,11 @@ def pull_token_volume(audience: str) -> dict[str, Any]:
     }
 
 
+def login_secret_name(op_id: int) -> str:
+    """The Secret holding the operation's config-store login DSN (one per operation)."""
+    return f"{runner_name(op_id)}-login"
+
+
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -219,6 +226,7 @@ def build_runner_pod(
     service_account: str = "",
     secret_refs: Sequence[str] = (),
     pull_audience: str = "",
+    login_secret: str,
 ) -> dict[str, Any]:
     """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``.
 
@@ -232,7 +240,10 @@ def build_runner_pod(
     ServiceAccount token for that audience only (600 s, rotated by the kubelet), mounted
     read-only at ``PULL_TOKEN_DIR``: its pull credential, which the API checks by TokenReview
     against this pod (safeguard reshard-79). It is not the automounted API token (still off):
-    no other audience, including the Kubernetes API itself, accepts it."""
+    no other audience, including the Kubernetes API itself, accepts it.
+
+    ``DUCKGRES_CONFIG_STORE`` is never the control plane's: it references key
+    ``LOGIN_SECRET_KEY`` of ``login_secret``, the operation's own login (``login`` module)."""
     cpu = validate_quantity("DUCKGRES_RESHARD_POD_CPU", cpu)
     memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
     own_meta = own_pod.get("metadata") or {}
@@ -247,6 +258,7 @@ def build_runner_pod(
         password_url=password_url,
         secret_refs=secret_refs,
         namespace=own_meta.get("namespace") or "",
+        login_secret=login_secret,
     )
     mounts, volumes = _runner_storage(password_url, pull_audience)
     container = _runner_container(own, image=image, env=env, cpu=cpu, memory=memory, mounts=mounts)
@@ -280,9 +292,17 @@ def _runner_env(
     password_url: str,
     secret_refs: Sequence[str],
     namespace: str,
+    login_secret: str,
 ) -> list[dict[str, Any]]:
-    """The runner container's ``env``: allowlisted copies, op id, downward API, pull, secrets."""
-    env = copy_allowlisted_env(own)
+    """The runner container's ``env``: allowlisted copies, its own config-store login, op id,
+    downward API, pull, secrets."""
+    login = {"secretKeyRef": {"name": login_secret, "key": LOGIN_SECRET_KEY}}
+    env = [
+        {"name": CONFIG_STORE_VAR, "valueFrom": login} if e.get("name") == CONFIG_STORE_VAR else e
+        for e in copy_allowlisted_env(own)
+    ]
+    if not any(e.get("name") == CONFIG_STORE_VAR for e in env):
+        env.append({"name": CONFIG_STORE_VAR, "valueFrom": login})
     env.append({"name": OP_ID_VAR, "value": str(op_id)})
     env.extend(
         {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

@@ -141,6 +141,7 @@ def test_a_bad_allowlist_refuses_to_start_naming_the_variable():
         "env:DUCKGRES_TEST_PW_FILE",
         "k8s:duckgres/duckgres-admin#internal-secret",
         "k8s:any-namespace/duckgres-admin-trino#catalog-dsn",
+        "k8s:duckgres/duckgres-reshard-op-7-login#config-store-dsn",  # a runner's own login
     ],
 )
 def test_own_secrets_are_never_resolved_or_allowed(settings, ref, monkeypatch):

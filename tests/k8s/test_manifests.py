@@ -186,7 +186,11 @@ IDENTITIES = {  # ServiceAccount: (its Role's rules or None for no Role, token m
         True,
     ),
     "duckgres-admin-launcher": (
-        [POD_RULES, {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}, SECRETS_GET],
+        [
+            POD_RULES,
+            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "get"]},
+        ],
         True,
     ),
     "duckgres-admin-beat": (None, False),
@@ -333,6 +337,7 @@ def test_the_launching_workers_yield_a_valid_runner_pod(name):
         memory="8Gi",
         machine="x86_64",
         now=datetime.now(UTC),
+        login_secret="duckgres-reshard-op-1-login",
     )
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     assert env["DUCKGRES_RUNNER_SECRET"]["valueFrom"]["secretKeyRef"] == {

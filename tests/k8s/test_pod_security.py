@@ -49,7 +49,7 @@ def test_runner_pods_pass_it_even_when_the_launching_pod_does_not(worker):
     own = {"metadata": {"name": f"{worker}-0", "namespace": "duckgres"}, "spec": template["spec"]}
     pod = build_runner_pod(
         op_id=3, own_pod=own, runner_image="", password_url="", cpu="1", memory="1Gi",
-        machine="x86_64", now=datetime.now(UTC),
+        machine="x86_64", now=datetime.now(UTC), login_secret="duckgres-reshard-op-1-login",
     )  # fmt: skip
     assert restricted_violations(pod["spec"], "runner") == []
     assert read_only_root(pod["spec"]) == []
@@ -57,7 +57,7 @@ def test_runner_pods_pass_it_even_when_the_launching_pod_does_not(worker):
     pod = build_runner_pod(
         op_id=3, own_pod=own, runner_image="", password_url="http://10.0.0.7:8081/p",
         cpu="1", memory="1Gi", machine="x86_64", now=datetime.now(UTC),
-        pull_audience="duckgres-admin-password-pull",
+        login_secret="duckgres-reshard-op-1-login", pull_audience="duckgres-admin-password-pull",
     )  # fmt: skip
     assert any("projected" in v for v in pod["spec"]["volumes"])
     assert restricted_violations(pod["spec"], "runner") == []
@@ -71,7 +71,7 @@ def test_runner_pods_pass_it_even_when_the_launching_pod_does_not(worker):
     assert restricted_violations(bad["spec"], "careless")  # the check itself bites
     pod = build_runner_pod(
         op_id=4, own_pod=bad, runner_image="", password_url="", cpu="1", memory="1Gi",
-        machine="x86_64", now=datetime.now(UTC),
+        machine="x86_64", now=datetime.now(UTC), login_secret="duckgres-reshard-op-1-login",
     )  # fmt: skip
     assert restricted_violations(pod["spec"], "runner") == []
 

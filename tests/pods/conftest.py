@@ -159,8 +159,12 @@ def _fresh_database(name: str, password: str, *, owner: bool) -> None:
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres") as conn:
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]).fetchone()
     verb = sql.SQL("ALTER" if exists else "CREATE")
+    # The config store's login mints each runner's own login (docs/configuration.md).
+    attributes = sql.SQL(" CREATEROLE" if owner else "")
     statements: list[sql.Composed | sql.SQL] = [
-        sql.SQL("{} ROLE {} LOGIN PASSWORD {}").format(verb, ident, sql.Literal(password))
+        sql.SQL("{} ROLE {} LOGIN{} PASSWORD {}").format(
+            verb, ident, attributes, sql.Literal(password)
+        )
     ]
     if owner:
         statements.append(sql.SQL("CREATE DATABASE {} OWNER {}").format(ident, ident))

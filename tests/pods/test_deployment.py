@@ -82,6 +82,10 @@ CAN_I = [
     ("duckgres-admin-launcher", "get", "secrets", True),
     ("duckgres-admin-launcher", "create", "deployments.apps", False),
     ("duckgres-admin-launcher", "list", "secrets", False),
+    ("duckgres-admin-launcher", "create", "secrets", True),  # each runner's login Secret
+    ("duckgres-admin-launcher", "update", "secrets", False),
+    ("duckgres-admin-launcher", "patch", "secrets", False),
+    ("duckgres-admin-api", "create", "secrets", False),
     ("duckgres-admin-beat", "get", "secrets", False),
     ("duckgres-admin-beat", "get", "pods", False),
     ("duckgres-admin-runner", "get", "secrets", False),

@@ -281,6 +281,91 @@ def test_deleting_the_runner_pod_mid_copy_rolls_back_within_the_grace(deployed: 
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+# Run in a pod built from a live runner pod (its image, account, env and Secret references):
+# what a compromised runner can do with the config-store login it was given.
+LOGIN_PROBE = """
+import json, os, psycopg
+from psycopg import errors
+out = {}
+with psycopg.connect(os.environ["DUCKGRES_CONFIG_STORE"], autocommit=True,
+                     connect_timeout=10) as conn:
+    out["user"] = conn.execute("SELECT session_user").fetchone()[0]
+    for table in ("auth_user", "django_session", "duckgres_operators", "duckgres_audit_log"):
+        try:
+            conn.execute(f"SELECT 1 FROM {table} LIMIT 1")
+            out[table] = "readable"
+        except errors.InsufficientPrivilege:
+            out[table] = "permission denied"
+    out["ops"] = [r[0] for r in conn.execute("SELECT id FROM duckgres_reshard_operations")]
+    out["others_updated"] = conn.execute(
+        "UPDATE duckgres_reshard_operations SET error = 'probe' WHERE id <> %s",
+        [int(os.environ["DUCKGRES_RESHARD_OP_ID"])]).rowcount
+print("PROBE " + json.dumps(out), flush=True)
+"""
+
+
+def _probe_pod(runner: dict[str, Any], name: str) -> dict[str, Any]:
+    """``runner``'s pod with another name, no op-id label (the janitor leaves it alone) and
+    the probe as its command."""
+    spec = {k: v for k, v in runner["spec"].items() if k != "nodeName"}
+    container = dict(spec["containers"][0])
+    container["command"] = ["python", "-c", LOGIN_PROBE]
+    spec["containers"] = [container]
+    labels = {"app": runner["metadata"]["labels"]["app"]}
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels}}  # fmt: skip
+
+
+@pytest.mark.safeguard("reshard-133")
+def test_a_runner_pods_login_reaches_its_own_operation_only(deployed: Deployed, tenant):
+    """From a pod with a live runner's image, account and environment: Django's users and
+    sessions, operators and audit are ``permission denied``, no other operation is visible or
+    writable. The control plane's own login is never in the pod."""
+    earlier = tenant(rows=2)
+    earlier_id = earlier.to_cnpg_target()  # another operation's row in the config store
+    assert deployed.api.wait_terminal(earlier_id, timeout=300)["state"] == "succeeded"
+    t = tenant(tables=1500)
+    op_id = t.to_cnpg_target()
+    _wait_step(deployed, op_id, {"copying"}, 180)
+    runner = _runner_pod(op_id)
+    assert runner is not None
+    env = {e["name"]: e for e in runner["spec"]["containers"][0]["env"]}
+    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"duckgres-reshard-op-{op_id}-login", "key": "config-store-dsn"
+    }  # fmt: skip
+    name = f"duckgres-login-probe-{op_id}"
+    kubectl("apply", "-f", "-", input=json.dumps(_probe_pod(runner, name)))
+    try:
+        phase = wait_until(
+            lambda: kubectl_json("-n", NAMESPACE, "get", "pod", name)["status"].get("phase")
+            in ("Succeeded", "Failed") and kubectl_json("-n", NAMESPACE, "get", "pod", name),
+            "the probe pod to finish", 120,
+        )  # fmt: skip
+        log = kubectl("-n", NAMESPACE, "logs", name)
+        assert phase["status"]["phase"] == "Succeeded", log
+    finally:
+        kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false", check=False)
+    found = json.loads(log.split("PROBE ", 1)[1].splitlines()[0])
+    assert found["user"].startswith("duckgres_runner_")
+    assert found["user"].endswith(f"_op{op_id}")
+    for table in ("auth_user", "django_session", "duckgres_operators", "duckgres_audit_log"):
+        assert found[table] == "permission denied", found
+    assert found["ops"] == [op_id], found
+    assert found["others_updated"] == 0
+    assert deployed.one("SELECT error FROM duckgres_reshard_operations WHERE id = %s",
+                        earlier_id) == ""  # fmt: skip
+    op = deployed.api.wait_terminal(op_id, timeout=600)
+    assert op["state"] == "succeeded", op
+    # Once the runner is reaped, the janitor deletes the Secret and drops the login.
+    wait_until(
+        lambda: not deployed.one("SELECT count(*) FROM pg_roles WHERE rolname = %s",
+                                 found["user"]),
+        "the janitor to drop the runner's login", 180, 2,
+    )  # fmt: skip
+    assert not kubectl("-n", NAMESPACE, "get", "secret", f"duckgres-reshard-op-{op_id}-login",
+                       "--ignore-not-found", "-o", "name").strip()  # fmt: skip
+
+
 def _container_id(pod: dict[str, Any]) -> str:
     return str(pod["status"]["containerStatuses"][0]["containerID"]).split("://", 1)[1]
 

@@ -45,5 +45,6 @@ def test_a_tick_costs_the_same_queries_for_10x_more_operations(janitor_env: None
     clone(template, "pending", 50, "large")
     large = tick_queries(leader)
     assert len(large) == len(small), "\n".join(large)
-    # 13 since the tick exports the restore tests' newest verified backup age (one aggregate).
-    assert len(small) <= 13, "\n".join(small)
+    # 13 since the tick exports the restore tests' newest verified backup age (one aggregate);
+    # 14 since it lists the runner logins to drop (one query: reshard-133).
+    assert len(small) <= 14, "\n".join(small)

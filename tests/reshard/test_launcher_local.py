@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import ReshardOperation
+from reshard.launchers import login
 from reshard.launchers.base import StillTerminating
 from reshard.launchers.local import LocalLauncher, process_start_time, runner_env
 from tests.fixtures.processes import child_config_store_dsn, stop_local_runners
@@ -58,6 +59,18 @@ elif mode == "chatty":
 
 def child(mode: str) -> list[str]:
     return [sys.executable, "-c", CHILD, mode]
+
+
+@pytest.fixture(autouse=True)
+def _login_without_a_config_store(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """Tests of the process lifecycle with unsaved ops and stand-in children have no config
+    store to mint a login on: the mint is replaced by a fixed DSN (the one seam). Tests with
+    a database mint for real."""
+    if request.node.get_closest_marker("django_db") or "make_op" in request.fixturenames:
+        return
+    monkeypatch.setattr(
+        "reshard.launchers.local.login.mint", lambda op_id: "postgresql://runner-login@h/db"
+    )
 
 
 @pytest.fixture
@@ -161,6 +174,7 @@ def test_the_env_contract_is_built_from_the_allowlist_and_env_refs():
 
 
 @pytest.mark.safeguard("reshard-56")
+@pytest.mark.safeguard("reshard-133")
 def test_a_started_runner_gets_the_stores_env_refs(
     state_dir, make_store, make_warehouse, make_op, monkeypatch
 ):
@@ -193,6 +207,10 @@ def test_a_started_runner_gets_the_stores_env_refs(
     assert env["POD_UID"] == record(state_dir, op.id)["uid"]
     assert env["POD_UID"].startswith("local-")
     assert env["DUCKGRES_RESHARD_LOCAL_STATE_DIR"] == str(state_dir)
+    # Its own config-store login, never the worker's (safeguard reshard-133).
+    assert login.user_of(env["DUCKGRES_CONFIG_STORE"]) == login.role_name(op.id)
+    assert login.role_name(op.id) in login.logins()
+    login.drop(login.role_name(op.id))
 
 
 @pytest.mark.safeguard("reshard-57")

@@ -6,6 +6,7 @@ them to a (nonexistent) node, which is what makes a default-grace delete leave t
 
 from __future__ import annotations
 
+import base64
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ import pytest
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
+from reshard.launchers import login
 from reshard.launchers.base import LauncherError, StillTerminating
 from reshard.launchers.pod import PodLauncher, resolve_control_plane_image
 from tests.fixtures.kube_pods import (
@@ -27,7 +29,8 @@ from tests.fixtures.kube_pods import (
     set_status,
 )
 
-pytestmark = pytest.mark.kube
+# The launcher mints each op's config-store login (real roles, rolled back with the test).
+pytestmark = [pytest.mark.kube, pytest.mark.django_db]
 
 
 @pytest.fixture
@@ -60,6 +63,7 @@ def runner_pods(kube) -> list[str]:
 @pytest.mark.safeguard("reshard-26")
 @pytest.mark.safeguard("reshard-50")
 @pytest.mark.safeguard("reshard-128")
+@pytest.mark.safeguard("reshard-133")
 def test_the_runner_pod_is_created_field_by_field(kube):
     op = new_op()
     before = datetime.now(UTC) - timedelta(seconds=2)
@@ -134,7 +138,22 @@ def test_the_runner_pod_is_created_field_by_field(kube):
         "name": "DUCKGRES_RUNNER_SECRET",
         "valueFrom": {"secretKeyRef": {"name": "duckgres-admin", "key": "runner-secret"}},
     }
-    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"]["key"] == "config-store-dsn"
+    # Its own config-store login, in a Secret of its own (safeguard reshard-133).
+    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"] == {
+        "secretKeyRef": {"name": f"duckgres-reshard-op-{op.id}-login", "key": "config-store-dsn"}
+    }
+    stored = kube.core.read_namespaced_secret(f"duckgres-reshard-op-{op.id}-login", kube.namespace)
+    dsn = base64.b64decode(stored.data["config-store-dsn"]).decode()
+    assert login.user_of(dsn) == login.role_name(op.id)
+    assert login.role_name(op.id) in login.logins()
+    assert stored.metadata.labels == {
+        "app": "duckgres-reshard-login", "duckgres-op-id": str(op.id)
+    }  # fmt: skip
+    PodLauncher().forget_login(op.id)
+    PodLauncher().forget_login(op.id)  # gone already: no error
+    assert not kube.core.list_namespaced_secret(
+        kube.namespace, label_selector=f"duckgres-op-id={op.id}"
+    ).items
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-aws"
     assert env["DUCKGRES_LOG_LEVEL"]["valueFrom"] == {
         "configMapKeyRef": {"name": "duckgres-admin", "key": "log-level"}

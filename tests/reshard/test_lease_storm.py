@@ -54,7 +54,9 @@ CREATE TABLE lease_storm_transitions (
     org_id text NOT NULL, old_state text NOT NULL, new_state text NOT NULL,
     stamped_at timestamptz NOT NULL
 );
-CREATE FUNCTION lease_storm_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER: the runner's own login may not write this test table (reshard-133).
+CREATE FUNCTION lease_storm_stamp() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = public AS $$
 BEGIN
     IF NEW.state IS DISTINCT FROM OLD.state THEN
         INSERT INTO lease_storm_transitions VALUES

@@ -85,6 +85,7 @@ def build(pod: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         "memory": "8Gi",
         "machine": "x86_64",
         "now": NOW,
+        "login_secret": "duckgres-reshard-op-42-login",
     }
     args.update(kw)
     return build_runner_pod(**args)
@@ -92,6 +93,7 @@ def build(pod: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
 
 @pytest.mark.safeguard("reshard-26")
 @pytest.mark.safeguard("reshard-128")
+@pytest.mark.safeguard("reshard-133")
 def test_the_runner_pod_is_built_field_by_field():
     pod = build(
         password_url="http://10.0.0.7:8080/api/v1/reshards/42/password",
@@ -138,9 +140,13 @@ def test_the_runner_pod_is_built_field_by_field():
         return {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
 
     # No DJANGO_SECRET_KEY although the control-plane container has one: a runner signs nothing.
+    # Its config store is its own login's Secret, never the control plane's (reshard-133).
     assert container["env"] == [
         {"name": "DJANGO_SETTINGS_MODULE", "value": "duckgres_admin.settings"},
-        {"name": "DUCKGRES_CONFIG_STORE", "valueFrom": secret_ref("duckgres", "dsn")},
+        {
+            "name": "DUCKGRES_CONFIG_STORE",
+            "valueFrom": secret_ref("duckgres-reshard-op-42-login", "config-store-dsn"),
+        },
         {"name": "DUCKGRES_RUNNER_SECRET", "valueFrom": secret_ref("duckgres", "runner")},
         {
             "name": "DUCKGRES_LOG_LEVEL",
@@ -279,14 +285,20 @@ def test_a_secret_bearing_config_map_ref_is_refused_too():
         build(own_pod(env=env))
 
 
-def test_a_config_store_literal_without_password_is_copied():
+@pytest.mark.safeguard("reshard-133")
+def test_the_control_planes_config_store_never_reaches_the_runner():
     env = [
         {
             "name": "DUCKGRES_CONFIG_STORE",
             "value": "postgresql://svc@db:5432/duckgres?sslmode=require",
         }
     ]
-    assert build(own_pod(env=env))["spec"]["containers"][0]["env"][0] == env[0]
+    # A literal without a password is accepted on the control plane, but the runner gets its
+    # own login's Secret instead.
+    assert build(own_pod(env=env))["spec"]["containers"][0]["env"][0] == {
+        "name": "DUCKGRES_CONFIG_STORE",
+        "valueFrom": secret_ref("duckgres-reshard-op-42-login", "config-store-dsn"),
+    }
     env = [{"name": "DUCKGRES_CONFIG_STORE", "value": "host=db user=svc password=s3cret dbname=x"}]
     with pytest.raises(LauncherError, match="DUCKGRES_CONFIG_STORE must be a secretKeyRef"):
         build(own_pod(env=env))

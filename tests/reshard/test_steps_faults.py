@@ -415,7 +415,9 @@ def test_external_target_failing_after_the_flip_re_points_at_the_intact_source(
             "CREATE OR REPLACE FUNCTION test_binding_write() RETURNS trigger AS $$ BEGIN "
             "INSERT INTO test_binding_writes (kind, compaction) "
             "VALUES (NEW.metadata_store_kind, NEW.compaction_enabled); RETURN NEW; END $$ "
-            "LANGUAGE plpgsql"
+            # The runner's own login may not write this test table: the recorder runs as its
+            # owner (SECURITY DEFINER), as an audit trigger would.
+            "LANGUAGE plpgsql SECURITY DEFINER SET search_path = public"
         )
         cursor.execute(
             "CREATE TRIGGER test_binding_write AFTER UPDATE ON duckgres_managed_warehouses "
