@@ -36,9 +36,10 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.launchers.base import LauncherError
 from reshard.restore import installation_tag
+from reshard.warehouse_rules import GUARDED_WAREHOUSE_FIELDS
 
 _log = logging.getLogger("duckgres.reshard.launcher")
 
@@ -81,21 +82,6 @@ IMMUTABLE_OP_COLUMNS: frozenset[str] = frozenset(
         "recovery_outcome",
     }
 )
-# The warehouse columns the cutover and the steps may change: the binding and the state.
-WAREHOUSE_COLUMNS: tuple[str, ...] = (
-    "state",
-    "status_message",
-    "metadata_store_kind",
-    "metadata_store_name",
-    "metadata_store_host",
-    "metadata_store_port",
-    "metadata_store_sslmode",
-    "metadata_store_database",
-    "metadata_store_user",
-    "metadata_store_password_ref",
-    "compaction_enabled",
-    "updated_at",
-)
 
 
 @dataclass(frozen=True)
@@ -113,13 +99,19 @@ def _op_update_columns() -> tuple[str, ...]:
     )
 
 
+def _warehouse_update_columns() -> tuple[str, ...]:
+    """The columns a running reshard owns (``GUARDED_WAREHOUSE_FIELDS``), and its message."""
+    names = sorted({*GUARDED_WAREHOUSE_FIELDS, "status_message", "updated_at"})
+    return tuple(str(Warehouse._meta.get_field(name).column) for name in names)  # type: ignore[union-attr]
+
+
 def grants() -> tuple[Grant, ...]:
     """Everything a runner login may touch; rows are narrowed by migration 0022's policies."""
     return (
         Grant("duckgres_reshard_operations", ("SELECT",), _op_update_columns()),
         Grant("duckgres_reshard_operation_log", ("SELECT", "INSERT")),
         Grant("duckgres_reshard_operation_steps", ("SELECT", "INSERT", "UPDATE")),
-        Grant("duckgres_managed_warehouses", ("SELECT",), WAREHOUSE_COLUMNS),
+        Grant("duckgres_managed_warehouses", ("SELECT",), _warehouse_update_columns()),
         Grant("duckgres_managed_warehouse_trino", ("SELECT",)),
         Grant("duckgres_connection_leases", ("SELECT",), ("state",)),
         Grant("duckgres_binding_coordinates", ("SELECT",)),
@@ -175,15 +167,15 @@ def mint(op_id: int) -> str:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             cur.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", [name])
-            verb = "ALTER" if cur.fetchone() else "CREATE"
-            cur.execute(
-                sql.SQL(
-                    "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-                    "NOREPLICATION NOBYPASSRLS PASSWORD {}"
-                )
-                .format(sql.SQL(verb), ident, verifier)
-                .as_string(cur.connection)
+            # A relaunch changes only the password: a CREATEROLE login that is not a superuser
+            # may not even restate NOSUPERUSER on ALTER ROLE.
+            template = (
+                "ALTER ROLE {} WITH LOGIN PASSWORD {}"
+                if cur.fetchone()
+                else "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+                "NOREPLICATION NOBYPASSRLS PASSWORD {}"
             )
+            cur.execute(sql.SQL(template).format(ident, verifier).as_string(cur.connection))
             for statement in _grant_statements(ident):
                 cur.execute(statement.as_string(cur.connection))
     except DatabaseError as exc:

@@ -141,11 +141,14 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     # (never values), and the kubelet resolves them: the runner's S3 upload below signs with them.
     env = {e["name"]: e for e in container["env"]}
     for name, key in (("AWS_ACCESS_KEY_ID", "aws-access-key-id"),
-                      ("DUCKGRES_CONFIG_STORE", "config-store-dsn"),
                       ("DUCKGRES_RUNNER_SECRET", "runner-secret")):  # fmt: skip
         assert "value" not in env[name], name
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-admin", name
         assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key, name
+    # The config store: the operation's own login, never the control plane's (reshard-133).
+    assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"duckgres-reshard-op-{op_id}-login", "key": "config-store-dsn"
+    }  # fmt: skip
     assert "DUCKGRES_INTERNAL_SECRET" not in env
     # Its own identity with no API token (safeguard reshard-78): the store's provisioner
     # reference reaches it only as a mounted secretKeyRef, which the move below resolves.

@@ -229,3 +229,26 @@ def test_it_records_only_password_references_that_are_already_its_own(two_ops, a
         ).rowcount
         == 1
     )
+
+
+def test_a_createrole_login_that_is_not_a_superuser_mints_and_re_mints(two_ops) -> None:
+    """The control plane's login in production: CREATEROLE, owner (here: grant option) of the
+    tables, no superuser. A relaunch re-mints the same login's password."""
+    mine, _ = two_ops
+    minter = f"duckgres_test_minter_{mine.id}"
+    tables = ", ".join(g.table for g in login.grants())
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE ROLE {minter} NOLOGIN CREATEROLE")
+        cur.execute(f"GRANT ALL ON {tables} TO {minter} WITH GRANT OPTION")
+        cur.execute(f"SET ROLE {minter}")
+    try:
+        login.mint(mine.id)
+        login.mint(mine.id)  # the relaunch
+        assert login.role_name(mine.id) in login.logins()
+        login.drop(login.role_name(mine.id))  # the janitor, as the same login
+        assert login.role_name(mine.id) not in login.logins()
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET ROLE")
+            cur.execute(f"REVOKE ALL ON {tables} FROM {minter} CASCADE")
+            cur.execute(f"DROP ROLE {minter}")
