@@ -136,6 +136,17 @@ ROWS: tuple[BeatRow, ...] = (
         "untested backup into a scratch database and checks its DuckLake state, bounded, "
         "under an advisory lock; a no-op until DUCKGRES_RESTORE_TEST_STORE names a store.",
     ),
+    BeatRow(
+        name="duckgres: retention of the config store (every hour)",
+        task=TaskName.HOUSEKEEPING_PRUNE,
+        interval_seconds=3600,
+        queue=QueueName.DEFAULT,
+        expire_seconds=3600,
+        migration="0023",
+        description="Retention (docs/operations.md): deletes expired sessions and, past their "
+        "DUCKGRES_RETENTION_*_DAYS, ended operations' logs, audit rows, delivered outbox rows "
+        "and ended lease rows, in bounded batches.",
+    ),
 )
 
 

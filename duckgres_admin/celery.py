@@ -22,7 +22,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["reshard", "trino_pools", "duckgres_admin.notifications"])
+app.autodiscover_tasks(
+    ["reshard", "trino_pools", "duckgres_admin.notifications", "duckgres_admin.housekeeping"]
+)
 
 
 @signals.celeryd_init.connect

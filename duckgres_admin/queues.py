@@ -54,6 +54,7 @@ class TaskName(StrEnum):
     NOTIFICATIONS_DELIVER = "notifications.deliver"
     BACKUP_RETENTION = "reshard.backup_retention"
     BACKUP_RESTORE_TEST = "reshard.backup_restore_test"
+    HOUSEKEEPING_PRUNE = "housekeeping.prune"
 
 
 # The queue each task is sent to when the sender names none. The Trino tasks all go to the
@@ -64,6 +65,7 @@ ROUTES: dict[str, QueueName] = {
     TaskName.NOTIFICATIONS_DELIVER: QueueName.DEFAULT,
     TaskName.BACKUP_RETENTION: QueueName.DEFAULT,
     TaskName.BACKUP_RESTORE_TEST: QueueName.DEFAULT,
+    TaskName.HOUSEKEEPING_PRUNE: QueueName.DEFAULT,
     TaskName.RECONCILE: QueueName.CONTROL,
     "trino.*": QueueName.TRINO,
 }

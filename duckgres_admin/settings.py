@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin import admission, queues
 from duckgres_admin.config import EnvReader, environ
+from duckgres_admin.housekeeping import policy as retention_policy
 from duckgres_admin.lib import endpoints, secretrefs
 from duckgres_admin.notifications import config as webhook_config
 from reshard import retention
@@ -441,6 +442,10 @@ DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE = env.boolean(
 # --- notifications: the webhook (docs/notifications.md) ---------------------------------------
 DUCKGRES_WEBHOOK = webhook_config.from_env(
     env, shared_secrets=(*_secrets.values(), *_previous.values())
+)
+# --- retention of the config store's growing tables (docs/operations.md "Retention") ---------
+DUCKGRES_RETENTION = retention_policy.from_env(
+    env, webhook_lookback_seconds=DUCKGRES_WEBHOOK.lookback_seconds
 )
 
 DUCKGRES_LOG_LEVEL = env.choice("DUCKGRES_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))

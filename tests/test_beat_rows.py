@@ -42,6 +42,7 @@ MIGRATIONS = (
     "0012_notification_outbox_beat",
     "0013_backup_retention_beat",
     "0016_backup_restore_test_beat",
+    "0023_retention_beat",
 )
 
 
@@ -110,6 +111,7 @@ def test_the_table_is_what_the_migrations_write() -> None:
         "0012",
         "0013",
         "0016",
+        "0023",
     ]
 
 
@@ -141,6 +143,7 @@ def test_both_drift_checks_read_the_table() -> None:
         "notifications.scan",
         "reshard.backup_retention",
         "reshard.backup_restore_test",
+        "housekeeping.prune",
     }
 
 

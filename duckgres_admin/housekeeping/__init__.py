@@ -1,0 +1,1 @@
+"""Bounded retention of the config store's growing tables (docs/operations.md "Retention")."""
