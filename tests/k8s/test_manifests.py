@@ -243,10 +243,8 @@ def test_processes_and_their_identity():
     assert config["DUCKGRES_RESHARD_LAUNCHER"] == "pod"
     for deployment in deployments():
         env = env_of(deployment)
-        assert (
-            env["DUCKGRES_RESHARD_LAUNCHER"]["valueFrom"]["configMapKeyRef"]["key"]
-            == "DUCKGRES_RESHARD_LAUNCHER"
-        )
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert {"configMapRef": {"name": "duckgres-admin"}} in container["envFrom"]
         for name, path in (
             ("POD_NAME", "metadata.name"),
             ("POD_NAMESPACE", "metadata.namespace"),

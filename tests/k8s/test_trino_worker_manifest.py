@@ -88,8 +88,12 @@ def test_every_control_plane_process_gets_the_same_trino_configuration():
     for name in CONTROL_PLANE:
         spec = one("Deployment", name)["spec"]["template"]["spec"]
         [container] = spec["containers"]
+        component = name.removeprefix("duckgres-admin-")
         assert container["envFrom"] == [
-            {"configMapRef": {"name": "duckgres-admin-trino", "optional": True}}
+            {"configMapRef": {"name": "duckgres-admin"}},
+            {"configMapRef": {"name": "duckgres-admin-trino", "optional": True}},
+            {"configMapRef": {"name": f"duckgres-admin-{component}-extra", "optional": True}},
+            {"secretRef": {"name": f"duckgres-admin-{component}-extra", "optional": True}},
         ], name
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         assert mounts["trino-registry"]["mountPath"] == "/etc/duckgres/trino/registry", name
