@@ -90,6 +90,11 @@ BACKUP_NEWEST_TESTED_FAILED = Gauge(
     "1 when the newest backup of the warehouse that had a restore test failed it, else 0.",
     ["org_id"],
 )
+BACKUPS_NEVER_TESTED = Gauge(
+    "duckgres_backup_never_tested_warehouses",
+    "Warehouses with at least one recorded backup and no restore-test result at all (the "
+    "restore test is off, or has not reached them).",
+)
 # Warehouses exported at most (a bounded label set; the oldest ages win a cut).
 MAX_BACKUP_AGE_SERIES = 5000
 
@@ -119,10 +124,11 @@ def _age(now: datetime, at: datetime | None) -> float:
 
 
 def set_backup_verified_ages(now: datetime) -> int:
-    """One query: per tested warehouse, the age of its newest backup (the object's
+    """Two queries. First, per tested warehouse, the age of its newest backup (the object's
     ``LastModified``) that passed a restore test, and whether its newest tested backup failed;
-    replaces every series (a warehouse whose rows are gone disappears). Returns the number of
-    warehouses exported."""
+    replaces every series (a warehouse whose rows are gone disappears). Then the number of
+    warehouses with a backup that no restore test has covered. Returns the number of warehouses
+    exported in the first."""
     rows = list(
         BackupVerification.objects.values("org_id")
         .annotate(
@@ -141,7 +147,20 @@ def set_backup_verified_ages(now: datetime) -> int:
     for org, age, failed in ages:
         BACKUP_VERIFIED_AGE.labels(org_id=org).set(age)
         BACKUP_NEWEST_TESTED_FAILED.labels(org_id=org).set(1 if failed else 0)
+    BACKUPS_NEVER_TESTED.set(_never_tested())
     return len(ages)
+
+
+def _never_tested() -> int:
+    """One query: warehouses whose operations recorded a backup (its digest) while no restore
+    test ever wrote a result for them."""
+    return (
+        ReshardOperation.objects.exclude(backup_sha256="")
+        .exclude(org_id__in=BackupVerification.objects.values("org_id"))
+        .values("org_id")
+        .distinct()
+        .count()
+    )
 
 
 def count_respawn(outcome: str) -> None:

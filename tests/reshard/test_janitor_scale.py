@@ -46,5 +46,6 @@ def test_a_tick_costs_the_same_queries_for_10x_more_operations(janitor_env: None
     large = tick_queries(leader)
     assert len(large) == len(small), "\n".join(large)
     # 13 since the tick exports the restore tests' newest verified backup age (one aggregate);
-    # 14 since it lists the runner logins to drop (one query: reshard-133).
-    assert len(small) <= 14, "\n".join(small)
+    # 14 since it lists the runner logins to drop (one query: reshard-133); 15 since it
+    # counts the warehouses whose backups no restore test covered (one query).
+    assert len(small) <= 15, "\n".join(small)
