@@ -74,3 +74,17 @@ def test_the_keys_a_runner_inherits_are_explicit_on_the_launching_workers() -> N
         env = env_of(one("Deployment", name))
         for key in inherited:
             assert env[key]["valueFrom"]["configMapKeyRef"]["key"] == key, (name, key)
+
+
+def test_the_default_worker_has_a_liveness_probe_that_pings_its_own_node() -> None:
+    """Issue 26 item 4: the prefork default worker is restarted when its main process stops
+    answering; the solo workers (janitor, Trino) get none (docs/kubernetes.md "Probes")."""
+    worker = one("Deployment", "duckgres-admin-worker")["spec"]["template"]["spec"]
+    probe = worker["containers"][0]["livenessProbe"]
+    assert probe["exec"]["command"][:2] == ["sh", "-c"]
+    assert 'inspect ping --destination "celery@$HOSTNAME"' in probe["exec"]["command"][2]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 300
+    assert probe["timeoutSeconds"] > 10  # above the ping's own --timeout
+    for name in ("duckgres-admin-control-worker", "duckgres-admin-trino-worker"):
+        spec = one("Deployment", name)["spec"]["template"]["spec"]
+        assert "livenessProbe" not in spec["containers"][0], name

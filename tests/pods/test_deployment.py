@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from tests.fixtures.pod_security import read_only_root, restricted_violations
 from tests.pods.conftest import (
     DEPLOYMENTS,
+    KUBECONFIG,
     NAMESPACE,
     TRINO_CATALOG_SCHEMA,
     TRINO_CELL_NAMESPACE,
@@ -259,6 +261,30 @@ with open(s.rollout_token_file, encoding="utf-8") as f:
 client = GatewayClient(s.gateway_url, token, server_name=s.gateway_server_name)
 print("GATEWAY-ANSWER " + json.dumps(client.get("/gateway/backend/all")))
 """
+
+
+def test_the_default_workers_liveness_probe_answers_and_can_fail(deployed: Deployed) -> None:
+    """The probe the manifest ships, run in the worker's container as the kubelet runs it,
+    exits 0; aimed at a node that does not exist it exits non-zero (the probe can fail)."""
+    pod = deployed.pods("component=worker")[0]
+    container = pod["spec"]["containers"][0]
+    command = container["livenessProbe"]["exec"]["command"]
+    name = pod["metadata"]["name"]
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(KUBECONFIG), "-n", NAMESPACE, "exec", name, "-c",
+         container["name"], "--", *command], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "pong" in done.stdout
+    wrong = [*command[:-1], command[-1].replace('"celery@$HOSTNAME"', "celery@no-such-node")]
+    assert wrong != command
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(KUBECONFIG), "-n", NAMESPACE, "exec", name, "-c",
+         container["name"], "--", *wrong], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0, (done.stdout, done.stderr)
+    status = pod["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 0, status
 
 
 def test_the_trino_worker_reaches_its_gateway_over_verified_tls(deployed: Deployed) -> None:
