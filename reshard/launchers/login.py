@@ -26,7 +26,6 @@ statement here runs under a ``lock_timeout``.
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 from collections.abc import Iterable
@@ -34,14 +33,12 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.launchers.base import LauncherError
 from reshard.restore import installation_tag
 from reshard.warehouse_rules import GUARDED_WAREHOUSE_FIELDS
-
-_log = logging.getLogger("duckgres.reshard.launcher")
 
 PREFIX = "duckgres_runner_"
 _NAME = re.compile(r"^duckgres_runner_[0-9a-f]{8,12}_op([0-9]{1,18})$")
@@ -198,10 +195,6 @@ def dsn_for(user: str, password: str) -> str:
         "password": password,
     }
     return make_conninfo(**{k: str(v) for k, v in params.items() if v not in (None, "")})
-
-
-def user_of(dsn: str) -> str:
-    return str(conninfo_to_dict(dsn).get("user") or "")
 
 
 def drop(name: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.models import ReshardOperation
 from reshard.launchers import login
@@ -208,7 +209,7 @@ def test_a_started_runner_gets_the_stores_env_refs(
     assert env["POD_UID"].startswith("local-")
     assert env["DUCKGRES_RESHARD_LOCAL_STATE_DIR"] == str(state_dir)
     # Its own config-store login, never the worker's (safeguard reshard-133).
-    assert login.user_of(env["DUCKGRES_CONFIG_STORE"]) == login.role_name(op.id)
+    assert conninfo_to_dict(env["DUCKGRES_CONFIG_STORE"])["user"] == login.role_name(op.id)
     assert login.role_name(op.id) in login.logins()
     login.drop(login.role_name(op.id))
 

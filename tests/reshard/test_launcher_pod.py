@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
@@ -144,7 +145,7 @@ def test_the_runner_pod_is_created_field_by_field(kube):
     }
     stored = kube.core.read_namespaced_secret(f"duckgres-reshard-op-{op.id}-login", kube.namespace)
     dsn = base64.b64decode(stored.data["config-store-dsn"]).decode()
-    assert login.user_of(dsn) == login.role_name(op.id)
+    assert conninfo_to_dict(dsn)["user"] == login.role_name(op.id)
     assert login.role_name(op.id) in login.logins()
     assert stored.metadata.labels == {
         "app": "duckgres-reshard-login", "duckgres-op-id": str(op.id)
