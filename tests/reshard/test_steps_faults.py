@@ -4,6 +4,7 @@ takeover backdates ``heartbeat_at`` past the stale window and starts a new runne
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -107,6 +108,37 @@ def test_external_kill_after_drop_before_dropped_at_takeover_rolls_forward(
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_kind) == ("ready", "external")
     assert wh.metadata_store_database == world.target.database
+
+
+@pytest.mark.safeguard("reshard-135")
+def test_the_source_drop_waits_for_a_lingering_provisioner_session_to_end(
+    cnpg_world: CnpgWorld, runner_state_dir: Any
+) -> None:
+    """The drop runs as the tenant role, which may not end a provisioner's backend: a copy or
+    pg_dump session still exiting made ``DROP DATABASE … WITH (FORCE)`` fail (seen in CI)."""
+    world = cnpg_world
+    database = world.catalog.database
+    lingering = world.catalog.cluster.provisioner_conn(database)
+    runner = start_runner(world.op.id, runner_state_dir)
+    noticed = "before DROP DATABASE; letting them end"
+    try:
+        wait_until(
+            lambda: (
+                runner.proc.poll() is not None
+                or any(noticed in line for line in op_log(world.op.id))
+            ),
+            timeout=90,
+            what="the drop to notice the lingering session",
+        )
+        time.sleep(1)
+    finally:
+        lingering.close()
+    assert runner.wait() == 0, runner.output()
+    op = reload(world.op)
+    assert op.state == "succeeded", op_log(op.id)
+    assert op.source_dropped_at is not None, op_log(op.id)
+    assert not database_exists(world.catalog.cluster, database)
+    assert not any("must be dropped manually" in line for line in op_log(op.id))
 
 
 @pytest.mark.safeguard("reshard-16")

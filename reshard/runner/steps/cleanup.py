@@ -4,7 +4,9 @@
 The source ``DROP DATABASE … WITH (FORCE)`` runs on the source's **direct** endpoint, database
 ``postgres``, as the provisioner after ``SET ROLE`` tenant, after the pre-statement heartbeat,
 and only after the commit point is durable (``source_drop_committed_at`` for →cnpg,
-``external_verified_at`` for →external). An empty database name is never sent (ERROR, skip), nor
+``external_verified_at`` for →external), once the sessions still on the database have left
+(bounded; the runner's own copy and ``pg_dump`` sessions exit asynchronously, and the tenant role
+may not end them; safeguard reshard-135). An empty database name is never sent (ERROR, skip), nor
 is the drop of a catalog another live warehouse is bound to (ERROR naming it, skip: the bindings
 are re-read right before the statement). A failed drop is an ERROR, not fatal. The tenant role
 on the source stays NOLOGIN, never dropped — but for an in-place restore, whose one role logs
@@ -18,11 +20,15 @@ from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
 from reshard import identity, testhooks
-from reshard.runner import connections
+from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 from reshard.runner.steps import inplace
 from reshard.runner.steps.copying import release_handle
+
+DROP_SETTLE_SECONDS = 15.0  # how long the drop waits for the runner's own sessions to leave
+DROP_SETTLE_POLL_SECONDS = 0.2
+_SESSIONS_ON = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
 
 
 def run(env: StepEnv) -> None:
@@ -67,6 +73,7 @@ def drop_source(env: StepEnv) -> None:
             )
             return
         with connections.provisioner_conn(ctx, prov, role=op.source_user) as conn:
+            let_sessions_end(env, conn, database)
             env.fence.pre_statement_heartbeat()
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
@@ -92,6 +99,41 @@ def drop_source(env: StepEnv) -> None:
         f"source database {database} dropped on store {op.from_shard} (tenant role "
         f"{op.source_user} {role})"
     )
+
+
+def let_sessions_end(env: StepEnv, conn: connections.PgConn, database: str) -> None:
+    """Wait, bounded by ``DROP_SETTLE_SECONDS``, for the sessions still on ``database`` to end.
+
+    The tenant's sessions ended at the fence, but the runner's own copy, verification and
+    ``pg_dump`` sessions leave asynchronously after their clients close. The drop runs as the
+    tenant role, which may not terminate a provisioner's backend, so a ``WITH (FORCE)`` sent while
+    one of them is still exiting fails. Past the commit point a cancel is not honoured, so this
+    wait does not read it. On timeout the drop is sent anyway: FORCE ends what it may, and its
+    error names what it may not.
+    """
+
+    def observe() -> tuple[bool, str]:
+        row = conn.execute(_SESSIONS_ON, [database]).fetchone()
+        count = int(str(row[0])) if row else 0
+        return count == 0, f"{count} sessions on {database}"
+
+    done, observation = observe()
+    if done:
+        return
+    env.log.info(f"{observation} before DROP DATABASE; letting them end")
+    try:
+        waits.poll_until(
+            env.ctx,
+            env.log,
+            DROP_SETTLE_SECONDS,
+            observe,
+            purpose=f"for the sessions on {database} to end",
+            timeout_message=f"sessions on {database} did not end",
+            cancel_aware=False,
+            interval=DROP_SETTLE_POLL_SECONDS,
+        )
+    except StepError as exc:
+        env.log.warn(f"{exc}; sending DROP DATABASE … WITH (FORCE) anyway")
 
 
 def run_orphaning(env: StepEnv) -> None:
