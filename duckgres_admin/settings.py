@@ -34,10 +34,12 @@ IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
 # `manage.py collectstatic` runs at image build, where there is no secret, config store or
 # broker: it requires none of them (a value that is set and bad is still refused).
 IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
-# The schema commands (the migration Job, the init containers' wait, the first-admin Job) touch
+# The schema commands (the migration Job, the init containers' wait, the first admin's) touch
 # only the config store: they need DJANGO_SECRET_KEY and DUCKGRES_CONFIG_STORE, never a shared
-# secret or the broker, so those Jobs and init containers are not given them.
-SCHEMA_COMMANDS = frozenset({"migrate", "wait_for_migrations", "createsuperuser"})
+# secret or the broker, so that Job and the init containers are not given them.
+SCHEMA_COMMANDS = frozenset(
+    {"migrate", "wait_for_migrations", "createsuperuser", "create_first_admin"}
+)
 IS_SCHEMA_COMMAND = len(sys.argv) > 1 and sys.argv[1] in SCHEMA_COMMANDS
 
 # A runner signs nothing (no session, cookie, CSRF token or password hash), so it is never given
@@ -496,6 +498,17 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_ONLY_ADMIN_SITE = True
+# Passwords set through the admin, `createsuperuser` and `create_first_admin` are checked by
+# Django's validators: at least 12 characters, not common, not all digits, not like the user.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 AXES_FAILURE_LIMIT = DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = DUCKGRES_ADMIN_LOGIN_COOLOFF_SECONDS / 3600  # hours, as a float
 AXES_LOCKOUT_PARAMETERS = ["username"]
@@ -549,15 +562,25 @@ WHITENOISE_USE_FINDERS = not STATIC_MANIFEST
 WHITENOISE_AUTOREFRESH = not STATIC_MANIFEST
 
 # --- behind a TLS-terminating proxy -------------------------------------------------------------
-ALLOWED_HOSTS = _allowed_hosts
+ALLOWED_HOSTS = list(_allowed_hosts)
 if "*" not in ALLOWED_HOSTS:
-    # The pod is also addressed by its own IP: the kubelet's probes (Host: <POD_IP>:8080) and the
-    # runner's password pull (the advertised address). Allowing them is not an operator's chore.
-    for _own in (POD_IP, DUCKGRES_ADVERTISE_ADDRESS):
+    # Allowing these is not an operator's chore: a bare Service name's in-cluster forms in the
+    # pod's own namespace (so no ConfigMap value spells the namespace, which kustomize could not
+    # rewrite), the loopback names a `kubectl port-forward` is reached by, and the pod's own
+    # addresses (the kubelet's probes, Host: <POD_IP>:8080; the runner's password pull).
+    _derived = [
+        f"{_name}.{POD_NAMESPACE}.{_suffix}"
+        for _name in _allowed_hosts
+        if POD_NAMESPACE and _name.isascii() and "." not in _name and ":" not in _name
+        for _suffix in ("svc", "svc.cluster.local")
+    ]
+    for _own in (*_derived, "localhost", "127.0.0.1", "[::1]", POD_IP, DUCKGRES_ADVERTISE_ADDRESS):
         _host = f"[{_own}]" if ":" in _own and not _own.startswith("[") else _own
         if _host and _host.lower() not in ALLOWED_HOSTS:
             ALLOWED_HOSTS.append(_host.lower())
 CSRF_TRUSTED_ORIGINS = _csrf_trusted_origins
+# A failed check names the setting that fixes it (Secure cookies on plain HTTP, a foreign origin).
+CSRF_FAILURE_VIEW = "duckgres_admin.adminui.csrf.csrf_failure"
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
 )

@@ -170,10 +170,29 @@ def test_the_pods_own_addresses_join_an_explicit_host_list():
     assert values["ALLOWED_HOSTS"] == [
         "admin.example.com",
         "duckgres-admin-api",
+        "localhost",
+        "127.0.0.1",
+        "[::1]",
         "10.1.2.3",
         "[fd00::7]",
     ]
     assert settings_of({"POD_IP": "10.1.2.3"}, "ALLOWED_HOSTS")["ALLOWED_HOSTS"] == ["*"]
+
+
+def test_a_bare_service_name_is_allowed_in_the_pods_own_namespace():
+    """The shipped ConfigMap names the Service only: the namespace a kustomize overlay chooses
+    reaches the host list through the downward API, never through a ConfigMap value."""
+    values = settings_of(
+        {"DUCKGRES_ALLOWED_HOSTS": "duckgres-admin-api,admin.example.com", "POD_NAMESPACE": "ops"},
+        "ALLOWED_HOSTS",
+    )
+    assert values["ALLOWED_HOSTS"][:4] == [
+        "duckgres-admin-api",
+        "admin.example.com",
+        "duckgres-admin-api.ops.svc",
+        "duckgres-admin-api.ops.svc.cluster.local",
+    ]
+    assert not any("admin.example.com." in host for host in values["ALLOWED_HOSTS"])
 
 
 @pytest.mark.parametrize(

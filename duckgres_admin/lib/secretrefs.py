@@ -156,8 +156,8 @@ def denied_reason(parsed: SecretRef) -> str | None:
 
 @dataclass(frozen=True)
 class AllowEntry:
-    """One allowlist entry: ``k8s:<namespace>/<name>`` / ``k8s:<namespace>/<prefix>*`` or
-    ``env:<NAME>`` / ``env:<PREFIX>*``."""
+    """One allowlist entry: ``k8s:[<namespace>/]<name>`` / ``k8s:[<namespace>/]<prefix>*`` or
+    ``env:<NAME>`` / ``env:<PREFIX>*`` (no namespace: the control plane's own)."""
 
     scheme: str
     namespace: str  # k8s only
@@ -182,7 +182,27 @@ class AllowEntry:
         return f"env:{self.name}{star}"
 
 
-_ALLOW_K8S_RE = re.compile(rf"^k8s:(?P<ns>{_NS})/(?P<name>[a-z0-9.-]*)(?P<star>\*?)$")
+_ALLOW_K8S_RE = re.compile(rf"^k8s:(?:(?P<ns>{_NS})/)?(?P<name>[a-z0-9.-]*)(?P<star>\*?)$")
+
+
+def _k8s_entry(variable: str, item: str, m: re.Match[str]) -> AllowEntry | str:
+    """An entry without ``<namespace>/`` names the control plane's own namespace (the pod's
+    ``POD_NAMESPACE``), so a shipped ConfigMap never spells a namespace that a kustomize
+    overlay may change; outside a pod such an entry is an error."""
+    namespace = m["ns"]
+    if namespace is None:
+        namespace = os.environ.get("POD_NAMESPACE", "")
+        if not namespace:
+            return (
+                f"{variable}: {item!r} names no namespace, and this process has no POD_NAMESPACE "
+                "to stand for it"
+            )
+    entry = AllowEntry("k8s", namespace, m["name"], bool(m["star"]))
+    if not entry.prefix and not entry.name:
+        return f"{variable}: {item!r} names no secret"
+    return entry
+
+
 _ALLOW_ENV_RE = re.compile(r"^env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<star>\*?)$")
 
 
@@ -205,10 +225,11 @@ def parse_allowlist(variable: str, raw: str) -> tuple[tuple[AllowEntry, ...], li
             "env:<PREFIX>*, comma-separated"
         )
         if m := _ALLOW_K8S_RE.match(item):
-            entry = AllowEntry("k8s", m["ns"], m["name"], bool(m["star"]))
-            if not entry.prefix and not entry.name:
-                errors.append(f"{variable}: {item!r} names no secret; {forms}")
+            parsed = _k8s_entry(variable, item, m)
+            if isinstance(parsed, str):
+                errors.append(f"{parsed}; {forms}")
                 continue
+            entry = parsed
             if not entry.prefix and entry.name in DENIED_SECRET_NAMES:
                 errors.append(
                     f"{variable}: {item!r} is the control plane's own Secret, which is never "
@@ -283,10 +304,7 @@ class EndpointBinding:
 
 def _parse_ref_entry(variable: str, text: str) -> AllowEntry | str:
     if m := _ALLOW_K8S_RE.match(text):
-        entry = AllowEntry("k8s", m["ns"], m["name"], bool(m["star"]))
-        if not entry.prefix and not entry.name:
-            return f"{variable}: {text!r} names no secret"
-        return entry
+        return _k8s_entry(variable, text, m)
     if m := _ALLOW_ENV_RE.match(text):
         return AllowEntry("env", "", m["name"], bool(m["star"]))
     if text == "env:*":

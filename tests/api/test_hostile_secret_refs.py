@@ -114,6 +114,29 @@ def test_allowlist_entries_parse_strictly():
     ]
 
 
+def test_an_entry_without_a_namespace_names_the_control_planes_own(monkeypatch):
+    """The shipped ConfigMap spells no namespace: a kustomize overlay that moves the control
+    plane moves its allowlists with it, through the pod's POD_NAMESPACE."""
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    entries, problems = secretrefs.parse_allowlist("V", "k8s:duckgres-store-*")
+    assert problems == []
+    assert [str(e) for e in entries] == ["k8s:ops/duckgres-store-*"]
+    assert entries[0].matches(secretrefs.parse("k8s:ops/duckgres-store-a#password"))
+    assert not entries[0].matches(secretrefs.parse("k8s:duckgres/duckgres-store-a#password"))
+    _, problems = secretrefs.parse_allowlist("V", "k8s:duckgres-admin")
+    assert problems == [
+        "V: 'k8s:duckgres-admin' is the control plane's own Secret, which is never allowed; "
+        "remove the entry"
+    ]
+    monkeypatch.delenv("POD_NAMESPACE")
+    _, problems = secretrefs.parse_allowlist("V", "k8s:duckgres-store-*")
+    assert problems == [
+        "V: 'k8s:duckgres-store-*' names no namespace, and this process has no POD_NAMESPACE to "
+        "stand for it; write k8s:<namespace>/<secret>, k8s:<namespace>/<prefix>*, env:<VARIABLE> "
+        "or env:<PREFIX>*, comma-separated"
+    ]
+
+
 @pytest.mark.safeguard("reshard-61")
 def test_a_bad_allowlist_refuses_to_start_naming_the_variable():
     result = start_process({"DUCKGRES_SECRET_REF_ALLOW_TENANT": "env:*"})

@@ -98,12 +98,13 @@ def test_the_migration_job_migrates_with_the_config_store_only():
 
 
 def _manage(
-    *args: str, env: dict[str, str], timeout: float = 60
+    *args: str, env: dict[str, str], timeout: float = 60, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -141,40 +142,55 @@ def test_wait_for_migrations_gives_up_at_its_deadline_and_says_why():
         _psql(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
 
+def documented_first_admin_command() -> list[str]:
+    """The ``manage.py`` part of docs/kubernetes.md step 5, as an operator pastes it."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    [line] = [
+        line.strip().rstrip("\\").strip()
+        for line in text.splitlines()
+        if "manage.py create_first_admin" in line
+    ]
+    words = line.split()
+    return words[words.index("manage.py") + 1 : words.index("<")]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_first_admin_job_command_creates_the_admin_once():
-    [job] = list(yaml.safe_load_all((K8S_DIR / "templates" / "first-admin-job.yaml").read_text()))
-    [container] = job["spec"]["template"]["spec"]["containers"]
-    command = container["command"]
-    assert command[:2] == ["python", "manage.py"]
-    from_secret = {
-        e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
-        for e in container["env"]
-        if e["name"].startswith("DJANGO_SUPERUSER_")
-    }
-    assert from_secret == {
-        "DJANGO_SUPERUSER_USERNAME": "username",
-        "DJANGO_SUPERUSER_EMAIL": "email",
-        "DJANGO_SUPERUSER_PASSWORD": "password",
-    }
-    env = process_env(
-        DJANGO_SUPERUSER_USERNAME="first-admin",
-        DJANGO_SUPERUSER_EMAIL="first-admin@example.test",
-        DJANGO_SUPERUSER_PASSWORD="a-long-first-admin-password-1234",
-    )
-    first = _manage(*command[2:], env=env)
+def test_the_documented_first_admin_command_creates_the_admin_once():
+    args = documented_first_admin_command()
+    assert args[0] == "create_first_admin"
+    assert "--password-stdin" in args
+    args = [a.replace("alice", "first-admin") for a in args]
+    first = _manage(*args, env=process_env(), stdin="a-long-first-admin-password-1234\n")
     assert first.returncode == 0, first.stderr
     user = get_user_model().objects.get(username="first-admin")
     assert user.is_superuser
     assert user.is_staff
     assert user.check_password("a-long-first-admin-password-1234")
     # A second run never changes the existing admin: it fails and says why.
-    env["DJANGO_SUPERUSER_PASSWORD"] = "another-password-that-must-not-win-5678"
-    second = _manage(*command[2:], env=env)
+    second = _manage(*args, env=process_env(), stdin="another-password-that-must-not-win-5678\n")
     assert second.returncode != 0
-    assert "already taken" in second.stderr
+    assert "already exists" in second.stderr
     user.refresh_from_db()
     assert user.check_password("a-long-first-admin-password-1234")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("stdin", "message"),
+    [
+        ("", "no password on standard input"),
+        ("short\n", "the password is refused"),
+        ("two\nlines-of-a-long-password\n", "must be one line"),
+    ],
+)
+def test_a_refused_first_admin_password_creates_nobody(stdin: str, message: str):
+    result = _manage(
+        "create_first_admin", "--username=nobody", "--email=n@example.test", "--password-stdin",
+        env=process_env(), stdin=stdin,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not get_user_model().objects.filter(username="nobody").exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -183,18 +199,17 @@ def test_the_first_admin_job_command_creates_the_admin_once():
     [
         ("migrate", "--check"),
         ("wait_for_migrations", "--timeout=10"),
-        ("createsuperuser", "--no-input", "--username=job-admin", "--email=job@example.test"),
+        ("create_first_admin", "--username=job-admin", "--email=job@ex.test", "--password-stdin"),
     ],
 )
 def test_the_schema_jobs_run_with_only_the_config_store_and_the_key(command):
-    """The migration Job, the init containers and the first-admin Job get exactly two secrets
-    (no shared secret, no broker): the commands they run must start with only those."""
+    """The migration Job and the init containers get exactly two secrets (no shared secret, no
+    broker): the commands they run, and the first admin's, must start with only those."""
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(ROOT),
         "DJANGO_SECRET_KEY": "schema-job-key-" + "k" * 40,
         "DUCKGRES_CONFIG_STORE": child_config_store_dsn(),
-        "DJANGO_SUPERUSER_PASSWORD": "a-long-job-admin-password-0000",
     }
-    result = _manage(*command, env=env)
+    result = _manage(*command, env=env, stdin="a-long-job-admin-password-0000\n")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from reshard.launchers.podspec import build_runner_pod
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.k8s.test_manifests import DOCS, K8S_DIR, one
+from tests.k8s.test_manifests import DOCS, one
 
 pytestmark = pytest.mark.safeguard("reshard-62")
 
@@ -24,8 +23,6 @@ def _pod_specs() -> list[tuple[str, dict[str, Any]]]:
         for d in DOCS
         if d["kind"] in ("Deployment", "Job")
     ]
-    [admin] = list(yaml.safe_load_all((K8S_DIR / "templates" / "first-admin-job.yaml").read_text()))
-    specs.append(("Job/duckgres-admin-first-admin", admin["spec"]["template"]["spec"]))
     return specs
 
 

@@ -49,6 +49,20 @@ def test_every_shipped_key_is_a_setting_the_product_reads() -> None:
     assert unread == [], f"k8s/configmap.yaml offers keys nothing reads: {unread}"
 
 
+def test_no_shipped_value_spells_the_namespace() -> None:
+    """kustomize's namespace transformer rewrites metadata, never a ConfigMap value: a value
+    naming ``duckgres`` as a namespace would follow no overlay that moves the control plane."""
+    namespace = one("Namespace", "duckgres")["metadata"]["name"]
+    spelled = re.compile(rf"(?:\.{namespace}\.svc|k8s:{namespace}/)")
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        for doc in path.read_text().split("\n---"):
+            if "kind: ConfigMap" not in doc:
+                continue
+            values = [line for line in doc.splitlines() if _KEY.match(line + " ")]
+            offending = [line.strip() for line in values if spelled.search(line)]
+            assert offending == [], f"{path.name}: {offending}"
+
+
 def test_every_control_plane_process_takes_the_whole_config_map_and_its_own_extras() -> None:
     for deployment in deployments():
         name = deployment["metadata"]["name"]

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import html
+import http.cookiejar
 import json
+import os
+import re
+import secrets
 import subprocess
+import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,6 +24,7 @@ from tests.pods.conftest import (
     DEPLOYMENTS,
     KUBECONFIG,
     NAMESPACE,
+    ROOT,
     TRINO_CATALOG_SCHEMA,
     TRINO_CELL_NAMESPACE,
     TRINO_POOL_ID,
@@ -300,3 +309,81 @@ def test_the_trino_worker_reaches_its_gateway_over_verified_tls(deployed: Deploy
     # Authenticated with the rollout token from the Secret (the double answers 401 otherwise).
     assert seen[0][2]["authorization"] == f"Bearer {deployed.trino_secrets['rollout-token']}"
     assert deployed.trino_secrets["rollout-token"] not in out
+
+
+def _documented(marker: str) -> str:
+    """The shell line of docs/kubernetes.md that contains ``marker``, continuations joined."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text().replace("\\\n", " ")
+    [line] = [line.strip() for line in text.splitlines() if marker in line and "kubectl" in line]
+    return re.sub(r"\s+", " ", line.strip("` "))
+
+
+def _run_documented(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def _login_through(base: str, username: str, password: str) -> tuple[int, str]:
+    """A browser's admin login: the form, its CSRF cookie and token, the POST with an Origin."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with opener.open(f"{base}/admin/login/?next=/admin/", timeout=10) as form:
+        page = form.read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token, page[:500]
+    fields = {"csrfmiddlewaretoken": html.unescape(token[1]), "next": "/admin/"}
+    body = urllib.parse.urlencode({**fields, "username": username, "password": password})
+    request = urllib.request.Request(
+        f"{base}/admin/login/?next=/admin/", data=body.encode(), headers={"Origin": base}
+    )
+    try:
+        with opener.open(request, timeout=10) as answer:  # follows the redirect to /admin/
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_documented_first_look_works_as_printed(deployed: Deployed, tmp_path: Path) -> None:
+    """docs/kubernetes.md steps 5 and 6 run verbatim: the first admin from standard input in
+    the API's pod, the port-forward, readyz on localhost and a browser login over plain HTTP."""
+    password = "first-look-" + secrets.token_hex(12)
+    (tmp_path / "admin-password").write_text(password + "\n")
+    created = _run_documented(_documented("create_first_admin"), tmp_path)
+    assert created.returncode == 0, created.stderr
+    assert password not in created.stdout + created.stderr
+    forward = _documented("port-forward svc/duckgres-admin-api")
+    forward = forward.split(" then ")[0].strip("` ")
+    env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {forward}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "Forwarding from" in first, first
+        with urllib.request.urlopen("http://localhost:8080/readyz", timeout=10) as ready:
+            assert ready.status == 200
+        status, page = _login_through("http://localhost:8080", "alice", password)
+        assert status == 200, page[:500]
+        assert 'action="/admin/logout/"' in page or "Log out" in page, page[:500]
+        # The same login over plain HTTP at another name answers 403 and names the fix.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    "http://127.0.0.1:8080/admin/login/",
+                    data=b"username=alice",
+                    headers={"Host": "duckgres-admin-api:8080"},
+                ),
+                timeout=10,
+            )
+        assert refused.value.code == 403
+        assert "DUCKGRES_SECURE_COOKIES=false" in refused.value.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(10)
