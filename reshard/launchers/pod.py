@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,7 +58,10 @@ def _own_pod() -> dict[str, Any]:
 
 
 def resolve_control_plane_image() -> str:
-    """The control-plane pod's first container image (the start API pins it on the op)."""
+    """The control-plane pod's first container image, pinned to the digest its node resolved
+    (the start API records it on the op, and every runner of the op, relaunches included, runs
+    exactly it: a tag re-pushed meanwhile, or an upgrade that rolls the control plane, never
+    changes the code an operation runs under)."""
     pod = _own_pod()
     containers = (pod.get("spec") or {}).get("containers") or []
     image = containers[0].get("image", "") if containers else ""
@@ -65,7 +69,25 @@ def resolve_control_plane_image() -> str:
         raise LauncherError(
             f"cannot read own control-plane pod {settings.POD_NAME}: it has no container image"
         )
-    return str(image)
+    name = containers[0].get("name", "")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    image_id = next((str(s.get("imageID") or "") for s in statuses if s.get("name") == name), "")
+    return pinned_image(str(image), image_id)
+
+
+def pinned_image(image: str, image_id: str) -> str:
+    """``image`` by digest: ``<repository>@sha256:…`` from the container status's ``imageID``
+    (``repo@sha256:…``, or ``docker-pullable://repo@sha256:…``). An image already pinned, or a
+    status without a repository digest (a node that reports only the local image id), keeps
+    ``image`` as it is."""
+    if "@" in image:
+        return image
+    _, at, digest = image_id.rpartition("@")
+    if not at or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        return image
+    last = image.rsplit("/", 1)[-1]
+    repository = image.rsplit(":", 1)[0] if ":" in last else image
+    return f"{repository}@{digest}"
 
 
 def status_of(pod: dict[str, Any]) -> RunnerStatus:

@@ -312,10 +312,13 @@ def test_the_trino_worker_reaches_its_gateway_over_verified_tls(deployed: Deploy
 
 
 def _documented(marker: str) -> str:
-    """The shell line of docs/kubernetes.md that contains ``marker``, continuations joined."""
+    """The command of docs/kubernetes.md that contains ``marker``: an inline `code` span, or a
+    line of a code block with its continuations joined."""
     text = (ROOT / "docs" / "kubernetes.md").read_text().replace("\\\n", " ")
-    [line] = [line.strip() for line in text.splitlines() if marker in line and "kubectl" in line]
-    return re.sub(r"\s+", " ", line.strip("` "))
+    inline = re.findall(r"`(kubectl [^`]*)`", text)
+    blocks = [line.strip() for line in text.splitlines() if line.strip().startswith("kubectl ")]
+    [command] = {c for c in (*inline, *blocks) if marker in c}
+    return re.sub(r"\s+", " ", command)
 
 
 def _run_documented(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -327,7 +330,10 @@ def _run_documented(command: str, cwd: Path) -> subprocess.CompletedProcess[str]
 
 def _login_through(base: str, username: str, password: str) -> tuple[int, str]:
     """A browser's admin login: the form, its CSRF cookie and token, the POST with an Origin."""
-    jar = http.cookiejar.CookieJar()
+    # Browsers treat http://localhost as a secure context and send Secure cookies there; the
+    # standard library's jar does not, unless told to.
+    browser_like = http.cookiejar.DefaultCookiePolicy(secure_protocols=("https", "wss", "http"))
+    jar = http.cookiejar.CookieJar(policy=browser_like)
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     with opener.open(f"{base}/admin/login/?next=/admin/", timeout=10) as form:
         page = form.read().decode()
@@ -354,7 +360,6 @@ def test_the_documented_first_look_works_as_printed(deployed: Deployed, tmp_path
     assert created.returncode == 0, created.stderr
     assert password not in created.stdout + created.stderr
     forward = _documented("port-forward svc/duckgres-admin-api")
-    forward = forward.split(" then ")[0].strip("` ")
     env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
     proc = subprocess.Popen(
         ["bash", "-c", f"exec {forward}"],

@@ -19,7 +19,7 @@ from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
 from reshard.launchers import login
 from reshard.launchers.base import LauncherError, StillTerminating
-from reshard.launchers.pod import PodLauncher, resolve_control_plane_image
+from reshard.launchers.pod import PodLauncher, pinned_image, resolve_control_plane_image
 from tests.fixtures.kube_pods import (
     OWN_IMAGE,
     OWN_POD,
@@ -210,8 +210,34 @@ def test_the_api_server_accepts_the_pull_token_volume(kube):
     } in mounts
 
 
+DIGEST = "sha256:" + "ab" * 32
+REG = "registry.example"
+
+
+@pytest.mark.parametrize(
+    ("image", "image_id", "pinned"),
+    [
+        (f"{REG}/a:1.2.3", f"{REG}/a@{DIGEST}", f"{REG}/a@{DIGEST}"),
+        (f"{REG}:5000/a:1", f"docker-pullable://x/a@{DIGEST}", f"{REG}:5000/a@{DIGEST}"),
+        (f"{REG}:5000/a", f"{REG}:5000/a@{DIGEST}", f"{REG}:5000/a@{DIGEST}"),
+        (f"{REG}/a@{DIGEST}", f"{REG}/a@sha256:" + "cd" * 32, f"{REG}/a@{DIGEST}"),
+        (f"{REG}/a:1", DIGEST, f"{REG}/a:1"),  # a node that reports a local image id only
+        (f"{REG}/a:1", "", f"{REG}/a:1"),
+        (f"{REG}/a:1", "x/a@sha256:short", f"{REG}/a:1"),
+    ],
+)
+def test_the_runner_image_is_pinned_to_the_digest_the_node_resolved(image, image_id, pinned):
+    assert pinned_image(image, image_id) == pinned
+
+
 def test_resolve_control_plane_image_reads_its_own_pod(kube, settings):
     assert resolve_control_plane_image() == OWN_IMAGE
+    name = settings.POD_NAME
+    resolved = {"name": "worker", "image": OWN_IMAGE, "imageID": f"{REG}/duckgres-admin@{DIGEST}"}
+    running = {"ready": True, "restartCount": 0, "state": {"running": {}}}
+    status = {"phase": "Running", "containerStatuses": [{**resolved, **running}]}
+    kube.core.patch_namespaced_pod_status(name, kube.namespace, {"status": status})
+    assert resolve_control_plane_image() == f"registry.example/duckgres-admin@{DIGEST}"
     settings.POD_NAME = "no-such-pod"
     with pytest.raises(LauncherError, match=r"^cannot read own control-plane pod no-such-pod: "):
         resolve_control_plane_image()
