@@ -213,3 +213,40 @@ def test_the_schema_jobs_run_with_only_the_config_store_and_the_key(command):
     }
     result = _manage(*command, env=env, stdin="a-long-job-admin-password-0000\n")
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# --- upgrades (docs/kubernetes.md "Upgrade") ---------------------------------------------------
+
+
+def test_every_apply_path_re_creates_the_migration_job_without_a_hand_step():
+    job = one("Job", "duckgres-admin-migrate")
+    annotations = job["metadata"]["annotations"]
+    # Argo CD: a hook is not tracked for drift, and is deleted before its next creation.
+    assert annotations["argocd.argoproj.io/hook"] == "PreSync"
+    assert annotations["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation"
+    # Flux: an immutable field change re-creates the object instead of failing the apply.
+    assert annotations["kustomize.toolkit.fluxcd.io/force"] == "enabled"
+    # No TTL: a Job that vanished by itself would be re-created (and re-run) by a GitOps tool.
+    assert "ttlSecondsAfterFinished" not in job["spec"]
+    upgrade = (ROOT / "docs" / "kubernetes.md").read_text().split("## Upgrade", 1)[1]
+    upgrade = upgrade.split("\n## ", 1)[0]
+    assert "kubectl apply -k k8s/ --force" in upgrade
+    assert "delete job" not in upgrade
+
+
+def test_beat_starts_its_successor_before_it_stops():
+    strategy = one("Deployment", "duckgres-admin-beat")["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+
+
+def test_the_changelog_lists_every_migration_since_the_first_installs():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    numbers = sorted(
+        path.name[:4] for path in (ROOT / "duckgres_admin" / "migrations").glob("0*.py")
+    )
+    listed = [n for n in numbers if n >= "0020"]
+    missing = [n for n in listed if n not in changelog]
+    assert missing == [], f"CHANGELOG.md names no upgrade or rollback note for {missing}"

@@ -392,3 +392,37 @@ def test_the_documented_first_look_works_as_printed(deployed: Deployed, tmp_path
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_an_upgrade_applied_as_documented_re_creates_and_re_runs_the_migration(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """docs/kubernetes.md "Upgrade": a release that changes the Job's pod template is applied
+    with ``kubectl apply -k … --force`` and no ``kubectl delete job``; without ``--force`` the
+    same apply is refused (the template is immutable), which is why the flag is documented."""
+    before = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
+    release = secrets.token_hex(4)
+    overlay = os.path.relpath(ROOT / "tests" / "pods" / "overlay", tmp_path)  # kustomize: relative
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n- {overlay}\n"
+        "patches:\n- target: {kind: Job, name: duckgres-admin-migrate}\n  patch: |-\n"
+        "    - op: add\n      path: /spec/template/metadata/annotations\n"
+        f'      value: {{duckgres.test/release: "{release}"}}\n'
+    )
+    plain = kubectl("apply", "-k", str(tmp_path), check=False, timeout=300)
+    job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
+    assert job["metadata"]["uid"] == before["metadata"]["uid"], plain
+    kubectl("apply", "-k", str(tmp_path), "--force", timeout=300)
+
+    def rerun() -> bool:
+        job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
+        fresh = job["metadata"]["uid"] != before["metadata"]["uid"]
+        return fresh and job["status"].get("succeeded") == 1
+
+    wait_until(rerun, "the re-created migration Job to succeed", timeout=300, poll=2)
+    job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
+    assert job["spec"]["template"]["metadata"]["annotations"]["duckgres.test/release"] == release
+    for name in DEPLOYMENTS:
+        dep = kubectl_json("-n", NAMESPACE, "get", "deploy", name)
+        assert dep["status"].get("availableReplicas") == dep["spec"]["replicas"], name
