@@ -12,6 +12,7 @@ worker's first signal, applies the same configuration before the worker's first 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from celery import Celery, signals
@@ -19,11 +20,23 @@ from celery import Celery, signals
 from duckgres_admin.logs import configure_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
+# The default worker's prefork children share their Prometheus counters through files in
+# DUCKGRES_WORKER_METRICS_DIR (docs/monitoring.md "Platform metrics"). prometheus_client picks
+# its storage when first imported, so the switch is set here, and for `celery … worker` only: no
+# other command run in the container (the probe's `celery inspect ping`) may add files there.
+if os.environ.get("DUCKGRES_WORKER_METRICS_DIR") and "worker" in sys.argv[1:6]:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ["DUCKGRES_WORKER_METRICS_DIR"]
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(
-    ["reshard", "trino_pools", "duckgres_admin.notifications", "duckgres_admin.housekeeping"]
+    [
+        "reshard",
+        "trino_pools",
+        "duckgres_admin.notifications",
+        "duckgres_admin.housekeeping",
+        "duckgres_admin.observability",
+    ]
 )
 
 

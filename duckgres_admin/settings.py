@@ -246,6 +246,11 @@ if DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS >= DUCKGRES_JANITOR_LEASE_SECONDS:
     env.errors.append(
         "DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS must be < DUCKGRES_JANITOR_LEASE_SECONDS"
     )
+# The default worker's exporter (Celery task outcomes of its prefork children), served by its main
+# process when PROMETHEUS_MULTIPROC_DIR is set (k8s/worker.yaml); 0 disables it.
+DUCKGRES_WORKER_METRICS_PORT = env.integer(
+    "DUCKGRES_WORKER_METRICS_PORT", 9111, minimum=0, maximum=65535
+)
 DUCKGRES_CONTROL_METRICS_PORT = env.integer(
     "DUCKGRES_CONTROL_METRICS_PORT", 9108, minimum=0, maximum=65535
 )
@@ -471,6 +476,10 @@ INSTALLED_APPS = [
     "duckgres_admin",
 ]
 MIDDLEWARE = [
+    # Request rate, errors and latency per route (django-prometheus), on the API's exporter
+    # (DUCKGRES_API_METRICS_PORT): first and next-to-last, so it times everything in between and
+    # counts the answer a lockout (axes, last) turns into a 429.
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # 413/411/417 from the headers, before CSRF or a view reads a body (duckgres_admin/admission.py)
@@ -484,6 +493,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Last (django-axes): turns a login refused for a lockout into its 429 page.
     "axes.middleware.AxesMiddleware",
 ]

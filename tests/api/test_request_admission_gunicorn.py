@@ -505,3 +505,46 @@ def test_lease_grants_and_probes_keep_threads_no_admin_request_can_take(api: Gun
     )
     assert waited >= 5 * slowest, (waited, timings)
     assert all(livez < PROBE_SECONDS and lease < PROBE_SECONDS for livez, lease in timings)
+
+
+# --- per-route request metrics (docs/monitoring.md "Platform metrics") ---------------------------
+
+
+def _metric_lines(metrics_port: int) -> list[str]:
+    text: bytes = urllib.request.urlopen(
+        f"http://127.0.0.1:{metrics_port}/metrics", timeout=5
+    ).read()
+    return text.decode().splitlines()
+
+
+def _value(lines: list[str], prefix: str, **labels: str) -> float:
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    found = [ln for ln in lines if ln.startswith(prefix + "{") and all(w in ln for w in wanted)]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in found)
+
+
+def test_requests_are_counted_and_timed_per_route_never_per_path(
+    metered_api: tuple[Gunicorn, int],
+):
+    """Rate, errors and latency per route: two op ids are one series (the route's name), and a
+    path no route matches adds no label of its own (bounded cardinality)."""
+    api, metrics_port = metered_api
+    by_view = "django_http_responses_total_by_status_view_method_total"
+    latency = "django_http_requests_latency_seconds_by_view_method_count"
+    before = _metric_lines(metrics_port)
+    stray = f"/no-such-{secrets.token_hex(6)}"
+    for path in ("/livez", "/livez", "/api/v1/reshards/101", "/api/v1/reshards/202", stray):
+        api.request("GET", path, headers={"Host": "localhost"})
+    lines = _metric_lines(metrics_port)
+    livez = {"view": "livez", "method": "GET"}
+    assert (
+        _value(lines, by_view, status="200", **livez)
+        - _value(before, by_view, status="200", **livez)
+        == 2
+    )
+    assert _value(lines, latency, **livez) - _value(before, latency, **livez) == 2
+    detail = [ln for ln in lines if ln.startswith(by_view) and "reshard-detail" in ln]
+    assert len(detail) == 1, detail  # both op ids in one series
+    assert detail[0].rsplit(" ", 1)[1] == "2.0"
+    assert '"401"' in detail[0] or '"403"' in detail[0], detail
+    assert not any(stray in ln for ln in lines)

@@ -94,6 +94,9 @@ def product_metric_modules() -> list[str]:
 
 
 def product_registries() -> list[CollectorRegistry]:
+    # The API's per-route request metrics: django-prometheus's middleware (settings.MIDDLEWARE)
+    # registers them in the default registry when the API first builds it.
+    importlib.import_module("django_prometheus.middleware").Metrics.get_instance()
     registries: list[CollectorRegistry] = [REGISTRY]
     for name in product_metric_modules():
         module = importlib.import_module(name)

@@ -23,7 +23,7 @@ from tests.monitoring.promql import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-METRIC_DOCS = ("docs/janitor.md", "docs/trino-metrics.md", "docs/api.md")
+METRIC_DOCS = ("docs/janitor.md", "docs/trino-metrics.md", "docs/api.md", "docs/monitoring.md")
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,7 @@ def test_the_prometheusrule_is_a_prometheus_operator_resource() -> None:
     assert document["metadata"]["namespace"] == "duckgres"
     assert set(document["spec"]) == {"groups"}, "the spec is a plain rule file, nothing else"
     names = [group["name"] for group in document["spec"]["groups"]]
-    assert names == ["duckgres-reshard-janitor", "duckgres-trino-pools"]
+    assert names == ["duckgres-reshard-janitor", "duckgres-platform", "duckgres-trino-pools"]
 
 
 def test_promtool_check_rules(promtool: str, tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_promtool_check_rules(promtool: str, tmp_path: Path) -> None:
 def test_promtool_unit_tests(promtool: str, tmp_path: Path) -> None:
     files.write_rule_file(tmp_path)
     tests = _test_files()
-    assert [p.name for p in tests] == ["janitor.test.yml", "trino.test.yml"]
+    assert [p.name for p in tests] == ["janitor.test.yml", "platform.test.yml", "trino.test.yml"]
     for path in tests:
         shutil.copy(path, tmp_path / path.name)
     result = _run(promtool, "test", "rules", *(p.name for p in tests), cwd=tmp_path)

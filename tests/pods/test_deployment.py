@@ -418,7 +418,7 @@ def test_an_upgrade_applied_as_documented_re_creates_and_re_runs_the_migration(
     def rerun() -> bool:
         job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
         fresh = job["metadata"]["uid"] != before["metadata"]["uid"]
-        return fresh and job["status"].get("succeeded") == 1
+        return bool(fresh and job["status"].get("succeeded") == 1)
 
     wait_until(rerun, "the re-created migration Job to succeed", timeout=300, poll=2)
     job = kubectl_json("-n", NAMESPACE, "get", "job", "duckgres-admin-migrate")
