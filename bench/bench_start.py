@@ -4,7 +4,7 @@
 
 Everything real, on this machine: a fresh config store (``duckgres_bench_start`` on 5432,
 migrated), the API (gunicorn, 1 process, 8 threads, as ``make demo``), one Celery worker on
-``duckgres.default`` (``--pool``/``--concurrency``: prefork like ``k8s/worker.yaml``, or solo)
+``duckgres.default`` (``--pool``/``--concurrency``: prefork like ``k8s/base/worker.yaml``, or solo)
 with the local launcher, two cnpg metadata stores (5433, 5434) and a small tenant catalog. Then
 ``--starts`` times, one at a time:
 

@@ -5,7 +5,7 @@ that process's memory (spec reshard §4.17), so a second worker process would an
 pull with 404 half of the time. With ``DUCKGRES_PASSWORD_PULL_PORT`` set the process listens on
 that port too, on the main bind's host: the password route is served there and only there
 (``duckgres_admin/api/pullport.py``), and the NetworkPolicy admits only runner pods to it.
-The container image and ``k8s/api.yaml`` both start gunicorn with this module; change a value
+The container image and ``k8s/base/api.yaml`` both start gunicorn with this module; change a value
 here, not on a command line.
 
 Logging (docs/logging.md): ``logconfig_dict`` sends gunicorn's error and access logs through

@@ -247,7 +247,7 @@ if DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS >= DUCKGRES_JANITOR_LEASE_SECONDS:
         "DUCKGRES_JANITOR_RENEW_DEADLINE_SECONDS must be < DUCKGRES_JANITOR_LEASE_SECONDS"
     )
 # The default worker's exporter (Celery task outcomes of its prefork children), served by its main
-# process when PROMETHEUS_MULTIPROC_DIR is set (k8s/worker.yaml); 0 disables it.
+# process when PROMETHEUS_MULTIPROC_DIR is set (k8s/base/worker.yaml); 0 disables it.
 DUCKGRES_WORKER_METRICS_PORT = env.integer(
     "DUCKGRES_WORKER_METRICS_PORT", 9111, minimum=0, maximum=65535
 )

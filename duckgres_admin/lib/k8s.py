@@ -142,7 +142,7 @@ def put_secret(namespace: str, name: str, data: dict[str, str], labels: dict[str
     """Create Secret ``name`` holding ``data`` (string values), replacing one of that name.
 
     Replacement is delete-then-create: the launcher may create and delete Secrets, never update
-    or patch them (k8s/rbac.yaml). Errors name the Secret, never a value."""
+    or patch them (k8s/base/rbac.yaml). Errors name the Secret, never a value."""
     body: Any = {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -6,7 +6,7 @@ Invariants:
   ``task_failure`` and ``task_retry`` signals. The solo control and trino workers export them on
   their own exporters (``DUCKGRES_CONTROL_METRICS_PORT``, ``DUCKGRES_TRINO_METRICS_PORT``). The
   default worker's prefork children cannot serve HTTP: with ``PROMETHEUS_MULTIPROC_DIR`` set
-  (an ``emptyDir`` in ``k8s/worker.yaml``) each child writes its counters to that directory and
+  (an ``emptyDir`` in ``k8s/base/worker.yaml``) each child writes its counters to that directory and
   the worker's main process, which never runs a task, serves their sum on
   ``DUCKGRES_WORKER_METRICS_PORT``. The directory is emptied when the main process starts, so a
   restarted container never re-counts a previous one's events.

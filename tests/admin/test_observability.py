@@ -17,7 +17,7 @@ from tests.fixtures.processes import ROOT
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((ROOT / "k8s" / name).read_text()) if d]
+    return [d for d in yaml.safe_load_all((ROOT / "k8s" / "base" / name).read_text()) if d]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,14 @@ import yaml
 from django.contrib.auth import get_user_model
 
 from tests.fixtures.processes import child_config_store_dsn, process_env
-from tests.k8s.test_manifests import DOCS, K8S_DIR, applied_files, deployments, one
+from tests.k8s.test_manifests import (
+    BASE_DIR,
+    DOCS,
+    K8S_DIR,
+    applied_files,
+    deployments,
+    one,
+)
 
 ROOT = K8S_DIR.parent
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
@@ -44,8 +51,8 @@ def images(docs: list[dict[str, Any]]) -> set[str]:
 
 def test_apply_k_installs_every_top_level_manifest_and_nothing_else():
     listed = {p.name for p in applied_files()}
-    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk, "every k8s/*.yaml is applied by -k, and only those"
+    on_disk = {p.name for p in BASE_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, "every k8s/base/*.yaml is applied by -k, and only those"
     rendered = {(d["kind"], d["metadata"]["name"]) for d in kustomize(K8S_DIR)}
     assert rendered == {(d["kind"], d["metadata"]["name"]) for d in DOCS}
     assert images(kustomize(K8S_DIR)) == {"duckgres-admin:0.1.0"}

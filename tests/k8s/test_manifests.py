@@ -20,6 +20,7 @@ from duckgres_admin.lib import k8s
 from reshard.launchers.podspec import build_runner_pod, runner_labels
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
+BASE_DIR = K8S_DIR / "base"  # the manifests; k8s/kustomization.yaml adds only the image
 ALLOWED_API_VERSIONS = {
     "v1",
     "apps/v1",
@@ -31,9 +32,12 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
 
 def applied_files() -> list[Path]:
-    """The files ``kubectl apply -k k8s/`` applies: the kustomization's resources."""
-    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    return [K8S_DIR / name for name in kustomization["resources"]]
+    """The files ``kubectl apply -k k8s/`` applies: the resources of ``k8s/base``, which the
+    top-level kustomization includes (with the image setting only)."""
+    top = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"], "k8s/kustomization.yaml includes base/ only"
+    kustomization = yaml.safe_load((BASE_DIR / "kustomization.yaml").read_text())
+    return [BASE_DIR / name for name in kustomization["resources"]]
 
 
 def load_docs() -> list[dict[str, Any]]:
@@ -396,7 +400,7 @@ def test_the_manifests_pass_strict_schema_validation():
     assert Path(tool).exists(), "kubernetes-validate is missing: run make install"
     paths = [
         str(p)
-        for p in sorted([*K8S_DIR.glob("*.yaml"), *(K8S_DIR / "templates").glob("*.yaml")])
+        for p in sorted([*BASE_DIR.glob("*.yaml"), *(K8S_DIR / "templates").glob("*.yaml")])
         if p.name != "kustomization.yaml"
     ]
     result = subprocess.run(

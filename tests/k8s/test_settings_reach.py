@@ -1,7 +1,7 @@
 """Every key of the shipped ConfigMap reaches the processes that read it (issue 26 item 1;
 docs/kubernetes.md "Settings"), checked on the manifests ``kubectl apply -k k8s/`` applies.
 
-A key an operator uncomments in ``k8s/configmap.yaml`` must (1) be a setting the product reads
+A key an operator uncomments in ``k8s/base/configmap.yaml`` must (1) be a setting the product reads
 and (2) reach every control-plane process without a JSON patch: each Deployment takes the whole
 ConfigMap with ``envFrom``. Keys a runner pod inherits must also be explicit ``env`` entries of
 the launching workers, since the pod launcher copies only those.
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from reshard.launchers.envcontract import ALLOWLIST
-from tests.k8s.test_manifests import K8S_DIR, deployments, env_of, one
+from tests.k8s.test_manifests import BASE_DIR, deployments, env_of, one
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("duckgres_admin", "reshard", "trino_pools")
@@ -23,7 +23,7 @@ _KEY = re.compile(r"^  (?:# )?([A-Z][A-Z0-9_]+): ", re.MULTILINE)
 
 def shipped_keys() -> set[str]:
     """The keys of the ``duckgres-admin`` ConfigMap, commented-out ones included."""
-    text = (K8S_DIR / "configmap.yaml").read_text().split("\n---", 1)[0]
+    text = (BASE_DIR / "configmap.yaml").read_text().split("\n---", 1)[0]
     return set(_KEY.findall(text))
 
 
@@ -46,7 +46,7 @@ def test_the_shipped_keys_include_the_commented_day_two_switches() -> None:
 
 def test_every_shipped_key_is_a_setting_the_product_reads() -> None:
     unread = sorted(key for key in shipped_keys() if not _read_by_product(key))
-    assert unread == [], f"k8s/configmap.yaml offers keys nothing reads: {unread}"
+    assert unread == [], f"k8s/base/configmap.yaml offers keys nothing reads: {unread}"
 
 
 def test_no_shipped_value_spells_the_namespace() -> None:
@@ -54,7 +54,7 @@ def test_no_shipped_value_spells_the_namespace() -> None:
     naming ``duckgres`` as a namespace would follow no overlay that moves the control plane."""
     namespace = one("Namespace", "duckgres")["metadata"]["name"]
     spelled = re.compile(rf"(?:\.{namespace}\.svc|k8s:{namespace}/)")
-    for path in sorted(K8S_DIR.glob("*.yaml")):
+    for path in sorted(BASE_DIR.glob("*.yaml")):
         for doc in path.read_text().split("\n---"):
             if "kind: ConfigMap" not in doc:
                 continue

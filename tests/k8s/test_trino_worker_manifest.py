@@ -1,12 +1,10 @@
-"""The trino worker's manifest (k8s/trino-worker.yaml): its metrics exporter and the Trino
+"""The trino worker's manifest (k8s/base/trino-worker.yaml): its metrics exporter and the Trino
 variables (spec trino-pools §6.1, §7). The strict schema check and the server-side dry run of
 every manifest are in ``test_manifests.py``."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.k8s.test_manifests import K8S_DIR, env_of, one
+from tests.k8s.test_manifests import BASE_DIR, env_of, one
 from trino_pools import config
 
 TRINO_VARIABLES = {
@@ -115,7 +113,7 @@ def test_every_control_plane_process_gets_the_same_trino_configuration():
 
 
 def test_the_shipped_trino_configmap_example_names_every_variable():
-    example = (Path(K8S_DIR) / "configmap.yaml").read_text()
+    example = (BASE_DIR / "configmap.yaml").read_text()
     missing = sorted(name for name in TRINO_VARIABLES if f"#   {name}:" not in example)
     assert missing == []
 
@@ -123,7 +121,7 @@ def test_the_shipped_trino_configmap_example_names_every_variable():
 def test_no_manifest_carries_a_retired_trino_variable():
     retired = set(config.RETIRED_VARIABLES) | set(config.OLDER_RETIRED_VARIABLES)
     retired |= set(config.UNSUPPORTED_VARIABLES)
-    for path in sorted(Path(K8S_DIR).glob("*.yaml")):
+    for path in sorted(BASE_DIR.glob("*.yaml")):
         text = path.read_text()
         for name in retired:
             assert name not in text, f"{path.name} mentions the retired {name}"

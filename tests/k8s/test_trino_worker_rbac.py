@@ -1,6 +1,6 @@
 """The trino worker's Kubernetes identity, rights and network boundaries (spec trino-pools §4.3,
-§4.12, §4.13, §7): k8s/rbac.yaml (its ServiceAccount and ClusterRoles), the per-cell bindings in
-k8s/trino-rbac/, k8s/networkpolicy.yaml and k8s/trino-worker.yaml.
+§4.12, §4.13, §7): k8s/base/rbac.yaml (its ServiceAccount and ClusterRoles), the per-cell
+bindings in k8s/trino-rbac/, k8s/base/networkpolicy.yaml and k8s/base/trino-worker.yaml.
 
 The ci kube-apiserver authorizes everything (``AlwaysAllow``), so RBAC cannot be enforced there.
 Instead the product's own Trino calls run against the real apiserver with every request

@@ -369,7 +369,7 @@ def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[]
         s3 = _s3_client()
         s3.create_bucket(Bucket=BUCKET)
         _trino_cell_namespace()
-        kubectl("apply", "-f", str(ROOT / "k8s" / "namespace.yaml"))
+        kubectl("apply", "-f", str(ROOT / "k8s" / "base" / "namespace.yaml"))
         kubectl("apply", "-f", "-", input=_secret_doc("duckgres-admin", values))
         kubectl("apply", "-f", "-", input=_secret_doc(TRINO_SECRET, trino_values))
         kubectl(

@@ -426,3 +426,26 @@ def test_an_upgrade_applied_as_documented_re_creates_and_re_runs_the_migration(
     for name in DEPLOYMENTS:
         dep = kubectl_json("-n", NAMESPACE, "get", "deploy", name)
         assert dep["status"].get("availableReplicas") == dep["spec"]["replicas"], name
+
+
+SCRAPE = (
+    "import urllib.request; print(urllib.request.urlopen("
+    "'http://127.0.0.1:9111/metrics', timeout=5).read().decode())"
+)
+
+
+def test_the_default_worker_serves_its_childrens_task_outcomes(deployed: Deployed) -> None:
+    """Beat sends notifications.scan every 15 s to the default worker: its prefork children's
+    outcomes reach the main process's exporter (docs/monitoring.md "Platform metrics")."""
+    name = deployed.pods("component=worker")[0]["metadata"]["name"]
+
+    def succeeded() -> float:
+        out = kubectl("-n", NAMESPACE, "exec", name, "-c", "worker", "--",
+                      "python", "-c", SCRAPE, timeout=60)  # fmt: skip
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in out.splitlines()
+            if line.startswith("duckgres_celery_tasks_total{") and '"succeeded"' in line
+        )
+
+    wait_until(succeeded, "a task outcome on the default worker's exporter", timeout=120, poll=5)

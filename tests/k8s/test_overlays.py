@@ -1,0 +1,95 @@
+"""The production overlay and the components it combines (``k8s/overlays/production``,
+``k8s/components/{ingress,scrape,webhook,ha}``; docs/kubernetes.md "Overlays"; issue 26 item 2),
+rendered by kubectl's kustomize as ``kubectl apply -k`` would."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tests.k8s.test_deploy_lifecycle import images, kustomize
+from tests.k8s.test_manifests import DOCS, K8S_DIR
+
+PRODUCTION = K8S_DIR / "overlays" / "production"
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def test_the_production_overlay_is_the_base_plus_its_components() -> None:
+    docs = kustomize(PRODUCTION)
+    base = {(d["kind"], d["metadata"]["name"]) for d in DOCS}
+    rendered = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert base <= rendered
+    assert rendered - base == {
+        ("Ingress", "duckgres-admin"),
+        ("ServiceMonitor", "duckgres-admin"),
+        ("PodMonitor", "duckgres-admin-worker"),
+        ("PodDisruptionBudget", "duckgres-admin-api"),
+        ("PodDisruptionBudget", "duckgres-admin-worker"),
+        ("PodDisruptionBudget", "duckgres-admin-control-worker"),
+    }
+    assert images(docs) == {"registry.example/duckgres-admin:0.1.0"}
+    assert all(d["metadata"].get("namespace", "duckgres") == "duckgres" for d in docs)
+
+
+def test_the_public_host_is_set_once_and_reaches_every_setting_that_needs_it(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    overlay = copy / "overlays" / "production" / "kustomization.yaml"
+    text = overlay.read_text()
+    assert text.count("admin.example.com") == 1, "the overlay names the host exactly once"
+    overlay.write_text(text.replace("admin.example.com", "ops.example.org"))
+    docs = kustomize(overlay.parent)
+    ingress = _one(docs, "Ingress", "duckgres-admin")
+    assert ingress["spec"]["rules"][0]["host"] == "ops.example.org"
+    assert ingress["spec"]["tls"][0]["hosts"] == ["ops.example.org"]
+    settings = _one(docs, "ConfigMap", "duckgres-admin")["data"]
+    assert settings["DUCKGRES_ALLOWED_HOSTS"] == "duckgres-admin-api,ops.example.org"
+    assert settings["DUCKGRES_CSRF_TRUSTED_ORIGINS"] == "https://ops.example.org"
+    assert settings["DUCKGRES_SECURE_PROXY_SSL_HEADER"] == "X-Forwarded-Proto"
+    assert "admin.example.com" not in str(docs)
+
+
+def test_the_scrape_targets_select_every_exporter() -> None:
+    docs = kustomize(PRODUCTION)
+    monitor = _one(docs, "ServiceMonitor", "duckgres-admin")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    [endpoint] = monitor["spec"]["endpoints"]
+    scraped = {
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "Service"
+        and selector.items() <= d["metadata"].get("labels", {}).items()
+        and any(p["name"] == endpoint["port"] for p in d["spec"]["ports"])
+    }
+    assert scraped == {
+        "duckgres-admin-api",
+        "duckgres-admin-control-worker",
+        "duckgres-admin-trino-worker",
+    }
+    pods = _one(docs, "PodMonitor", "duckgres-admin-worker")
+    worker = _one(docs, "Deployment", "duckgres-admin-worker")["spec"]["template"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= worker["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in worker["spec"]["containers"][0]["ports"]}
+    assert ports[pods["spec"]["podMetricsEndpoints"][0]["port"]] == 9111
+
+
+def test_the_webhook_component_gives_the_worker_its_receiver_from_a_secret() -> None:
+    docs = kustomize(PRODUCTION)
+    worker = _one(docs, "Deployment", "duckgres-admin-worker")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in worker["containers"][0]["env"]}
+    for name, key in (
+        ("DUCKGRES_WEBHOOK_URL", "url"),
+        ("DUCKGRES_WEBHOOK_SECRET", "signing-secret"),
+    ):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "duckgres-admin-webhook", "key": key}
+    assert "DJANGO_SECRET_KEY" in env  # merged into the worker's env, not replacing it
+    api = _one(docs, "Deployment", "duckgres-admin-api")["spec"]["template"]["spec"]
+    assert not any(e["name"].startswith("DUCKGRES_WEBHOOK") for e in api["containers"][0]["env"])
