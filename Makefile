@@ -7,7 +7,8 @@
 #                 kube, rgw and browser suites skip when their service is missing)
 #   make lint     ruff, ruff format --check, mypy --strict, import-linter, makemigrations --check,
 #                 OpenAPI schema without warnings
-#   make install  .venv with requirements-dev.txt (re-installs only when requirements change)
+#   make install  .venv from requirements-dev.lock, every file hash-checked (re-installs only when
+#                 a lock changes); `make lock` re-compiles both locks after a requirements edit
 #   make services PostgreSQL 5432/5433/5434 (TLS), Redis 6379, kube-apiserver 16443
 #   make image    the container image (Containerfile) with buildah on a local Debian base
 SHELL := /bin/bash
@@ -19,7 +20,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 WITH_TEST_ENV := $(PY) scripts/with_test_env.py
 PYTEST_ARGS ?=
-REQ_STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+REQ_STAMP := $(VENV)/.installed-$(shell cat requirements.lock requirements-dev.lock | sha256sum | cut -c1-16)
 MIGRATE_CHECK_DB := duckgres_migrate_check_$(shell echo $$PPID)
 PSQL_ADMIN := PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U postgres -d postgres -qAtc
 
@@ -28,14 +29,14 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_BASE ?= localhost/duckgres-base:bookworm
 IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
 
-.PHONY: help install services provision test lint demo migrate-check clean image image-build image-smoke
+.PHONY: help install lock services provision test lint demo migrate-check clean image image-build image-smoke
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(REQ_STAMP) $(VENV)/bin/duckgres
 
-$(REQ_STAMP): requirements.txt requirements-dev.txt
+$(REQ_STAMP): requirements.lock requirements-dev.lock
 	@missing=(); \
 	command -v psql >/dev/null || missing+=(postgresql-client); \
 	command -v redis-server >/dev/null || missing+=(redis-server); \
@@ -45,7 +46,7 @@ $(REQ_STAMP): requirements.txt requirements-dev.txt
 	  apt-get install -y -q --no-install-recommends "$${missing[@]}" >/dev/null; \
 	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r requirements-dev.lock
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # The project itself, editable and without dependencies (requirements.txt pins those): it
@@ -53,6 +54,18 @@ $(REQ_STAMP): requirements.txt requirements-dev.txt
 $(VENV)/bin/duckgres: pyproject.toml $(REQ_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $@
+
+# The locks: every package of requirements.txt (the image) and requirements-dev.txt (tests and
+# tools) resolved together, pinned, with the hashes of every file PyPI has for that version.
+# pip-tools runs from a venv of its own, so it never changes what it resolves.
+PIP_TOOLS := var/pip-tools
+PIP_COMPILE := $(PIP_TOOLS)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links
+lock:
+	@test -x $(PIP_TOOLS)/bin/pip-compile || { $(PYTHON) -m venv $(PIP_TOOLS) && \
+	  $(PIP_TOOLS)/bin/pip install -q --disable-pip-version-check pip-tools==7.7.0; }
+	$(PIP_COMPILE) --output-file requirements.lock requirements.txt
+	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
 
 services:
 	.ci/services.sh

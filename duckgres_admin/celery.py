@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
@@ -20,12 +21,27 @@ from celery import Celery, signals
 from duckgres_admin.logs import configure_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
-# The default worker's prefork children share their Prometheus counters through files in
-# DUCKGRES_WORKER_METRICS_DIR (docs/monitoring.md "Platform metrics"). prometheus_client picks
-# its storage when first imported, so the switch is set here, and for `celery … worker` only: no
-# other command run in the container (the probe's `celery inspect ping`) may add files there.
-if os.environ.get("DUCKGRES_WORKER_METRICS_DIR") and "worker" in sys.argv[1:6]:
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ["DUCKGRES_WORKER_METRICS_DIR"]
+
+
+def _share_metrics_between_processes() -> None:
+    """The default worker's prefork children share their Prometheus counters through files in
+    ``DUCKGRES_WORKER_METRICS_DIR`` (docs/monitoring.md "Platform metrics"). prometheus_client
+    picks its storage when a metric is first created, at the first import of a module that
+    defines one, so the directory is made ready here, before any: created, its ``*.db`` files
+    of a previous container deleted (never anything else), the switch set. For
+    ``celery … worker`` only: no other command run in the container (the probe's ``celery
+    inspect ping``) may add files there."""
+    directory = os.environ.get("DUCKGRES_WORKER_METRICS_DIR", "")
+    if not directory or "worker" not in sys.argv[1:6]:
+        return
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+
+
+_share_metrics_between_processes()
 
 app = Celery("duckgres_admin")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -8,8 +8,8 @@ Invariants:
   default worker's prefork children cannot serve HTTP: with ``PROMETHEUS_MULTIPROC_DIR`` set
   (an ``emptyDir`` in ``k8s/base/worker.yaml``) each child writes its counters to that directory and
   the worker's main process, which never runs a task, serves their sum on
-  ``DUCKGRES_WORKER_METRICS_PORT``. The directory is emptied when the main process starts, so a
-  restarted container never re-counts a previous one's events.
+  ``DUCKGRES_WORKER_METRICS_PORT``. The directory is emptied when the main process starts
+  (``duckgres_admin.celery``), so a restarted container never re-counts a previous one's events.
 - **Labels are bounded**: ``task`` is one of the product's task names or ``other``; ``outcome``
   one of :data:`OUTCOMES`; ``queue`` one of the direct queues.
 - **Gauges are read, not kept**: queue depth from the broker (a passive declare: the message
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from celery import current_app
@@ -109,17 +108,14 @@ def refresh_gauges() -> None:
 
 
 def start_multiprocess_exporter(port: int) -> bool:
-    """In the default worker's main process: empty ``PROMETHEUS_MULTIPROC_DIR`` and serve the
-    children's counters on ``port``. Off when the variable is unset or the port is 0."""
+    """In the default worker's main process: serve the children's counters on ``port``, from
+    ``PROMETHEUS_MULTIPROC_DIR`` (made ready, before any metric existed, by
+    ``duckgres_admin.celery``). Off when the variable is unset or the port is 0."""
     directory = os.environ.get(MULTIPROC_VARIABLE, "")
     if not directory or not port:
         return False
     from prometheus_client import multiprocess
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.glob("*.db"):  # only prometheus_client's own files, never anything else
-        stale.unlink(missing_ok=True)
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     start_http_server(port, registry=registry)

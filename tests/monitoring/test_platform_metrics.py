@@ -4,6 +4,8 @@ and webhook deliveries given up from the config store."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 from datetime import timedelta
@@ -16,6 +18,7 @@ from django.utils import timezone
 from duckgres_admin.models import Notification, NotificationKind, NotificationState
 from duckgres_admin.observability import metrics
 from duckgres_admin.queues import QueueName, TaskName
+from tests.fixtures.processes import process_env
 from tests.test_static_files import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +43,12 @@ def test_the_prefork_childrens_task_outcomes_are_served_by_the_main_process(
     from duckgres_admin.celery import app
 
     port = free_port()
-    directory = tmp_path / "worker-metrics"
-    directory.mkdir()
-    (directory / "counter_999999.db").write_bytes(b"a previous container's file")
+    directory = tmp_path / "emptydir" / "worker-metrics"  # as in the pod: not there yet
     celery_worker_factory(
         pool="prefork",
         extra_env={"DUCKGRES_WORKER_METRICS_DIR": str(directory),
                    "DUCKGRES_WORKER_METRICS_PORT": str(port)},
     )  # fmt: skip
-    assert not (directory / "counter_999999.db").exists()  # emptied at start, not re-counted
     ok = app.send_task(TaskName.HOUSEKEEPING_PRUNE, queue=QueueName.DEFAULT)
     bad = app.send_task(TaskName.HOUSEKEEPING_PRUNE, kwargs={"no_such": 1}, queue=QueueName.DEFAULT)
     deadline = time.monotonic() + 60
@@ -65,6 +65,22 @@ def test_the_prefork_childrens_task_outcomes_are_served_by_the_main_process(
     assert _outcome(samples, TaskName.HOUSEKEEPING_PRUNE, "failed") == 1, samples
     assert ok.id != bad.id
     assert list(directory.glob("*.db")), "the children wrote their counters to the directory"
+
+
+def test_a_worker_start_empties_the_directory_of_a_previous_containers_files(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "worker-metrics"
+    directory.mkdir()
+    (directory / "counter_999999.db").write_bytes(b"a previous container's counters")
+    (directory / "notes.txt").write_text("not prometheus_client's: left alone")
+    start = (
+        "import sys; sys.argv = ['celery', '-A', 'duckgres_admin', 'worker']; import duckgres_admin"
+    )
+    env = process_env(DUCKGRES_WORKER_METRICS_DIR=str(directory))
+    done = subprocess.run([sys.executable, "-c", start], cwd=ROOT, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in directory.iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -441,7 +441,10 @@ def test_the_default_worker_serves_its_childrens_task_outcomes(deployed: Deploye
 
     def succeeded() -> float:
         out = kubectl("-n", NAMESPACE, "exec", name, "-c", "worker", "--",
-                      "python", "-c", SCRAPE, timeout=60)  # fmt: skip
+                      "python", "-c", SCRAPE, timeout=60, check=False)  # fmt: skip
+        if not out:
+            log = kubectl("-n", NAMESPACE, "logs", name, "-c", "worker", "--tail=200", check=False)
+            raise AssertionError(f"the worker's exporter did not answer; its log:\n{log}")
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in out.splitlines()
