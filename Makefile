@@ -11,6 +11,7 @@
 #                 a lock changes); `make lock` re-compiles both locks after a requirements edit
 #   make services PostgreSQL 5432/5433/5434 (TLS), Redis 6379, kube-apiserver 16443
 #   make image    the container image (Containerfile) with buildah on a local Debian base
+#   make release  the image pushed (RELEASE_DESTINATION), manifests pinned to its digest, an SBOM
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -29,10 +30,10 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_BASE ?= localhost/duckgres-base:bookworm
 IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
 
-.PHONY: help install lock services provision test lint demo migrate-check clean image image-build image-smoke
+.PHONY: help install lock release services provision test lint demo migrate-check clean image image-build image-smoke
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 install: $(REQ_STAMP) $(VENV)/bin/duckgres
 
@@ -156,3 +157,26 @@ image-build:
 # services start first (idempotent: a no-op when they already run).
 image-smoke: image install services
 	.ci/image-smoke.sh $(IMAGE):$(VERSION)
+
+# A release (docs/image.md "Reproducible builds"): the image pushed to RELEASE_DESTINATION (by
+# default an OCI archive in RELEASE_DIR; `docker://registry.example/duckgres-admin:$(VERSION)`
+# for a registry) with the digest buildah wrote there, the manifests of `kubectl apply -k k8s/`
+# with every image pinned to that digest under RELEASE_REPOSITORY, the SBOM of the Python
+# packages the image installs (CycloneDX, from requirements.lock), and their SHA-256 sums.
+RELEASE_DIR ?= var/release/$(VERSION)
+RELEASE_REPOSITORY ?= $(IMAGE)
+RELEASE_DESTINATION ?= oci-archive:$(RELEASE_DIR)/duckgres-admin-$(VERSION).oci.tar:$(RELEASE_REPOSITORY):$(VERSION)
+release: image install
+	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/kustomize
+	buildah push -q --digestfile $(RELEASE_DIR)/image.digest $(IMAGE):$(VERSION) $(RELEASE_DESTINATION)
+	@digest=$$(cat $(RELEASE_DIR)/image.digest); \
+	base=$$(realpath --relative-to=$(RELEASE_DIR)/kustomize k8s/base); \
+	printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
+	  'resources:' "- $$base" 'images:' '- name: duckgres-admin' \
+	  "  newName: $(RELEASE_REPOSITORY)" "  digest: $$digest" > $(RELEASE_DIR)/kustomize/kustomization.yaml; \
+	kubectl kustomize $(RELEASE_DIR)/kustomize > $(RELEASE_DIR)/duckgres-admin-$(VERSION).yaml; \
+	rm -rf $(RELEASE_DIR)/kustomize
+	$(VENV)/bin/cyclonedx-py requirements requirements.lock --of JSON --output-reproducible \
+	  -o $(RELEASE_DIR)/duckgres-admin-$(VERSION).sbom.cdx.json
+	@cd $(RELEASE_DIR) && sha256sum $$(ls | grep -v SHA256SUMS) > SHA256SUMS
+	@echo "release: $(RELEASE_REPOSITORY)@$$(cat $(RELEASE_DIR)/image.digest) in $(RELEASE_DIR)"

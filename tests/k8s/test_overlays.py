@@ -93,3 +93,14 @@ def test_the_webhook_component_gives_the_worker_its_receiver_from_a_secret() -> 
     assert "DJANGO_SECRET_KEY" in env  # merged into the worker's env, not replacing it
     api = _one(docs, "Deployment", "duckgres-admin-api")["spec"]["template"]["spec"]
     assert not any(e["name"].startswith("DUCKGRES_WEBHOOK") for e in api["containers"][0]["env"])
+
+
+def test_the_default_workers_metrics_directory_is_its_main_containers() -> None:
+    """Set on the init container instead, it reached no worker process (seen on the cluster)."""
+    worker = _one(DOCS, "Deployment", "duckgres-admin-worker")["spec"]["template"]["spec"]
+    [main] = worker["containers"]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["DUCKGRES_WORKER_METRICS_DIR"].startswith("/tmp/")
+    assert any(m["mountPath"] == "/tmp" for m in main["volumeMounts"])
+    for init in worker["initContainers"]:
+        assert "DUCKGRES_WORKER_METRICS_DIR" not in {e["name"] for e in init["env"]}
