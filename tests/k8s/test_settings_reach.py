@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from reshard.launchers.envcontract import ALLOWLIST
 from tests.k8s.test_manifests import BASE_DIR, deployments, env_of, one
 
@@ -63,6 +65,7 @@ def test_no_shipped_value_spells_the_namespace() -> None:
             assert offending == [], f"{path.name}: {offending}"
 
 
+@pytest.mark.safeguard("reshard-136")
 def test_every_control_plane_process_takes_the_whole_config_map_and_its_own_extras() -> None:
     for deployment in deployments():
         name = deployment["metadata"]["name"]

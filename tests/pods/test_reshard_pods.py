@@ -448,3 +448,99 @@ def test_losing_the_api_replica_that_holds_the_stash_fails_cleanly(deployed: Dep
         assert wh["metadata_store_name"] == "pods-source"
     finally:
         drop_tenant(deployed.clusters.target, external.role)
+
+
+SCRATCH_ROLE = "duckgres_pods_scratch"
+
+
+def _control_worker_metrics() -> str:
+    """Every control-worker replica's exporter, concatenated: only the janitor leader sets the
+    backup gauges, the others keep zero (dashboards and rules take the max)."""
+    pods = kubectl_json("-n", NAMESPACE, "get", "pods", "-l", "component=control-worker")["items"]
+    scrape = (
+        "import urllib.request; print(urllib.request.urlopen("
+        "'http://127.0.0.1:9108/metrics', timeout=5).read().decode())"
+    )
+    names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
+    command = ("-c", "control-worker", "--", "python", "-c", scrape)
+    return "\n".join(
+        kubectl("-n", NAMESPACE, "exec", name, *command, timeout=60, check=False) for name in names
+    )
+
+
+def _never_tested(metrics: str) -> float:
+    prefix = "duckgres_backup_never_tested_warehouses "
+    return max((float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith(prefix)),
+               default=-1.0)  # fmt: skip
+
+
+def _scratch_store(deployed: Deployed) -> None:
+    """A cnpg store on the config store's server (5432), which serves no warehouse: the restore
+    test refuses a store whose server does, unless told otherwise."""
+    import psycopg
+    from psycopg import sql
+
+    password = secrets.token_urlsafe(24)
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres",
+                         autocommit=True, connect_timeout=10) as conn:  # fmt: skip
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(SCRATCH_ROLE)))
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE PASSWORD {}").format(
+                sql.Identifier(SCRATCH_ROLE), sql.Literal(password)
+            )
+        )
+    deployed.put_secret_key("duckgres-store-pods", "scratch", password)
+    body = {
+        "name": "pods-scratch", "kind": "cnpg", "host": NODE_IP, "port": 5432,
+        "sslmode": "require", "tls_policy": "allow-weaker",
+        "tls_policy_reason": "test clusters: the certificates name 127.0.0.1, not the node",
+        "provisioner_user": SCRATCH_ROLE,
+        "provisioner_password_ref": f"k8s:{NAMESPACE}/duckgres-store-pods#scratch",
+    }  # fmt: skip
+    resp = deployed.api.post("metadata-stores", body)
+    assert resp.status == 201, (resp.status, resp.raw[:500])
+
+
+@pytest.mark.safeguard("reshard-136")
+def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric_appears(
+    deployed: Deployed, tenant
+):
+    """docs/kubernetes.md "Settings": the day-two switch of k8s/base/configmap.yaml, set in the
+    ConfigMap, reaches the processes after the documented restart; the restore test then runs
+    in the default worker and the control worker exports its result."""
+    t = tenant(rows=3)
+    op_id = t.to_cnpg_target()
+    op = deployed.api.wait_terminal(op_id, timeout=300)
+    assert op["state"] == "succeeded", op
+    # Before: the backup counts as never tested (DuckgresBackupNeverRestoreTested's series) and
+    # has no verified age.
+    wait_until(lambda: _never_tested(_control_worker_metrics()) >= 1, "the never-tested gauge",
+               120, 5)  # fmt: skip
+    series = f'duckgres_backup_newest_verified_age_seconds{{org_id="{t.org}"}}'
+    assert series not in _control_worker_metrics()
+    # Off: the request is refused and nothing is queued.
+    resp = deployed.api.post(f"warehouses/{t.org}/backups/restore-test", {})
+    assert resp.status == 409, (resp.status, resp.raw[:300])
+    assert resp.body["code"] == "restore_test_disabled"
+
+    _scratch_store(deployed)
+    patch = json.dumps({"data": {"DUCKGRES_RESTORE_TEST_STORE": "pods-scratch"}})
+    kubectl("-n", NAMESPACE, "patch", "configmap", "duckgres-admin", "--type=merge", "-p", patch)
+    kubectl("-n", NAMESPACE, "rollout", "restart", "deployment")  # the docs' command, verbatim
+    for name in ("duckgres-admin-api", "duckgres-admin-worker", "duckgres-admin-control-worker"):
+        kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
+                timeout=320)  # fmt: skip
+    resp = wait_until(
+        lambda: (r := deployed.api.post(f"warehouses/{t.org}/backups/restore-test", {}))
+        and r.status != 503 and r,
+        "the restarted API to take the request", 60, 2,
+    )  # fmt: skip
+    assert resp.status == 202, (resp.status, resp.raw[:500])
+
+    def verified() -> Any:
+        backups = deployed.api.get(f"warehouses/{t.org}/backups").body["backups"]
+        return [b for b in backups if b.get("verified") is not None]
+
+    [backup] = wait_until(verified, "the restore test's result", 300, 3)
+    assert backup["verified"] is True, backup
+    wait_until(lambda: series in _control_worker_metrics(), "the verified-age series", 120, 5)
