@@ -299,9 +299,11 @@ def test_manifest_and_plain_are_forced_whatever_is_on_disk(tmp_path, static_root
 
 
 def test_whitenoise_comes_right_after_the_security_middleware():
+    """Only the request-metrics middleware comes before them: it times everything after it."""
     middleware = settings_of({}, "MIDDLEWARE")["MIDDLEWARE"]
     assert isinstance(middleware, list)
-    assert middleware[:2] == [
+    assert middleware[:3] == [
+        "django_prometheus.middleware.PrometheusBeforeMiddleware",
         "django.middleware.security.SecurityMiddleware",
         "whitenoise.middleware.WhiteNoiseMiddleware",
     ]

@@ -242,6 +242,8 @@ def test_disabled_or_locked_deletes_nothing(bucket, settings, monkeypatch):
         report = backups.apply_retention()
         assert (report.enabled, report.ran, report.deleted) == (True, False, [])
         assert sorted(bucket.object_keys()) == before
+        # Released before the close: a closed client's backend may hold it a moment longer.
+        other.execute("SELECT pg_advisory_unlock(%s)", [BACKUP_RETENTION_LOCK_KEY])
     # Released: the run proceeds, and the lock is not left behind.
     assert len(backups.apply_retention().deleted) == 3
     assert not backups.lock_held()

@@ -23,8 +23,10 @@ from tests.fixtures.secrets_scan import scan, unique_password
 from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
 from tests.pods.conftest import (
     BUCKET,
+    DEPLOYMENTS,
     NAMESPACE,
     NODE_IP,
+    ROOT,
     TENANT_SECRET,
     Deployed,
     kubectl,
@@ -544,3 +546,48 @@ def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric
     [backup] = wait_until(verified, "the restore test's result", 300, 3)
     assert backup["verified"] is True, backup
     wait_until(lambda: series in _control_worker_metrics(), "the verified-age series", 120, 5)
+
+
+def _documented_drain() -> list[str]:
+    """The node-drain command of docs/kubernetes.md "Node drain", as words."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text().split("## Node drain", 1)[1]
+    [line] = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("kubectl drain ")]
+    return line.split()[1:]
+
+
+# Last of the suite: it evicts every pod of the node, the control plane's included.
+def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_returns(
+    deployed: Deployed, tenant
+):
+    """docs/kubernetes.md "Node drain", verbatim on the one-node cluster while a reshard copies:
+    the runner pod is evicted with its 600 s grace and rolls back, the control plane comes back
+    after the uncordon, and the operation ends consistent (failed, source serving, rows intact)."""
+    t = tenant(tables=1500)
+    rows_before = t.catalog.row_counts()
+    op_id = t.to_cnpg_target()
+    _wait_step(deployed, op_id, {"copying"}, 180)
+    node = kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
+    words = [node if w == "<node>" else w for w in _documented_drain()]
+    started = time.monotonic()
+    try:
+        kubectl(*words, timeout=900)
+    finally:
+        kubectl("uncordon", node)
+    took = time.monotonic() - started
+    assert _runner_pod(op_id) is None
+    for name in DEPLOYMENTS:
+        kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
+                timeout=320)  # fmt: skip
+    wait_until(lambda: deployed.api.get("warehouses").status == 200, "the API after the drain", 120)
+    op = deployed.api.wait_terminal(op_id, timeout=300)
+    text = _messages(deployed.api.log_entries(op_id))
+    assert op["state"] in ("failed", "cancelled"), (op, text[-3000:])
+    assert "SIGTERM" in text, text[-3000:]
+    assert took < 600 + 120
+    wh = deployed.api.get(f"warehouses/{t.org}").body
+    assert (wh["state"], wh["writable"], wh["metadata_store_name"]) == (
+        "ready",
+        True,
+        "pods-source",
+    )
+    assert t.catalog.row_counts() == rows_before
