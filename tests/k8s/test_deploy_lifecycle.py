@@ -17,6 +17,7 @@ import pytest
 import yaml
 from django.contrib.auth import get_user_model
 
+from tests.fixtures.docs import documented_command
 from tests.fixtures.processes import child_config_store_dsn, process_env
 from tests.k8s.test_manifests import (
     BASE_DIR,
@@ -151,13 +152,7 @@ def test_wait_for_migrations_gives_up_at_its_deadline_and_says_why():
 
 def documented_first_admin_command() -> list[str]:
     """The ``manage.py`` part of docs/kubernetes.md step 5, as an operator pastes it."""
-    text = (ROOT / "docs" / "kubernetes.md").read_text()
-    [line] = [
-        line.strip().rstrip("\\").strip()
-        for line in text.splitlines()
-        if "manage.py create_first_admin" in line
-    ]
-    words = line.split()
+    words = documented_command("manage.py create_first_admin").split()
     return words[words.index("manage.py") + 1 : words.index("<")]
 
 

@@ -88,6 +88,23 @@ def kubectl(*args: str, input: str | None = None, timeout: float = 120, check: b
     return done.stdout
 
 
+def scrape(pod: str, container: str, port: int) -> str:
+    """A pod's own Prometheus exporter, read from inside the pod ("" when it does not answer)."""
+    code = (
+        "import urllib.request; print(urllib.request.urlopen("
+        f"'http://127.0.0.1:{port}/metrics', timeout=5).read().decode())"
+    )
+    return kubectl("-n", NAMESPACE, "exec", pod, "-c", container, "--", "python", "-c", code,
+                   timeout=60, check=False)  # fmt: skip
+
+
+def wait_rollouts(names: tuple[str, ...]) -> None:
+    """Every named Deployment rolled out (``kubectl rollout status``, 300 s each)."""
+    for name in names:
+        kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
+                timeout=320)  # fmt: skip
+
+
 def kubectl_json(*args: str) -> Any:
     return json.loads(kubectl(*args, "-o", "json"))
 
@@ -392,9 +409,7 @@ def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[]
         kubectl("apply", "-k", str(ROOT / "tests" / "pods" / "overlay"))
         kubectl("-n", NAMESPACE, "wait", "--for=condition=complete", "--timeout=300s",
                 "job/duckgres-admin-migrate", timeout=320)  # fmt: skip
-        for name in DEPLOYMENTS:
-            kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
-                    timeout=320)  # fmt: skip
+        wait_rollouts(DEPLOYMENTS)
         service_ip = kubectl(
             "-n", NAMESPACE, "get", "svc", "duckgres-admin-api", "-o",
             "jsonpath={.spec.clusterIP}",

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.fixtures.docs import documented_command
 from tests.fixtures.pod_security import read_only_root, restricted_violations
 from tests.pods.conftest import (
     DEPLOYMENTS,
@@ -31,6 +32,7 @@ from tests.pods.conftest import (
     Deployed,
     kubectl,
     kubectl_json,
+    scrape,
     wait_until,
 )
 
@@ -311,16 +313,6 @@ def test_the_trino_worker_reaches_its_gateway_over_verified_tls(deployed: Deploy
     assert deployed.trino_secrets["rollout-token"] not in out
 
 
-def _documented(marker: str) -> str:
-    """The command of docs/kubernetes.md that contains ``marker``: an inline `code` span, or a
-    line of a code block with its continuations joined."""
-    text = (ROOT / "docs" / "kubernetes.md").read_text().replace("\\\n", " ")
-    inline = re.findall(r"`(kubectl [^`]*)`", text)
-    blocks = [line.strip() for line in text.splitlines() if line.strip().startswith("kubectl ")]
-    [command] = {c for c in (*inline, *blocks) if marker in c}
-    return re.sub(r"\s+", " ", command)
-
-
 def _run_documented(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
     return subprocess.run(
@@ -356,10 +348,10 @@ def test_the_documented_first_look_works_as_printed(deployed: Deployed, tmp_path
     the API's pod, the port-forward, readyz on localhost and a browser login over plain HTTP."""
     password = "first-look-" + secrets.token_hex(12)
     (tmp_path / "admin-password").write_text(password + "\n")
-    created = _run_documented(_documented("create_first_admin"), tmp_path)
+    created = _run_documented(documented_command("create_first_admin"), tmp_path)
     assert created.returncode == 0, created.stderr
     assert password not in created.stdout + created.stderr
-    forward = _documented("port-forward svc/duckgres-admin-api")
+    forward = documented_command("port-forward svc/duckgres-admin-api")
     env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
     proc = subprocess.Popen(
         ["bash", "-c", f"exec {forward}"],
@@ -428,20 +420,13 @@ def test_an_upgrade_applied_as_documented_re_creates_and_re_runs_the_migration(
         assert dep["status"].get("availableReplicas") == dep["spec"]["replicas"], name
 
 
-SCRAPE = (
-    "import urllib.request; print(urllib.request.urlopen("
-    "'http://127.0.0.1:9111/metrics', timeout=5).read().decode())"
-)
-
-
 def test_the_default_worker_serves_its_childrens_task_outcomes(deployed: Deployed) -> None:
     """Beat sends notifications.scan every 15 s to the default worker: its prefork children's
     outcomes reach the main process's exporter (docs/monitoring.md "Platform metrics")."""
     name = deployed.pods("component=worker")[0]["metadata"]["name"]
 
     def succeeded() -> float:
-        out = kubectl("-n", NAMESPACE, "exec", name, "-c", "worker", "--",
-                      "python", "-c", SCRAPE, timeout=60, check=False)  # fmt: skip
+        out = scrape(name, "worker", 9111)
         if not out:
             log = kubectl("-n", NAMESPACE, "logs", name, "-c", "worker", "--tail=200", check=False)
             raise AssertionError(f"the worker's exporter did not answer; its log:\n{log}")

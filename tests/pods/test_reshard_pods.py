@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.docs import documented_command
 from tests.fixtures.pod_security import read_only_root, restricted_violations
 from tests.fixtures.runner import catalog_checksums
 from tests.fixtures.secrets_scan import scan, unique_password
@@ -26,11 +27,12 @@ from tests.pods.conftest import (
     DEPLOYMENTS,
     NAMESPACE,
     NODE_IP,
-    ROOT,
     TENANT_SECRET,
     Deployed,
     kubectl,
     kubectl_json,
+    scrape,
+    wait_rollouts,
     wait_until,
 )
 
@@ -459,15 +461,8 @@ def _control_worker_metrics() -> str:
     """Every control-worker replica's exporter, concatenated: only the janitor leader sets the
     backup gauges, the others keep zero (dashboards and rules take the max)."""
     pods = kubectl_json("-n", NAMESPACE, "get", "pods", "-l", "component=control-worker")["items"]
-    scrape = (
-        "import urllib.request; print(urllib.request.urlopen("
-        "'http://127.0.0.1:9108/metrics', timeout=5).read().decode())"
-    )
     names = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
-    command = ("-c", "control-worker", "--", "python", "-c", scrape)
-    return "\n".join(
-        kubectl("-n", NAMESPACE, "exec", name, *command, timeout=60, check=False) for name in names
-    )
+    return "\n".join(scrape(name, "control-worker", 9108) for name in names)
 
 
 def _never_tested(metrics: str) -> float:
@@ -529,9 +524,7 @@ def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric
     patch = json.dumps({"data": {"DUCKGRES_RESTORE_TEST_STORE": "pods-scratch"}})
     kubectl("-n", NAMESPACE, "patch", "configmap", "duckgres-admin", "--type=merge", "-p", patch)
     kubectl("-n", NAMESPACE, "rollout", "restart", "deployment")  # the docs' command, verbatim
-    for name in ("duckgres-admin-api", "duckgres-admin-worker", "duckgres-admin-control-worker"):
-        kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
-                timeout=320)  # fmt: skip
+    wait_rollouts(("duckgres-admin-api", "duckgres-admin-worker", "duckgres-admin-control-worker"))
     resp = wait_until(
         lambda: (r := deployed.api.post(f"warehouses/{t.org}/backups/restore-test", {}))
         and r.status != 503 and r,
@@ -548,13 +541,6 @@ def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric
     wait_until(lambda: series in _control_worker_metrics(), "the verified-age series", 120, 5)
 
 
-def _documented_drain() -> list[str]:
-    """The node-drain command of docs/kubernetes.md "Node drain", as words."""
-    text = (ROOT / "docs" / "kubernetes.md").read_text().split("## Node drain", 1)[1]
-    [line] = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("kubectl drain ")]
-    return line.split()[1:]
-
-
 # Last of the suite: it evicts every pod of the node, the control plane's included.
 def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_returns(
     deployed: Deployed, tenant
@@ -567,7 +553,8 @@ def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_ret
     op_id = t.to_cnpg_target()
     _wait_step(deployed, op_id, {"copying"}, 180)
     node = kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
-    words = [node if w == "<node>" else w for w in _documented_drain()]
+    drain = documented_command("drain <node>", section="Node drain").split()[1:]
+    words = [node if w == "<node>" else w for w in drain]
     started = time.monotonic()
     try:
         kubectl(*words, timeout=900)
@@ -575,9 +562,7 @@ def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_ret
         kubectl("uncordon", node)
     took = time.monotonic() - started
     assert _runner_pod(op_id) is None
-    for name in DEPLOYMENTS:
-        kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/{name}", "--timeout=300s",
-                timeout=320)  # fmt: skip
+    wait_rollouts(DEPLOYMENTS)
     wait_until(lambda: deployed.api.get("warehouses").status == 200, "the API after the drain", 120)
     op = deployed.api.wait_terminal(op_id, timeout=300)
     text = _messages(deployed.api.log_entries(op_id))
