@@ -83,6 +83,10 @@ rgw dns name = localhost
 rgw gc obj min wait = 2
 rgw gc processor period = 5
 rgw gc processor max time = 5
+# STS (AssumeRole with a session policy): the per-operation S3 credentials a launcher mints
+# for a runner are tested against a server that enforces the policy (moto does not).
+rgw s3 auth use sts = true
+rgw sts key = duckgresstskey16
 CONF
   monmaptool --create --clobber --fsid "$fsid" --addv a "[v2:127.0.0.1:$MON_PORT]" "$D/monmap" >/dev/null
   ceph-mon "${C[@]}" -i a --mkfs --monmap "$D/monmap"
@@ -104,6 +108,13 @@ CONF
   wait_for "radosgw" 60 up
   radosgw-admin "${C[@]}" user create --uid=testing --display-name=testing \
     --access-key=testing --secret-key=testing >/dev/null
+  # The role a warehouse's data_role_arn names in the rgw suite (arn:aws:iam:::role/duckgres-data):
+  # trusted by the `testing` user, all of S3; what a minted session may do is its session policy.
+  radosgw-admin "${C[@]}" caps add --uid=testing --caps="roles=*" >/dev/null
+  radosgw-admin "${C[@]}" role create --role-name=duckgres-data \
+    --assume-role-policy-doc='{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":["arn:aws:iam:::user/testing"]},"Action":["sts:AssumeRole"]}]}' >/dev/null
+  radosgw-admin "${C[@]}" role-policy put --role-name=duckgres-data --policy-name=s3 \
+    --policy-doc='{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["s3:*"],"Resource":["arn:aws:s3:::*"]}]}' >/dev/null
   log "ready at $URL (access key testing)"
 }
 

@@ -169,6 +169,11 @@ DUCKGRES_RESHARD_POD_MEMORY = env.string("DUCKGRES_RESHARD_POD_MEMORY", "8Gi")
 DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT = env.string(
     "DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT", "duckgres-admin-runner"
 )
+# Where the pod launcher creates runner pods and their per-op Secrets (docs/kubernetes.md
+# "The runner namespace"). Empty: the control plane's own namespace (POD_NAMESPACE). k8s/base
+# sets duckgres-runners: a namespace whose only ServiceAccounts have no rights and no token, so
+# whoever holds the launcher's token cannot start a pod with a more powerful identity.
+DUCKGRES_RESHARD_RUNNER_NAMESPACE = env.string("DUCKGRES_RESHARD_RUNNER_NAMESPACE", "")
 DUCKGRES_RESHARD_LOCAL_STATE_DIR = env.string(
     "DUCKGRES_RESHARD_LOCAL_STATE_DIR", str(BASE_DIR / "var" / "reshard-runners")
 )
@@ -360,6 +365,24 @@ DUCKGRES_S3_ENDPOINT_URL = env.string("DUCKGRES_S3_ENDPOINT_URL", "")
 DUCKGRES_S3_ADDRESSING_STYLE = env.choice(
     "DUCKGRES_S3_ADDRESSING_STYLE", "auto", ("auto", "path", "virtual")
 )
+# STS (AssumeRole, GetFederationToken). Empty: AWS_ENDPOINT_URL_STS when set, else the S3
+# endpoint when DUCKGRES_S3_ENDPOINT_URL is set (S3-compatible servers serve STS there), else
+# AWS's regional STS.
+DUCKGRES_STS_ENDPOINT_URL = env.string("DUCKGRES_STS_ENDPOINT_URL", "")
+# What S3 authority a runner holds (docs/launchers.md "S3 credentials"): "operation" (default)
+# = a session the launcher mints per launch, limited by a session policy to the operation's own
+# backup keys (and a restore's one source object); "ambient" = the control plane's own
+# credentials, as before (only for S3 servers without STS).
+DUCKGRES_RUNNER_S3_CREDENTIALS = env.choice(
+    "DUCKGRES_RUNNER_S3_CREDENTIALS", "operation", ("operation", "ambient")
+)
+DUCKGRES_RUNNER_S3_SESSION_SECONDS = env.integer(
+    "DUCKGRES_RUNNER_S3_SESSION_SECONDS", 3600, minimum=900, maximum=43200
+)
+# Set by a launcher in a runner's environment only: a description of the operation-scoped
+# session the runner was given (never a secret). When set, no role is assumed in this process:
+# its credentials are that session's (duckgres_admin/lib/s3.py).
+DUCKGRES_RESHARD_S3_SESSION = env.string("DUCKGRES_RESHARD_S3_SESSION", "")
 
 # --- Kubernetes API (pod launcher) -------------------------------------------------------------
 # Empty: in-cluster service-account configuration. Tests point it at the real test apiserver.

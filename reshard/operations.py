@@ -289,11 +289,14 @@ def _pod_binding_refusal(op: ReshardOperation, token: str) -> str:
     """'' when ``token`` is a projected ServiceAccount token of the runner ServiceAccount with
     the pull audience, bound to this op's runner pod and the pod uid its claim recorded."""
     from duckgres_admin.lib import k8s
-    from reshard.launchers.base import runner_name
+    from reshard.launchers.base import runner_name, runner_namespace
 
-    namespace = str(settings.POD_NAMESPACE)
+    namespace = runner_namespace()
     if not namespace:
-        return "POD_NAMESPACE is not set on the API: cannot check the runner's ServiceAccount"
+        return (
+            "neither DUCKGRES_RESHARD_RUNNER_NAMESPACE nor POD_NAMESPACE is set on the API: "
+            "cannot check the runner's ServiceAccount"
+        )
     audience = str(settings.DUCKGRES_PASSWORD_PULL_AUDIENCE)
     account = str(settings.DUCKGRES_RESHARD_RUNNER_SERVICE_ACCOUNT) or "default"
     try:

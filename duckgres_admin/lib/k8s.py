@@ -291,7 +291,7 @@ def read_secret_key(namespace: str, name: str, key: str) -> str:
         raise KubeError(f"secret {ref}: {wrapped}", wrapped.status) from None
     data = secret.data or {}
     if key not in data:
-        raise KubeError(f"secret {ref}: missing key {key}")
+        raise KubeError(f"secret {ref}: missing key {key}", 404)
     return base64.b64decode(data[key]).decode("utf-8")
 
 

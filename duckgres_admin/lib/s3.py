@@ -7,6 +7,13 @@ ambient chain, or from an STS ``AssumeRole`` of the warehouse's ``data_role_arn`
 step 1): the role is assumed at once, so a credential problem fails before any work starts,
 and the temporary credentials are refreshed by botocore before they expire.
 
+A runner that was given an operation-scoped session (``DUCKGRES_RESHARD_S3_SESSION`` set by
+its launcher, credentials in its environment) assumes no role: that session is all the S3
+authority it holds. :func:`mint_session` is how a launcher mints one (AssumeRole of the
+warehouse's role, or GetFederationToken without one, always with a session policy). STS is
+reached at ``DUCKGRES_STS_ENDPOINT_URL``, else ``AWS_ENDPOINT_URL_STS``, else the S3 endpoint
+when one is configured (S3-compatible servers serve STS there), else AWS's regional STS.
+
 Only thin wrappers of the multipart calls are offered: callers own the upload loop.
 Deliberate choices:
 - request checksums only ``when_required``: botocore ≥ 1.36 otherwise adds CRC trailers
@@ -20,8 +27,9 @@ Deliberate choices:
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -128,6 +136,75 @@ def _assume_role_refresher(
     return refresh
 
 
+@dataclass(frozen=True)
+class SessionCredentials:
+    """Temporary credentials minted by :func:`mint_session` (the secret parts never repr)."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str = field(repr=False)
+    expiration: dt.datetime
+
+
+def sts_endpoint_url() -> str | None:
+    """Where STS is asked (module docstring); None = botocore's default for the region."""
+    if settings.DUCKGRES_STS_ENDPOINT_URL:
+        return str(settings.DUCKGRES_STS_ENDPOINT_URL)
+    if os.environ.get("AWS_ENDPOINT_URL_STS"):
+        return None  # botocore reads it itself
+    return str(settings.DUCKGRES_S3_ENDPOINT_URL) or None
+
+
+def _sts_client(core: Any, region: str | None) -> Any:
+    """STS with the ambient credentials of ``core``."""
+    return boto3.Session(botocore_session=core).client(
+        "sts",
+        region_name=region,
+        endpoint_url=sts_endpoint_url(),
+        config=botocore.config.Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            read_timeout=30,
+        ),
+    )
+
+
+def mint_session(
+    *, region: str, role_arn: str, session_name: str, policy: str, seconds: int
+) -> SessionCredentials:
+    """Temporary credentials limited by ``policy`` (a compact JSON session policy): AssumeRole of
+    ``role_arn`` with it, or, without a role, GetFederationToken (which needs long-term IAM user
+    credentials as the ambient ones). The result can do at most what both the role (or user)
+    and the policy allow. Raises :class:`S3Error` naming the call; never a credential."""
+    core = botocore.session.get_session()
+    sts = _sts_client(core, region or settings.DUCKGRES_AWS_REGION or None)
+    try:
+        if role_arn:
+            resp = sts.assume_role(
+                RoleArn=role_arn,
+                RoleSessionName=session_name,
+                Policy=policy,
+                DurationSeconds=seconds,
+            )
+        else:
+            resp = sts.get_federation_token(
+                Name=session_name[:32], Policy=policy, DurationSeconds=seconds
+            )
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        what = f"STS AssumeRole of {role_arn}" if role_arn else "STS GetFederationToken"
+        raise _wrap(what, exc) from exc
+    creds = resp["Credentials"]
+    expiry = creds["Expiration"]
+    if not isinstance(expiry, dt.datetime):
+        expiry = dt.datetime.fromisoformat(str(expiry))
+    return SessionCredentials(
+        access_key_id=str(creds["AccessKeyId"]),
+        secret_access_key=str(creds["SecretAccessKey"]),
+        session_token=str(creds["SessionToken"]),
+        expiration=expiry.astimezone(dt.UTC),
+    )
+
+
 def _client_config(addressing_style: str | None = None) -> Any:
     return botocore.config.Config(
         s3={"addressing_style": addressing_style or settings.DUCKGRES_S3_ADDRESSING_STYLE},
@@ -171,23 +248,23 @@ class S3:
         session_name: str = "duckgres-admin",
         endpoint_url: str | None = None,
         addressing_style: str | None = None,
+        credentials: SessionCredentials | None = None,
     ) -> None:
         self.region = region or settings.DUCKGRES_AWS_REGION or None
         self.endpoint_url = (
             endpoint_url if endpoint_url is not None else settings.DUCKGRES_S3_ENDPOINT_URL
         ) or None
         core = botocore.session.get_session()
-        if role_arn:
-            # STS at its own (regional AWS, or AWS_ENDPOINT_URL_STS) endpoint, ambient creds.
-            sts = boto3.Session(botocore_session=core).client(
-                "sts",
-                region_name=self.region,
-                config=botocore.config.Config(
-                    retries={"max_attempts": 3, "mode": "standard"},
-                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                    read_timeout=30,
-                ),
+        if settings.DUCKGRES_RESHARD_S3_SESSION or credentials is not None:
+            role_arn = ""  # an operation-scoped session is all this client may hold
+        if credentials is not None:
+            core.set_credentials(
+                credentials.access_key_id,
+                credentials.secret_access_key,
+                credentials.session_token,
             )
+        if role_arn:
+            sts = _sts_client(core, self.region)
             refresh = _assume_role_refresher(sts, role_arn, session_name)
             # Assume now: credential problems fail before the caller starts any work.
             creds = botocore.credentials.RefreshableCredentials.create_from_metadata(
@@ -437,8 +514,12 @@ def describe_aws_context() -> str:
         found = f"from {credentials.method}" if credentials is not None else "none found"
     except Exception as exc:  # noqa: BLE001 - as above
         found = f"unknown ({type(exc).__name__})"
+    if settings.DUCKGRES_RESHARD_S3_SESSION:
+        scope = f"an operation-scoped session: {settings.DUCKGRES_RESHARD_S3_SESSION}; no role "
+        scope += "is assumed"
+    else:
+        scope = "the ambient chain; a warehouse's data_role_arn is assumed with them"
     return (
         f"AWS context: {region_text}; S3 endpoint {endpoint} ({source}), addressing style "
-        f"{settings.DUCKGRES_S3_ADDRESSING_STYLE}; credentials {found} (the ambient chain; a "
-        "warehouse's data_role_arn is assumed with them)"
+        f"{settings.DUCKGRES_S3_ADDRESSING_STYLE}; credentials {found} ({scope})"
     )

@@ -427,11 +427,11 @@ def resolve(ref: str, *, launcher: str | None = None) -> str:
     elif os.environ.get(MOUNTED_MODE_VAR) == "1":
         mounted = os.environ.get(mounted_variable(parsed))
         if mounted is None:
-            namespace = os.environ.get("POD_NAMESPACE", "") or "<its namespace>"
             raise SecretRefError(
                 f"secret {parsed} is not mounted into this runner pod (or the Secret or its key "
-                f"does not exist): a runner reads only the Secrets its launcher mounted, which "
-                f"are those in its own namespace {namespace}; keep the Secret there"
+                "did not exist when it was launched): a runner reads only the Secrets its "
+                "launcher handed over, which are those in the control plane's own namespace; "
+                "keep the Secret there"
             )
         value = mounted
     else:

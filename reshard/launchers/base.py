@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from django.conf import settings
+
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from duckgres_admin.names import runner_name as runner_name  # the one definition, re-exported
 
@@ -83,6 +85,12 @@ class Launcher(Protocol):
         """Copy the log of runner ``status`` into the op log unless it is durable there
         already; False when reading it failed (a warn line says so; never blocks a delete)."""
         ...
+
+
+def runner_namespace() -> str:
+    """The namespace of runner pods: ``DUCKGRES_RESHARD_RUNNER_NAMESPACE``, else the control
+    plane's own (``POD_NAMESPACE``); '' when neither is set."""
+    return str(settings.DUCKGRES_RESHARD_RUNNER_NAMESPACE or settings.POD_NAMESPACE or "")
 
 
 def runner_secret_refs(op: ReshardOperation) -> list[str]:

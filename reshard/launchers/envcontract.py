@@ -4,7 +4,10 @@ A runner receives only the allowlisted names below, copied from the control plan
 launcher sets itself (op id, pod identity, password URL, and for a local runner the fd number
 of its pull-credential pipe). The internal and data-plane secrets and Django's signing key are
 never passed: a runner holds at most the runner secret, which alone no longer pulls a password
-(safeguard reshard-79), and signs nothing (it draws a signing key of its own at start).
+(safeguard reshard-79), and signs nothing (it draws a signing key of its own at start). The AWS
+keys of the allowlist are copied only with ``DUCKGRES_RUNNER_S3_CREDENTIALS=ambient``; by
+default both launchers drop them and hand over an operation-scoped session instead
+(``reshard.launchers.s3scope``, safeguard reshard-137).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from django.conf import settings
 
 from duckgres_admin.lib.secretrefs import env_variable
 from duckgres_admin.models import ReshardOperation
-from reshard.launchers import capture, login
+from reshard.launchers import capture, login, s3scope
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
     LauncherError,
@@ -253,11 +253,19 @@ class LocalLauncher:
         elif self._exit(op.id).exists():
             self._exit(op.id).unlink(missing_ok=True)  # a stale exit code must not describe us
 
+        s3 = s3scope.for_launch(op)  # first: a refused mint changes nothing
         spawned_at = _now_iso()
         uid = f"local-{os.getpid()}-{time.time_ns() // 1_000_000}"
         env = runner_env(
             op, os.environ, directory=self.directory, uid=uid, secret_refs=runner_secret_refs(op)
         )
+        # Its S3 authority is its operation's session, never this process's credentials.
+        if s3scope.scoped():
+            for name in s3scope.AMBIENT_VARS:
+                env.pop(name, None)
+                env.pop(f"{name}_FILE", None)
+        if s3 is not None:
+            env.update(s3.environment())
         # Its own config-store login, never the worker's (login module); minted only now that
         # no runner of this op is alive (a new password would refuse that one's next connection).
         env.pop("DUCKGRES_CONFIG_STORE_FILE", None)

@@ -8,6 +8,7 @@ here waits for a pod to run: the op row's heartbeat is the only liveness signal.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import re
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from django.conf import settings
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardOperation
-from reshard.launchers import capture, login
+from reshard.launchers import capture, login, s3scope
 from reshard.launchers.base import (
     LOGIN_APP_LABEL,
     OP_ID_LABEL,
@@ -29,14 +30,17 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
     runner_name,
+    runner_namespace,
     runner_secret_refs,
 )
 from reshard.launchers.podspec import (
     CONTAINER_NAME,
     LOGIN_SECRET_KEY,
+    S3_SECRET_KEYS,
     build_runner_pod,
     login_secret_name,
     parse_spawned_at,
+    relocate_env,
 )
 
 _log = logging.getLogger("duckgres.reshard.launcher")
@@ -44,9 +48,13 @@ ABSENT = RunnerStatus(phase="absent")
 
 
 def _namespace() -> str:
-    namespace: str = settings.POD_NAMESPACE
+    """Where runner pods and their Secrets live (``runner_namespace``)."""
+    namespace = runner_namespace()
     if not namespace:
-        raise LauncherError("POD_NAMESPACE is not set: the pod launcher needs its own namespace")
+        raise LauncherError(
+            "neither DUCKGRES_RESHARD_RUNNER_NAMESPACE nor POD_NAMESPACE is set: the pod "
+            "launcher needs a namespace for runner pods"
+        )
     return namespace
 
 
@@ -116,6 +124,31 @@ def status_of(pod: dict[str, Any]) -> RunnerStatus:
     )
 
 
+def _read_secret_or_none(namespace: str, name: str, key: str) -> str | None:
+    try:
+        return k8s.read_secret_key(namespace, name, key)
+    except k8s.KubeError as exc:
+        if exc.status == 404:
+            return None
+        raise LauncherError(
+            f"copying Secret {namespace}/{name} key {key} for the runner failed: {exc}"
+        ) from None
+
+
+def _relocate(body: dict[str, Any], own_namespace: str, secret: str, data: dict[str, str]) -> None:
+    """A runner pod in its own namespace: the control plane's references become the per-op
+    Secret's keys or plain non-secret values (``podspec.relocate_env``)."""
+    container = body["spec"]["containers"][0]
+    container["env"], copied = relocate_env(
+        container["env"],
+        own_namespace=own_namespace,
+        login_secret=secret,
+        environ=os.environ,
+        read_secret=_read_secret_or_none,
+    )
+    data.update(copied)
+
+
 class PodLauncher:
     kind = "pod"
 
@@ -132,18 +165,14 @@ class PodLauncher:
                 k8s.delete_pod(namespace, name)
             except k8s.KubeError as exc:
                 _log.warning("deleting exited runner pod %s failed: %s", name, exc)
-        # Minted only once no runner of this op is alive: a new password would refuse its
-        # next connection (login module docstring).
+        s3 = s3scope.for_launch(op)
+        data: dict[str, str] = {}
+        if s3 is not None:  # the session beside the login: one Secret, one lifecycle
+            data.update(
+                {S3_SECRET_KEYS[var]: value for var, value in s3.environment().items()
+                 if var in S3_SECRET_KEYS}
+            )  # fmt: skip
         secret = login_secret_name(op.id)
-        try:
-            k8s.put_secret(
-                namespace,
-                secret,
-                {LOGIN_SECRET_KEY: login.mint(op.id)},
-                {"app": LOGIN_APP_LABEL, OP_ID_LABEL: str(op.id)},
-            )
-        except k8s.KubeError as exc:
-            raise LauncherError(f"storing the runner's config-store login failed: {exc}") from None
         body = build_runner_pod(
             op_id=op.id,
             own_pod=own_pod,
@@ -157,7 +186,24 @@ class PodLauncher:
             secret_refs=runner_secret_refs(op),
             pull_audience=settings.DUCKGRES_PASSWORD_PULL_AUDIENCE,
             login_secret=secret,
+            s3_session=(s3.description if s3 is not None else "") if s3scope.scoped() else None,
         )
+        own_namespace = str((own_pod.get("metadata") or {}).get("namespace") or "")
+        if namespace != own_namespace:
+            _relocate(body, own_namespace, secret, data)
+        body["metadata"]["namespace"] = namespace
+        # Minted only once no runner of this op is alive: a new password would refuse its
+        # next connection (login module docstring).
+        data[LOGIN_SECRET_KEY] = login.mint(op.id)
+        try:
+            k8s.put_secret(
+                namespace,
+                secret,
+                data,
+                {"app": LOGIN_APP_LABEL, OP_ID_LABEL: str(op.id)},
+            )
+        except k8s.KubeError as exc:
+            raise LauncherError(f"storing the runner's config-store login failed: {exc}") from None
         try:
             created = k8s.create_pod(namespace, body)
         except k8s.KubeError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -39,6 +39,12 @@ from reshard.launchers.envcontract import (
 CONTAINER_NAME = "reshard-runner"
 CONFIG_STORE_VAR = "DUCKGRES_CONFIG_STORE"
 LOGIN_SECRET_KEY = "config-store-dsn"  # key of the per-operation login Secret
+# Keys of the same Secret holding the launch's operation-scoped S3 session (s3scope).
+S3_SECRET_KEYS: dict[str, str] = {
+    "AWS_ACCESS_KEY_ID": "aws-access-key-id",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-access-key",
+    "AWS_SESSION_TOKEN": "aws-session-token",
+}
 COMMAND = ["python", "manage.py", "reshard_runner"]
 DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 ARCH_LABEL = "kubernetes.io/arch"
@@ -186,6 +192,49 @@ def mounted_secret_env(refs: Sequence[str], namespace: str) -> list[dict[str, An
     return out
 
 
+def relocate_env(
+    env: list[dict[str, Any]],
+    *,
+    own_namespace: str,
+    login_secret: str,
+    environ: Mapping[str, str],
+    read_secret: Callable[[str, str, str], str | None],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``env`` for a runner pod in another namespace than the control plane's, where no
+    reference to the control plane's Secrets and ConfigMaps resolves (docs/kubernetes.md "The
+    runner namespace"). Returns the new ``env`` and the values to add to ``login_secret``:
+
+    - a ``secretKeyRef`` (an allowlisted secret of the control-plane container, or a mounted
+      ``k8s:`` reference) is read from ``own_namespace`` with ``read_secret(namespace, name,
+      key)`` (None: the Secret or key does not exist, so the variable is left out, as an
+      optional reference would be) and becomes a ``secretKeyRef`` to the same variable's key
+      in ``login_secret``: never a value in the pod spec;
+    - a ``configMapKeyRef`` (never secret) becomes the plain value this container has in
+      ``environ`` (left out when it has none);
+    - values, the downward API and references to ``login_secret`` itself stay as they are.
+    """
+    out: list[dict[str, Any]] = []
+    data: dict[str, str] = {}
+    for entry in env:
+        name = str(entry.get("name", ""))
+        value_from = entry.get("valueFrom") or {}
+        secret_ref = value_from.get("secretKeyRef")
+        if secret_ref and secret_ref.get("name") != login_secret:
+            value = read_secret(own_namespace, str(secret_ref["name"]), str(secret_ref["key"]))
+            if value is None:
+                continue
+            data[name] = value
+            out.append(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": login_secret, "key": name}}}
+            )
+        elif value_from.get("configMapKeyRef"):
+            if name in environ:
+                out.append({"name": name, "value": environ[name]})
+        else:
+            out.append(entry)
+    return out, data
+
+
 def pull_token_volume(audience: str) -> dict[str, Any]:
     """The projected ServiceAccount token of the password pull (audience ``audience`` only)."""
     return {
@@ -227,6 +276,7 @@ def build_runner_pod(
     secret_refs: Sequence[str] = (),
     pull_audience: str = "",
     login_secret: str,
+    s3_session: str | None = None,
 ) -> dict[str, Any]:
     """The runner pod manifest for ``op_id``, derived from the control plane's ``own_pod``.
 
@@ -243,7 +293,13 @@ def build_runner_pod(
     no other audience, including the Kubernetes API itself, accepts it.
 
     ``DUCKGRES_CONFIG_STORE`` is never the control plane's: it references key
-    ``LOGIN_SECRET_KEY`` of ``login_secret``, the operation's own login (``login`` module)."""
+    ``LOGIN_SECRET_KEY`` of ``login_secret``, the operation's own login (``login`` module).
+
+    ``s3_session``: None copies the control plane's AWS variables like every allowlisted one
+    (``DUCKGRES_RUNNER_S3_CREDENTIALS=ambient``). A string drops them: when non-empty (the
+    session's description, ``s3scope``) the three AWS variables reference the session's keys
+    (``S3_SECRET_KEYS``) in ``login_secret`` and ``DUCKGRES_RESHARD_S3_SESSION`` carries the
+    description; when empty the runner gets no AWS credentials at all."""
     cpu = validate_quantity("DUCKGRES_RESHARD_POD_CPU", cpu)
     memory = validate_quantity("DUCKGRES_RESHARD_POD_MEMORY", memory)
     own_meta = own_pod.get("metadata") or {}
@@ -260,6 +316,8 @@ def build_runner_pod(
         namespace=own_meta.get("namespace") or "",
         login_secret=login_secret,
     )
+    if s3_session is not None:
+        env = _scoped_s3_env(env, s3_session, login_secret)
     mounts, volumes = _runner_storage(password_url, pull_audience)
     container = _runner_container(own, image=image, env=env, cpu=cpu, memory=memory, mounts=mounts)
     spec = _runner_pod_spec(
@@ -312,6 +370,21 @@ def _runner_env(
         env.append({"name": PASSWORD_URL_VAR, "value": password_url})
     env.extend(mounted_secret_env(secret_refs, namespace))
     return env
+
+
+def _scoped_s3_env(
+    env: list[dict[str, Any]], description: str, login_secret: str
+) -> list[dict[str, Any]]:
+    """``env`` without the control plane's AWS variables, plus the operation's session."""
+    kept = [e for e in env if e.get("name") not in S3_SECRET_KEYS]
+    if not description:
+        return kept
+    kept.extend(
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": login_secret, "key": key}}}
+        for var, key in S3_SECRET_KEYS.items()
+    )
+    kept.append({"name": "DUCKGRES_RESHARD_S3_SESSION", "value": description})
+    return kept
 
 
 def _runner_storage(

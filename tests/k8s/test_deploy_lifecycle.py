@@ -23,6 +23,7 @@ from tests.k8s.test_manifests import (
     BASE_DIR,
     DOCS,
     K8S_DIR,
+    RUNNERS_DIR,
     applied_files,
     deployments,
     one,
@@ -51,9 +52,14 @@ def images(docs: list[dict[str, Any]]) -> set[str]:
 
 
 def test_apply_k_installs_every_top_level_manifest_and_nothing_else():
-    listed = {p.name for p in applied_files()}
-    on_disk = {p.name for p in BASE_DIR.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk, "every k8s/base/*.yaml is applied by -k, and only those"
+    listed = set(applied_files())
+    on_disk = {
+        p
+        for d in (BASE_DIR, RUNNERS_DIR)
+        for p in d.glob("*.yaml")
+        if p.name != "kustomization.yaml"
+    }
+    assert listed == on_disk, "every k8s/{base,runners}/*.yaml is applied by -k, and only those"
     rendered = {(d["kind"], d["metadata"]["name"]) for d in kustomize(K8S_DIR)}
     assert rendered == {(d["kind"], d["metadata"]["name"]) for d in DOCS}
     assert images(kustomize(K8S_DIR)) == {"duckgres-admin:0.1.0"}

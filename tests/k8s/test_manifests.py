@@ -20,7 +20,8 @@ from duckgres_admin.lib import k8s
 from reshard.launchers.podspec import build_runner_pod, runner_labels
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
-BASE_DIR = K8S_DIR / "base"  # the manifests; k8s/kustomization.yaml adds only the image
+BASE_DIR = K8S_DIR / "base"  # the control plane's manifests
+RUNNERS_DIR = K8S_DIR / "runners"  # the runner namespace's
 ALLOWED_API_VERSIONS = {
     "v1",
     "apps/v1",
@@ -29,15 +30,19 @@ ALLOWED_API_VERSIONS = {
     "networking.k8s.io/v1",
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+RUNNERS = "duckgres-runners"  # the runner namespace (k8s/runners/)
 
 
 def applied_files() -> list[Path]:
-    """The files ``kubectl apply -k k8s/`` applies: the resources of ``k8s/base``, which the
-    top-level kustomization includes (with the image setting only)."""
+    """The files ``kubectl apply -k k8s/`` applies: the resources of ``k8s/base`` and
+    ``k8s/runners``, which the top-level kustomization includes (with the image setting)."""
     top = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    assert top["resources"] == ["base"], "k8s/kustomization.yaml includes base/ only"
-    kustomization = yaml.safe_load((BASE_DIR / "kustomization.yaml").read_text())
-    return [BASE_DIR / name for name in kustomization["resources"]]
+    assert top["resources"] == ["base", "runners"], "k8s/kustomization.yaml: base/, runners/"
+    files: list[Path] = []
+    for directory in (BASE_DIR, RUNNERS_DIR):
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        files.extend(directory / name for name in kustomization["resources"])
+    return files
 
 
 def load_docs() -> list[dict[str, Any]]:
@@ -50,9 +55,20 @@ def load_docs() -> list[dict[str, Any]]:
 DOCS = load_docs()
 
 
-def one(kind: str, name: str) -> dict[str, Any]:
-    [doc] = [d for d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name]
+def one(kind: str, name: str, namespace: str = "duckgres") -> dict[str, Any]:
+    [doc] = [
+        d
+        for d in DOCS
+        if d["kind"] == kind
+        and d["metadata"]["name"] == name
+        and d["metadata"].get("namespace", namespace) == namespace
+    ]
     return doc
+
+
+def namespace_labels(name: str) -> dict[str, str]:
+    labels: dict[str, str] = one("Namespace", name)["metadata"]["labels"]
+    return labels
 
 
 def deployments() -> list[dict[str, Any]]:
@@ -95,12 +111,12 @@ def test_every_manifest_uses_only_the_supported_api_versions():
         if doc["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in doc["metadata"], doc["metadata"]["name"]
         else:
-            assert doc["metadata"]["namespace"] == "duckgres"
+            assert doc["metadata"]["namespace"] in ("duckgres", RUNNERS), doc["metadata"]
     assert "endPort" not in walk_keys(DOCS)
 
 
 def test_the_runner_policy_selects_exactly_the_pods_the_launcher_creates():
-    policy = one("NetworkPolicy", "duckgres-reshard-runner-boundaries")["spec"]
+    policy = one("NetworkPolicy", "duckgres-reshard-runner-boundaries", RUNNERS)["spec"]
     assert policy["podSelector"] == {"matchLabels": {"app": "duckgres-reshard"}}
     assert matches(policy["podSelector"], runner_labels(7))
     for deployment in deployments():
@@ -112,7 +128,7 @@ def test_the_runner_policy_selects_exactly_the_pods_the_launcher_creates():
 
 @pytest.mark.safeguard("reshard-79")
 def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_pull_port():
-    egress = one("NetworkPolicy", "duckgres-reshard-runner-boundaries")["spec"]["egress"]
+    egress = one("NetworkPolicy", "duckgres-reshard-runner-boundaries", RUNNERS)["spec"]["egress"]
     ports = {(p["protocol"], p["port"]) for rule in egress for p in rule["ports"]}
     # The password-pull port, never the API's main port 8080.
     assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443), ("TCP", 8081)}
@@ -121,7 +137,9 @@ def test_the_runner_policy_egress_is_dns_postgres_https_and_the_api_pull_port():
         rule_ports = {p["port"] for p in rule["ports"]}
         if rule_ports == {8081}:
             [peer] = rule["to"]
-            assert set(peer) == {"podSelector"}
+            assert set(peer) == {"namespaceSelector", "podSelector"}
+            assert matches(peer["namespaceSelector"], namespace_labels("duckgres"))
+            assert not matches(peer["namespaceSelector"], namespace_labels(RUNNERS))
             assert matches(peer["podSelector"], api_labels)
             assert not matches(peer["podSelector"], runner_labels(7))
         else:
@@ -138,7 +156,10 @@ def test_the_api_admits_only_runner_pods_to_the_pull_port():
         rule
         for rule in policy["ingress"]
         if any(
-            "podSelector" in peer and matches(peer["podSelector"], runner_labels(7))
+            "podSelector" in peer
+            and matches(peer["podSelector"], runner_labels(7))
+            and matches(peer["namespaceSelector"], namespace_labels(RUNNERS))
+            and not matches(peer["namespaceSelector"], namespace_labels("duckgres"))
             for peer in rule["from"]
         )
     ]
@@ -189,17 +210,19 @@ IDENTITIES = {  # ServiceAccount: (its Role's rules or None for no Role, token m
         [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, SECRETS_GET],
         True,
     ),
+    # Here: its own pod and the referenced Secrets, read only (safeguard reshard-138).
     "duckgres-admin-launcher": (
-        [
-            POD_RULES,
-            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "get"]},
-        ],
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, SECRETS_GET],
         True,
     ),
     "duckgres-admin-beat": (None, False),
-    "duckgres-admin-runner": (None, False),
 }
+# The runner namespace: the launcher's Role there, and accounts with no rights and no token.
+LAUNCHER_IN_RUNNERS = [
+    POD_RULES,
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete", "get"]},
+]
 DEPLOYMENT_IDENTITY = {
     "duckgres-admin-api": "duckgres-admin-api",
     "duckgres-admin-worker": "duckgres-admin-launcher",
@@ -211,8 +234,9 @@ DEPLOYMENT_IDENTITY = {
 
 @pytest.mark.safeguard("reshard-78")
 def test_every_component_has_its_own_least_privilege_identity():
-    roles = {d["metadata"]["name"]: d for d in load_docs() if d["kind"] == "Role"}
-    bindings = {d["metadata"]["name"]: d for d in load_docs() if d["kind"] == "RoleBinding"}
+    here = [d for d in load_docs() if d["metadata"].get("namespace") == "duckgres"]
+    roles = {d["metadata"]["name"]: d for d in here if d["kind"] == "Role"}
+    bindings = {d["metadata"]["name"]: d for d in here if d["kind"] == "RoleBinding"}
     for account, (rules, token) in IDENTITIES.items():
         sa = one("ServiceAccount", account)
         assert sa.get("automountServiceAccountToken", True) is token, account
@@ -240,6 +264,32 @@ def test_every_component_has_its_own_least_privilege_identity():
         if name == "duckgres-admin-beat":
             assert spec["automountServiceAccountToken"] is False
     assert set(DEPLOYMENT_IDENTITY) == {d["metadata"]["name"] for d in deployments()}
+
+
+@pytest.mark.safeguard("reshard-138")
+def test_the_runner_namespace_holds_only_rightless_accounts_and_the_launchers_role():
+    there = [d for d in load_docs() if d["metadata"].get("namespace") == RUNNERS]
+    accounts = {d["metadata"]["name"]: d for d in there if d["kind"] == "ServiceAccount"}
+    assert set(accounts) == {"default", "duckgres-admin-runner"}
+    assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
+    [role] = [d for d in there if d["kind"] == "Role"]
+    assert role["metadata"]["name"] == "duckgres-admin-launcher"
+    assert role["rules"] == LAUNCHER_IN_RUNNERS
+    [binding] = [d for d in there if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == "duckgres-admin-launcher"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "duckgres-admin-launcher", "namespace": "duckgres"}
+    ]
+    # Nothing here is bound to any other account, and no ClusterRoleBinding names one.
+    assert not [d for d in load_docs() if d["kind"] == "ClusterRoleBinding"
+                and any(s.get("namespace") == RUNNERS for s in d["subjects"])]  # fmt: skip
+    assert {d["kind"] for d in there} == {
+        "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"
+    }  # fmt: skip
+    # The launcher may create pods only there; the control plane's namespace gives it reads.
+    assert namespace_labels(RUNNERS)["pod-security.kubernetes.io/enforce"] == "restricted"
+    config = one("ConfigMap", "duckgres-admin")["data"]
+    assert config["DUCKGRES_RESHARD_RUNNER_NAMESPACE"] == RUNNERS
 
 
 def test_processes_and_their_identity():
@@ -369,6 +419,8 @@ def test_every_manifest_passes_a_server_side_dry_run(kube_api, settings):
     try:
         for doc in load_docs():
             doc = copy.deepcopy(doc)
+            if doc["kind"] == "ServiceAccount" and doc["metadata"]["name"] == "default":
+                continue  # the namespace's own, which exists already
             if doc["kind"] == "Namespace":
                 doc["metadata"]["name"] = f"dry-{secrets.token_hex(4)}"
             elif doc["kind"] not in CLUSTER_SCOPED:
@@ -383,7 +435,7 @@ def test_every_manifest_passes_a_server_side_dry_run(kube_api, settings):
         ]
         assert "duckgres-admin" not in names
         # And the dry run really validates: a bad port is refused by the server.
-        bad = copy.deepcopy(one("NetworkPolicy", "duckgres-reshard-runner-boundaries"))
+        bad = copy.deepcopy(one("NetworkPolicy", "duckgres-reshard-runner-boundaries", RUNNERS))
         bad["metadata"]["namespace"] = kube_api.namespace
         bad["spec"]["egress"][1]["ports"][0]["port"] = 70000
         with pytest.raises(k8s.KubeError, match="between 1 and 65535"):
@@ -400,7 +452,13 @@ def test_the_manifests_pass_strict_schema_validation():
     assert Path(tool).exists(), "kubernetes-validate is missing: run make install"
     paths = [
         str(p)
-        for p in sorted([*BASE_DIR.glob("*.yaml"), *(K8S_DIR / "templates").glob("*.yaml")])
+        for p in sorted(
+            [
+                *BASE_DIR.glob("*.yaml"),
+                *RUNNERS_DIR.glob("*.yaml"),
+                *(K8S_DIR / "templates").glob("*.yaml"),
+            ]
+        )
         if p.name != "kustomization.yaml"
     ]
     result = subprocess.run(

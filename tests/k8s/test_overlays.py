@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures.docs import documented_files
 from tests.k8s.test_deploy_lifecycle import images, kustomize
 from tests.k8s.test_manifests import DOCS, K8S_DIR
 
@@ -21,10 +22,10 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def test_the_production_overlay_is_the_base_plus_its_components() -> None:
     docs = kustomize(PRODUCTION)
-    base = {(d["kind"], d["metadata"]["name"]) for d in DOCS}
-    rendered = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    base = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in DOCS}
+    rendered = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs}
     assert base <= rendered
-    assert rendered - base == {
+    assert {(kind, name) for kind, name, _ in rendered - base} == {
         ("Ingress", "duckgres-admin"),
         ("ServiceMonitor", "duckgres-admin"),
         ("PodMonitor", "duckgres-admin-worker"),
@@ -33,7 +34,8 @@ def test_the_production_overlay_is_the_base_plus_its_components() -> None:
         ("PodDisruptionBudget", "duckgres-admin-control-worker"),
     }
     assert images(docs) == {"registry.example/duckgres-admin:0.1.0"}
-    assert all(d["metadata"].get("namespace", "duckgres") == "duckgres" for d in docs)
+    namespaces = {d["metadata"].get("namespace", "duckgres") for d in docs}
+    assert namespaces == {"duckgres", "duckgres-runners"}
 
 
 def test_the_public_host_is_set_once_and_reaches_every_setting_that_needs_it(
@@ -104,3 +106,38 @@ def test_the_default_workers_metrics_directory_is_its_main_containers() -> None:
     assert any(m["mountPath"] == "/tmp" for m in main["volumeMounts"])
     for init in worker["initContainers"]:
         assert "DUCKGRES_WORKER_METRICS_DIR" not in {e["name"] for e in init["env"]}
+
+
+def test_the_documented_rename_moves_both_namespaces_and_keeps_them_wired(tmp_path: Path) -> None:
+    """docs/kubernetes.md "Renaming the namespaces", as printed, next to a copy of k8s/."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    files = documented_files("The runner namespace", "acme-runners")
+    assert set(files) == {
+        "overlays/acme/kustomization.yaml",
+        "overlays/acme/control/kustomization.yaml",
+        "overlays/acme/runners/kustomization.yaml",
+    }
+    for path, text in files.items():
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path).write_text(text)
+    docs = kustomize(copy / "overlays" / "acme")
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    assert namespaces == {"acme", "acme-runners"}
+    placed = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+    assert placed - {None} == {"acme", "acme-runners"}
+    runner_objects = {
+        (d["kind"], d["metadata"]["name"])
+        for d in docs
+        if d["metadata"].get("namespace") == "acme-runners"
+    }
+    assert ("NetworkPolicy", "duckgres-reshard-runner-boundaries") in runner_objects
+    config = _one(docs, "ConfigMap", "duckgres-admin")["data"]
+    assert config["DUCKGRES_RESHARD_RUNNER_NAMESPACE"] == "acme-runners"
+    [binding] = [
+        d for d in docs
+        if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "acme-runners"
+    ]  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "duckgres-admin-launcher", "namespace": "acme"}
+    ]

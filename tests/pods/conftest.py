@@ -49,6 +49,7 @@ NODE_DIR = Path(os.environ.get("NODE_DIR", "/var/tmp/duckgres-ci/kube-node"))
 KUBECONFIG = NODE_DIR / "admin.kubeconfig"
 NODE_IP = "10.244.0.1"
 NAMESPACE = "duckgres"
+RUNNERS_NAMESPACE = "duckgres-runners"  # runner pods and their Secrets (k8s/runners/)
 S3_PORT = 19000
 BUCKET = "duckgres-pods"
 DATABASE = "duckgres_pods"
@@ -216,7 +217,7 @@ def _fresh_trino_catalog_store(password: str) -> str:
 
 def _reset_namespace() -> None:
     """Remove an earlier session's deployment (pods first, without their grace periods)."""
-    for namespace in (NAMESPACE, TRINO_CELL_NAMESPACE):
+    for namespace in (NAMESPACE, RUNNERS_NAMESPACE, TRINO_CELL_NAMESPACE):
         if not kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").strip():
             continue
         kubectl("-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force",
@@ -377,8 +378,9 @@ def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[]
         shutil.rmtree(tls_dir, ignore_errors=True)
 
     def teardown() -> None:
-        kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--grace-period=0", "--force",
-                "--wait=false", check=False)  # fmt: skip
+        for namespace in (NAMESPACE, RUNNERS_NAMESPACE):
+            kubectl("-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force",
+                    "--wait=false", check=False)  # fmt: skip
         s3_server.stop()
         gateway.stop()
 

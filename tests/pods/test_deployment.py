@@ -26,6 +26,7 @@ from tests.pods.conftest import (
     KUBECONFIG,
     NAMESPACE,
     ROOT,
+    RUNNERS_NAMESPACE,
     TRINO_CATALOG_SCHEMA,
     TRINO_CELL_NAMESPACE,
     TRINO_POOL_ID,
@@ -80,32 +81,45 @@ def test_the_admin_static_files_and_readyz_answer_through_the_service(deployed: 
     assert b"body" in body
 
 
-# (identity, verb, resource, allowed) on the real API server's RBAC authorizer, impersonated.
+# (identity, verb, resource, namespace, allowed) on the real API server's RBAC authorizer,
+# impersonated. The runner's account lives in the runner namespace, the others in NAMESPACE.
+C, R = NAMESPACE, RUNNERS_NAMESPACE
 CAN_I = [
-    ("duckgres-admin-api", "create", "tokenreviews.authentication.k8s.io", True),
-    ("duckgres-admin-runner", "create", "tokenreviews.authentication.k8s.io", False),
-    ("duckgres-admin-launcher", "create", "tokenreviews.authentication.k8s.io", False),
-    ("duckgres-admin-api", "get", "secrets", True),
-    ("duckgres-admin-api", "get", "pods", True),
-    ("duckgres-admin-api", "create", "pods", False),
-    ("duckgres-admin-api", "delete", "pods", False),
-    ("duckgres-admin-launcher", "create", "pods", True),
-    ("duckgres-admin-launcher", "delete", "pods", True),
-    ("duckgres-admin-launcher", "get", "pods/log", True),
-    ("duckgres-admin-launcher", "get", "secrets", True),
-    ("duckgres-admin-launcher", "create", "deployments.apps", False),
-    ("duckgres-admin-launcher", "list", "secrets", False),
-    ("duckgres-admin-launcher", "create", "secrets", True),  # each runner's login Secret
-    ("duckgres-admin-launcher", "update", "secrets", False),
-    ("duckgres-admin-launcher", "patch", "secrets", False),
-    ("duckgres-admin-api", "create", "secrets", False),
-    ("duckgres-admin-beat", "get", "secrets", False),
-    ("duckgres-admin-beat", "get", "pods", False),
-    ("duckgres-admin-runner", "get", "secrets", False),
-    ("duckgres-admin-runner", "create", "pods", False),
-    ("duckgres-admin-runner", "list", "pods", False),
-    ("duckgres-admin-trino", "get", "secrets", False),
-    ("duckgres-admin-trino", "create", "pods", False),
+    ("duckgres-admin-api", "create", "tokenreviews.authentication.k8s.io", C, True),
+    ("duckgres-admin-runner", "create", "tokenreviews.authentication.k8s.io", C, False),
+    ("duckgres-admin-launcher", "create", "tokenreviews.authentication.k8s.io", C, False),
+    ("duckgres-admin-api", "get", "secrets", C, True),
+    ("duckgres-admin-api", "get", "pods", C, True),
+    ("duckgres-admin-api", "create", "pods", C, False),
+    ("duckgres-admin-api", "delete", "pods", C, False),
+    ("duckgres-admin-api", "create", "pods", R, False),
+    # The launcher creates pods only in the runner namespace (safeguard reshard-138).
+    ("duckgres-admin-launcher", "create", "pods", C, False),
+    ("duckgres-admin-launcher", "delete", "pods", C, False),
+    ("duckgres-admin-launcher", "get", "pods", C, True),  # its own pod
+    ("duckgres-admin-launcher", "create", "pods", R, True),
+    ("duckgres-admin-launcher", "delete", "pods", R, True),
+    ("duckgres-admin-launcher", "get", "pods/log", R, True),
+    ("duckgres-admin-launcher", "get", "secrets", C, True),  # copies referenced keys
+    ("duckgres-admin-launcher", "create", "secrets", C, False),
+    ("duckgres-admin-launcher", "delete", "secrets", C, False),
+    ("duckgres-admin-launcher", "create", "secrets", R, True),  # each runner's own Secret
+    ("duckgres-admin-launcher", "update", "secrets", R, False),
+    ("duckgres-admin-launcher", "patch", "secrets", R, False),
+    ("duckgres-admin-launcher", "list", "secrets", R, False),
+    ("duckgres-admin-launcher", "create", "deployments.apps", C, False),
+    ("duckgres-admin-launcher", "create", "deployments.apps", R, False),
+    ("duckgres-admin-launcher", "list", "secrets", C, False),
+    ("duckgres-admin-api", "create", "secrets", C, False),
+    ("duckgres-admin-beat", "get", "secrets", C, False),
+    ("duckgres-admin-beat", "get", "pods", C, False),
+    ("duckgres-admin-runner", "get", "secrets", R, False),
+    ("duckgres-admin-runner", "get", "secrets", C, False),
+    ("duckgres-admin-runner", "create", "pods", R, False),
+    ("duckgres-admin-runner", "list", "pods", R, False),
+    ("duckgres-admin-trino", "get", "secrets", C, False),
+    ("duckgres-admin-trino", "create", "pods", C, False),
+    ("duckgres-admin-trino", "create", "pods", R, False),
 ]
 
 
@@ -131,14 +145,54 @@ def test_each_component_runs_as_its_own_identity_with_only_its_rights(deployed: 
             assert tokens == [], spec.get("volumes")
     assert seen == set(expected)
     wrong = []
-    for account, verb, resource, allowed in CAN_I:
+    for account, verb, resource, namespace, allowed in CAN_I:
+        home = RUNNERS_NAMESPACE if account == "duckgres-admin-runner" else NAMESPACE
         answer = kubectl(
-            "auth", "can-i", verb, resource, "-n", NAMESPACE,
-            f"--as=system:serviceaccount:{NAMESPACE}:{account}", check=False,
+            "auth", "can-i", verb, resource, "-n", namespace,
+            f"--as=system:serviceaccount:{home}:{account}", check=False,
         ).strip()  # fmt: skip
         if (answer == "yes") != allowed:
-            wrong.append((account, verb, resource, answer))
+            wrong.append((account, verb, resource, namespace, answer))
     assert wrong == []
+
+
+def _as_launcher_create(pod: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``kubectl create --dry-run=server`` of ``pod`` impersonating the launcher's account:
+    authorization and admission run as for a real create, nothing is persisted."""
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(KUBECONFIG), "create", "--dry-run=server", "-f", "-",
+         f"--as=system:serviceaccount:{NAMESPACE}:duckgres-admin-launcher"],
+        input=json.dumps(pod), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.safeguard("reshard-138")
+def test_the_launchers_token_cannot_start_a_pod_with_a_more_powerful_identity(
+    deployed: Deployed,
+) -> None:
+    """Whoever holds the launcher's token: no pod beside the control plane, and in the runner
+    namespace no account but the rightless ones (the ServiceAccount admission refuses a name
+    that does not exist there), so neither the API's, the launcher's nor the trino worker's."""
+
+    def pod(namespace: str, account: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"probe-{secrets.token_hex(3)}", "namespace": namespace},
+            "spec": {"serviceAccountName": account, "restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "localhost/duckgres-admin:0.1.0",
+                                     "imagePullPolicy": "Never"}]},
+        }  # fmt: skip
+
+    beside = _as_launcher_create(pod(NAMESPACE, "duckgres-admin-api"))
+    assert beside.returncode != 0
+    assert "forbidden" in beside.stderr.lower(), beside.stderr
+    for account in ("duckgres-admin-api", "duckgres-admin-launcher", "duckgres-admin-trino"):
+        there = _as_launcher_create(pod(RUNNERS_NAMESPACE, account))
+        assert there.returncode != 0, account
+        assert f'serviceaccount "{account}" not found' in there.stderr, there.stderr
+    # What it is for still works: a rightless runner account in the runner namespace.
+    ok = _as_launcher_create(pod(RUNNERS_NAMESPACE, "duckgres-admin-runner"))
+    assert ok.returncode == 0, ok.stderr
 
 
 # The trino worker's start lines once Trino is wired (trino_pools/tasks.py ``worker_start``):

@@ -27,6 +27,7 @@ from tests.pods.conftest import (
     DEPLOYMENTS,
     NAMESPACE,
     NODE_IP,
+    RUNNERS_NAMESPACE,
     TENANT_SECRET,
     Deployed,
     kubectl,
@@ -110,7 +111,7 @@ def _messages(entries: list[dict[str, Any]]) -> str:
 
 
 def _runner_pod(op_id: int) -> dict[str, Any] | None:
-    out = kubectl("-n", NAMESPACE, "get", "pod", f"duckgres-reshard-op-{op_id}",
+    out = kubectl("-n", RUNNERS_NAMESPACE, "get", "pod", f"duckgres-reshard-op-{op_id}",
                   "--ignore-not-found", "-o", "json")  # fmt: skip
     return json.loads(out) if out.strip() else None
 
@@ -127,6 +128,8 @@ def _moved_rows(tenant: Tenant) -> dict[str, int]:
 
 
 @pytest.mark.safeguard("reshard-78")
+@pytest.mark.safeguard("reshard-137")
+@pytest.mark.safeguard("reshard-138")
 def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deployed, tenant):
     t = tenant(rows=5)
     rows_before = t.catalog.row_counts()
@@ -141,14 +144,27 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     assert container["image"] == "localhost/duckgres-admin:0.1.0"
     assert restricted_violations(spec, "runner") == []
     assert read_only_root(spec) == []
-    # The env allowlist: the control plane's secretKeyRef entries reach the runner as references
-    # (never values), and the kubelet resolves them: the runner's S3 upload below signs with them.
+    # The env allowlist: secret-bearing entries reach the runner as references (never values).
     env = {e["name"]: e for e in container["env"]}
+    # In the runner namespace no reference to the control plane's Secrets resolves: the
+    # launcher copied the runner secret into the op's own Secret (safeguard reshard-138).
+    assert "value" not in env["DUCKGRES_RUNNER_SECRET"]
+    assert env["DUCKGRES_RUNNER_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"duckgres-reshard-op-{op_id}-login", "key": "DUCKGRES_RUNNER_SECRET"
+    }  # fmt: skip
+    assert pod["metadata"]["namespace"] == RUNNERS_NAMESPACE
+    # S3: never the control plane's keys, a session minted for this launch in the op's own
+    # Secret (safeguard reshard-137); the runner's S3 upload below signs with it.
     for name, key in (("AWS_ACCESS_KEY_ID", "aws-access-key-id"),
-                      ("DUCKGRES_RUNNER_SECRET", "runner-secret")):  # fmt: skip
-        assert "value" not in env[name], name
-        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-admin", name
-        assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key, name
+                      ("AWS_SECRET_ACCESS_KEY", "aws-secret-access-key"),
+                      ("AWS_SESSION_TOKEN", "aws-session-token")):  # fmt: skip
+        assert env[name]["valueFrom"]["secretKeyRef"] == {
+            "name": f"duckgres-reshard-op-{op_id}-login", "key": key
+        }, name  # fmt: skip
+    assert (
+        f"own keys _reshard_catalog_backups/op-{op_id}-*"
+        in (env["DUCKGRES_RESHARD_S3_SESSION"]["value"])
+    )
     # The config store: the operation's own login, never the control plane's (reshard-133).
     assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"] == {
         "name": f"duckgres-reshard-op-{op_id}-login", "key": "config-store-dsn"
@@ -187,6 +203,7 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     text = _messages(deployed.api.log_entries(op_id))
     assert f"operation claimed by duckgres-reshard-op-{op_id} (epoch 1)" in text
     assert "runner log persisted: pod " in text, text[-3000:]
+    assert "credentials from env (an operation-scoped session: federation token" in text
     # The janitor reaps the finished pod (REAP_AFTER 5 s + one janitor interval).
     wait_until(lambda: _runner_pod(op_id) is None, "the janitor to reap the runner pod", 120, 2)
 
@@ -226,13 +243,15 @@ def test_an_external_target_password_reaches_the_runner_pod_and_nowhere_else(
 
         sources: list[tuple[str, bytes | str]] = [("op JSON", json.dumps(op))]
         sources.append(("op log", json.dumps(entries)))
-        for p in kubectl_json("-n", NAMESPACE, "get", "pods")["items"]:
-            name = p["metadata"]["name"]
-            sources.append((f"pod spec {name}", json.dumps(p)))
-            for c in p["spec"]["containers"]:
-                logs = kubectl("-n", NAMESPACE, "logs", name, "-c", c["name"], check=False)
-                sources.append((f"container log {name}/{c['name']}", logs))
-        sources.append(("events", kubectl("-n", NAMESPACE, "get", "events", "-o", "json")))
+        for namespace in (NAMESPACE, RUNNERS_NAMESPACE):
+            for p in kubectl_json("-n", namespace, "get", "pods")["items"]:
+                name = p["metadata"]["name"]
+                sources.append((f"pod spec {name}", json.dumps(p)))
+                for c in p["spec"]["containers"]:
+                    logs = kubectl("-n", namespace, "logs", name, "-c", c["name"], check=False)
+                    sources.append((f"container log {name}/{c['name']}", logs))
+            events = kubectl("-n", namespace, "get", "events", "-o", "json")
+            sources.append((f"events in {namespace}", events))
         dump = subprocess.run(
             ["pg_dump", "-h", "127.0.0.1", "-U", "postgres", "--no-owner", "-d", "duckgres_pods"],
             capture_output=True, check=True, timeout=120,
@@ -272,7 +291,8 @@ def test_deleting_the_runner_pod_mid_copy_rolls_back_within_the_grace(deployed: 
     op_id = t.to_cnpg_target()
     _wait_step(deployed, op_id, {"copying"}, 180)
     started = time.monotonic()
-    kubectl("-n", NAMESPACE, "delete", "pod", f"duckgres-reshard-op-{op_id}", "--wait=false")
+    kubectl("-n", RUNNERS_NAMESPACE, "delete", "pod", f"duckgres-reshard-op-{op_id}",
+            "--wait=false")  # fmt: skip
     op = deployed.api.wait_terminal(op_id, timeout=300)
     took = time.monotonic() - started
     text = _messages(deployed.api.log_entries(op_id))
@@ -320,7 +340,8 @@ def _probe_pod(runner: dict[str, Any], name: str) -> dict[str, Any]:
     spec["containers"] = [container]
     labels = {"app": runner["metadata"]["labels"]["app"]}
     return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels}}  # fmt: skip
+            "metadata": {"name": name, "namespace": RUNNERS_NAMESPACE,
+                         "labels": labels}}  # fmt: skip
 
 
 @pytest.mark.safeguard("reshard-133")
@@ -340,18 +361,18 @@ def test_a_runner_pods_login_reaches_its_own_operation_only(deployed: Deployed, 
     assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"] == {
         "name": f"duckgres-reshard-op-{op_id}-login", "key": "config-store-dsn"
     }  # fmt: skip
-    name = f"duckgres-login-probe-{op_id}"
+    name, R = f"duckgres-login-probe-{op_id}", RUNNERS_NAMESPACE
     kubectl("apply", "-f", "-", input=json.dumps(_probe_pod(runner, name)))
     try:
         phase = wait_until(
-            lambda: kubectl_json("-n", NAMESPACE, "get", "pod", name)["status"].get("phase")
-            in ("Succeeded", "Failed") and kubectl_json("-n", NAMESPACE, "get", "pod", name),
+            lambda: kubectl_json("-n", R, "get", "pod", name)["status"].get("phase")
+            in ("Succeeded", "Failed") and kubectl_json("-n", R, "get", "pod", name),
             "the probe pod to finish", 120,
         )  # fmt: skip
-        log = kubectl("-n", NAMESPACE, "logs", name)
+        log = kubectl("-n", R, "logs", name)
         assert phase["status"]["phase"] == "Succeeded", log
     finally:
-        kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false", check=False)
+        kubectl("-n", R, "delete", "pod", name, "--wait=false", check=False)
     found = json.loads(log.split("PROBE ", 1)[1].splitlines()[0])
     assert found["user"].startswith("duckgres_runner_")
     assert found["user"].endswith(f"_op{op_id}")
@@ -369,7 +390,8 @@ def test_a_runner_pods_login_reaches_its_own_operation_only(deployed: Deployed, 
                                  found["user"]),
         "the janitor to drop the runner's login", 180, 2,
     )  # fmt: skip
-    assert not kubectl("-n", NAMESPACE, "get", "secret", f"duckgres-reshard-op-{op_id}-login",
+    assert not kubectl("-n", RUNNERS_NAMESPACE, "get", "secret",
+                       f"duckgres-reshard-op-{op_id}-login",
                        "--ignore-not-found", "-o", "name").strip()  # fmt: skip
 
 

@@ -65,13 +65,15 @@ def child(mode: str) -> list[str]:
 @pytest.fixture(autouse=True)
 def _login_without_a_config_store(request: pytest.FixtureRequest, monkeypatch) -> None:
     """Tests of the process lifecycle with unsaved ops and stand-in children have no config
-    store to mint a login on: the mint is replaced by a fixed DSN (the one seam). Tests with
-    a database mint for real."""
+    store to mint a login on, nor a warehouse to scope an S3 session to: the mint is replaced
+    by a fixed DSN and the warehouse has no bucket (the one seam). Tests with a database mint
+    both for real."""
     if request.node.get_closest_marker("django_db") or "make_op" in request.fixturenames:
         return
     monkeypatch.setattr(
         "reshard.launchers.local.login.mint", lambda op_id: "postgresql://runner-login@h/db"
     )
+    monkeypatch.setattr("reshard.launchers.local.s3scope.for_launch", lambda op: None)
 
 
 @pytest.fixture
@@ -212,6 +214,59 @@ def test_a_started_runner_gets_the_stores_env_refs(
     assert conninfo_to_dict(env["DUCKGRES_CONFIG_STORE"])["user"] == login.role_name(op.id)
     assert login.role_name(op.id) in login.logins()
     login.drop(login.role_name(op.id))
+
+
+def launched_env(state_dir, make_store, make_warehouse, make_op, bucket: str):
+    """Launch a stand-in runner for a new op of a warehouse with ``bucket``; its environment."""
+    warehouse = make_warehouse(
+        store=make_store(),
+        data_bucket=bucket,
+        metadata_store_database="cat",
+        metadata_store_user="tenant",
+        metadata_store_password_ref="env:X",
+    )
+    op = make_op(warehouse, to_store=make_store())
+    LocalLauncher(state_dir, command=child("exit-0")).create(op, replace=False)
+    env_file = state_dir / f"env-{op.id}.json"
+    wait_for(env_file.exists, what="the child's environment dump")
+    login.drop(login.role_name(op.id))
+    return op, json.loads(env_file.read_text())
+
+
+@pytest.mark.safeguard("reshard-137")
+@pytest.mark.parametrize("scope", ["operation", "ambient"])
+def test_a_started_runner_holds_its_operations_s3_session_not_the_launchers_keys(
+    scope, state_dir, make_store, make_warehouse, make_op, s3_bucket, monkeypatch, settings
+):
+    for name, value in s3_bucket.env().items():
+        monkeypatch.setenv(name, value)
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url  # STS is asked there too
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    settings.DUCKGRES_RUNNER_S3_CREDENTIALS = scope
+    op, env = launched_env(state_dir, make_store, make_warehouse, make_op, s3_bucket.bucket)
+    if scope == "ambient":
+        assert env["AWS_ACCESS_KEY_ID"] == s3_bucket.env()["AWS_ACCESS_KEY_ID"]
+        assert "AWS_SESSION_TOKEN" not in env
+        assert "DUCKGRES_RESHARD_S3_SESSION" not in env
+        return
+    # A session minted for this launch (moto: a federation token), never the launcher's keys.
+    assert env["AWS_ACCESS_KEY_ID"] != s3_bucket.env()["AWS_ACCESS_KEY_ID"]
+    assert env["AWS_SECRET_ACCESS_KEY"] != s3_bucket.env()["AWS_SECRET_ACCESS_KEY"]
+    assert env["AWS_SESSION_TOKEN"]
+    session = env["DUCKGRES_RESHARD_S3_SESSION"]
+    assert f"bucket {s3_bucket.bucket}, own keys _reshard_catalog_backups/op-{op.id}-*" in session
+    assert "federation token" in session
+    assert env["AWS_SESSION_TOKEN"] not in session
+
+
+@pytest.mark.safeguard("reshard-137")
+def test_a_warehouse_without_a_bucket_gives_its_runner_no_s3_credentials(
+    state_dir, make_store, make_warehouse, make_op, s3_bucket, monkeypatch
+):
+    for name, value in s3_bucket.env().items():
+        monkeypatch.setenv(name, value)
+    _, env = launched_env(state_dir, make_store, make_warehouse, make_op, "")
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
 
 
 @pytest.mark.safeguard("reshard-57")

@@ -7,6 +7,7 @@ them to a (nonexistent) node, which is what makes a default-grace delete leave t
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,8 +16,8 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from duckgres_admin.lib import k8s
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.lib import k8s, secretrefs
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.launchers import login
 from reshard.launchers.base import LauncherError, StillTerminating
 from reshard.launchers.pod import PodLauncher, pinned_image, resolve_control_plane_image
@@ -59,6 +60,112 @@ def new_op(**fields: Any) -> ReshardOperation:
 def runner_pods(kube) -> list[str]:
     pods = kube.core.list_namespaced_pod(kube.namespace, label_selector="app=duckgres-reshard")
     return sorted(p.metadata.name for p in pods.items)
+
+
+@pytest.mark.safeguard("reshard-137")
+@pytest.mark.parametrize("scope", ["operation", "ambient"])
+def test_the_runner_pod_gets_its_operations_s3_session_through_its_login_secret(
+    kube, s3_bucket, monkeypatch, settings, scope
+):
+    for name, value in s3_bucket.env().items():
+        monkeypatch.setenv(name, value)
+    settings.DUCKGRES_S3_ENDPOINT_URL = s3_bucket.endpoint_url
+    settings.DUCKGRES_AWS_REGION = s3_bucket.region
+    settings.DUCKGRES_RUNNER_S3_CREDENTIALS = scope
+    warehouse = Warehouse.objects.create(
+        org_id=f"org-{secrets.token_hex(4)}", data_bucket=s3_bucket.bucket
+    )
+    op = new_op(org_id=warehouse.org_id)
+    PodLauncher().create(op, replace=False)
+    pod = read(kube, f"duckgres-reshard-op-{op.id}")
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    secret = f"duckgres-reshard-op-{op.id}-login"
+    stored = kube.core.read_namespaced_secret(secret, kube.namespace).data
+    PodLauncher().forget_login(op.id)
+    login.drop(login.role_name(op.id))
+    if scope == "ambient":  # the old way, for S3 servers without STS: the control plane's keys
+        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-aws"
+        assert "DUCKGRES_RESHARD_S3_SESSION" not in env
+        assert "aws-session-token" not in stored
+        return
+    for var, key in (
+        ("AWS_ACCESS_KEY_ID", "aws-access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "aws-secret-access-key"),
+        ("AWS_SESSION_TOKEN", "aws-session-token"),
+    ):
+        assert env[var]["valueFrom"] == {"secretKeyRef": {"name": secret, "key": key}}
+        value = base64.b64decode(stored[key]).decode()
+        assert value
+        assert value != "testing"
+        assert value not in json.dumps(pod)  # the pod spec names the Secret, never a value
+    session = env["DUCKGRES_RESHARD_S3_SESSION"]["value"]
+    assert f"bucket {s3_bucket.bucket}, own keys _reshard_catalog_backups/op-{op.id}-*" in session
+
+
+@pytest.mark.safeguard("reshard-138")
+def test_a_runner_pod_in_the_runner_namespace_references_only_its_own_operations_secret(
+    kube, monkeypatch, settings
+):
+    """The control plane's Secrets and ConfigMaps do not resolve in the runner namespace: what
+    the runner needs of them is copied into its per-op Secret there, never into the spec."""
+    from kubernetes import client
+
+    runners = f"{kube.namespace}-runners"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=runners)))
+    try:
+        settings.DUCKGRES_RESHARD_RUNNER_NAMESPACE = runners
+        runner_secret = "runner-" + secrets.token_hex(8)
+        tenant_password = "tenant-" + secrets.token_hex(8)
+        for name, data in (
+            ("duckgres-admin", {"runner-secret": runner_secret, "internal-secret": "no"}),
+            ("duckgres-tenant-acme", {"password": tenant_password}),
+        ):
+            kube.core.create_namespaced_secret(
+                kube.namespace,
+                client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data=data),
+            )
+        monkeypatch.setenv("DUCKGRES_LOG_LEVEL", "DEBUG")  # this container's ConfigMap value
+        tenant_ref = f"k8s:{kube.namespace}/duckgres-tenant-acme#password"
+        missing_ref = f"k8s:{kube.namespace}/duckgres-tenant-gone#password"
+        op = new_op(source_password_secret_ref=tenant_ref, target_password_secret_ref=missing_ref)
+        PodLauncher().create(op, replace=False)
+
+        name = f"duckgres-reshard-op-{op.id}"
+        assert not kube.core.list_namespaced_pod(
+            kube.namespace, label_selector="app=duckgres-reshard"
+        ).items
+        pod = kube.api_client.sanitize_for_serialization(
+            kube.core.read_namespaced_pod(name, runners)
+        )
+        login_secret = f"{name}-login"
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        refs = {
+            n: e["valueFrom"]["secretKeyRef"]
+            for n, e in env.items()
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert refs, env
+        assert {r["name"] for r in refs.values()} == {login_secret}  # nothing else resolves
+        assert env["DUCKGRES_LOG_LEVEL"] == {"name": "DUCKGRES_LOG_LEVEL", "value": "DEBUG"}
+        tenant_var = secretrefs.mounted_variable(secretrefs.parse(tenant_ref, launcher="pod"))
+        gone_var = secretrefs.mounted_variable(secretrefs.parse(missing_ref, launcher="pod"))
+        assert gone_var not in env  # absent at launch: the runner names it when it resolves it
+        stored = kube.core.read_namespaced_secret(login_secret, runners).data
+        assert base64.b64decode(stored[refs["DUCKGRES_RUNNER_SECRET"]["key"]]).decode() == (
+            runner_secret
+        )
+        assert base64.b64decode(stored[refs[tenant_var]["key"]]).decode() == tenant_password
+        text = json.dumps(pod)
+        for value in (runner_secret, tenant_password, "internal-secret"):
+            assert value not in text
+        PodLauncher().delete(op.id, grace_seconds=0)
+        PodLauncher().forget_login(op.id)
+        names = {x.metadata.name for x in kube.core.list_namespaced_secret(runners).items}
+        assert login_secret not in names
+        login.drop(login.role_name(op.id))
+    finally:
+        kube.core.delete_collection_namespaced_pod(runners, grace_period_seconds=0)
+        kube.core.delete_namespace(runners)
 
 
 @pytest.mark.safeguard("reshard-26")
@@ -123,8 +230,6 @@ def test_the_runner_pod_is_created_field_by_field(kube):
         "DJANGO_SETTINGS_MODULE",
         "DUCKGRES_CONFIG_STORE",
         "DUCKGRES_RUNNER_SECRET",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
         "DUCKGRES_AWS_REGION",
         "DUCKGRES_LOG_LEVEL",
         "DUCKGRES_RESHARD_OP_ID",
@@ -155,7 +260,9 @@ def test_the_runner_pod_is_created_field_by_field(kube):
     assert not kube.core.list_namespaced_secret(
         kube.namespace, label_selector=f"duckgres-op-id={op.id}"
     ).items
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "duckgres-aws"
+    # Never the control plane's AWS keys (its container has them from Secret duckgres-aws);
+    # this op's warehouse has no bucket, so it gets no S3 session either (safeguard reshard-137).
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
     assert env["DUCKGRES_LOG_LEVEL"]["valueFrom"] == {
         "configMapKeyRef": {"name": "duckgres-admin", "key": "log-level"}
     }

@@ -474,6 +474,6 @@ def test_a_runner_in_mounted_mode_reads_mounted_references_and_never_calls_the_a
     with pytest.raises(secretrefs.SecretRefError) as info:
         secretrefs.resolve("k8s:other/duckgres-tenant-x#password", launcher="pod")
     assert "is not mounted into this runner pod" in str(info.value)
-    assert "its own namespace duckgres" in str(info.value)
+    assert "those in the control plane's own namespace" in str(info.value)
     with pytest.raises(secretrefs.SecretRefError, match="control plane's own"):
         secretrefs.resolve("k8s:duckgres/duckgres-admin#internal-secret", launcher="pod")

@@ -107,6 +107,7 @@ def test_the_runner_logs_region_endpoint_and_credential_source_first_and_no_secr
 
 
 @pytest.mark.safeguard("reshard-115")
+@pytest.mark.safeguard("reshard-137")
 def test_each_credential_source_is_named_as_boto3_reports_it(
     no_ambient_aws: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
@@ -141,4 +142,18 @@ def test_each_credential_source_is_named_as_boto3_reports_it(
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION_TOKEN)
     line = describe_aws_context()
     assert "credentials from env (" in line
+    _assert_no_secret(line)
+
+    # A runner its launcher gave an operation-scoped session says so, and that it assumes no
+    # role (safeguard reshard-137): the description is the launcher's, never a credential.
+    settings.DUCKGRES_RESHARD_S3_SESSION = (
+        "role arn:aws:iam::1:role/r, bucket b, own keys _reshard_catalog_backups/op-7-*, "
+        "expires 2026-12-06T13:00:00Z"
+    )
+    line = describe_aws_context()
+    assert line.endswith(
+        "credentials from env (an operation-scoped session: role arn:aws:iam::1:role/r, bucket b, "
+        "own keys _reshard_catalog_backups/op-7-*, expires 2026-12-06T13:00:00Z; no role is "
+        "assumed)"
+    ), line
     _assert_no_secret(line)
