@@ -270,7 +270,7 @@ def test_every_component_has_its_own_least_privilege_identity():
 def test_the_runner_namespace_holds_only_rightless_accounts_and_the_launchers_role():
     there = [d for d in load_docs() if d["metadata"].get("namespace") == RUNNERS]
     accounts = {d["metadata"]["name"]: d for d in there if d["kind"] == "ServiceAccount"}
-    assert set(accounts) == {"default", "duckgres-admin-runner"}
+    assert set(accounts) == {"duckgres-admin-runner"}  # and `default`, bound to nothing
     assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
     [role] = [d for d in there if d["kind"] == "Role"]
     assert role["metadata"]["name"] == "duckgres-admin-launcher"
@@ -419,8 +419,6 @@ def test_every_manifest_passes_a_server_side_dry_run(kube_api, settings):
     try:
         for doc in load_docs():
             doc = copy.deepcopy(doc)
-            if doc["kind"] == "ServiceAccount" and doc["metadata"]["name"] == "default":
-                continue  # the namespace's own, which exists already
             if doc["kind"] == "Namespace":
                 doc["metadata"]["name"] = f"dry-{secrets.token_hex(4)}"
             elif doc["kind"] not in CLUSTER_SCOPED:
