@@ -34,6 +34,10 @@ IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
 # `manage.py collectstatic` runs at image build, where there is no secret, config store or
 # broker: it requires none of them (a value that is set and bad is still refused).
 IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
+# The restore test's sandbox (`manage.py restore_stream`, reshard/sandbox.py): streams one
+# backup into pg_restore and nothing else. It gets no config store, no shared secret, no signing
+# key and no broker: only the scratch login and an S3 session for that one object.
+IS_SANDBOX = len(sys.argv) > 1 and sys.argv[1] == "restore_stream"
 # The schema commands (the migration Job, the init containers' wait, the first admin's) touch
 # only the config store: they need DJANGO_SECRET_KEY and DUCKGRES_CONFIG_STORE, never a shared
 # secret or the broker, so that Job and the init containers are not given them.
@@ -45,7 +49,7 @@ IS_SCHEMA_COMMAND = len(sys.argv) > 1 and sys.argv[1] in SCHEMA_COMMANDS
 # A runner signs nothing (no session, cookie, CSRF token or password hash), so it is never given
 # Django's signing key (issue 25 item 3): a key drawn for the process satisfies Django, and
 # whatever DJANGO_SECRET_KEY an older launcher still passes is not read.
-if IS_RUNNER:
+if IS_RUNNER or IS_SANDBOX:
     SECRET_KEY = secrets.token_urlsafe(64)
     SECRET_KEY_FALLBACKS: list[str] = []
 else:
@@ -58,7 +62,7 @@ else:
 DEBUG = env.boolean("DUCKGRES_DEBUG", False)
 
 # --- config store -------------------------------------------------------------------------
-_config_store = env.string("DUCKGRES_CONFIG_STORE", required=not IS_COLLECTSTATIC)
+_config_store = env.string("DUCKGRES_CONFIG_STORE", required=not (IS_COLLECTSTATIC or IS_SANDBOX))
 _db: dict[str, Any] = {}
 if _config_store:
     try:
@@ -110,7 +114,7 @@ _SHARED_SECRETS = (
     "DUCKGRES_RUNNER_SECRET",
     "DUCKGRES_DATAPLANE_SECRET",
 )
-if IS_COLLECTSTATIC or IS_SCHEMA_COMMAND:
+if IS_COLLECTSTATIC or IS_SCHEMA_COMMAND or IS_SANDBOX:
     _required: set[str] = set()
 elif IS_RUNNER:
     # A runner needs the runner secret only when it must pull a password (spec §6).
@@ -407,7 +411,8 @@ if DUCKGRES_RESHARD_LAUNCHER == "pod":
 # --- Celery (spec §6): no default broker, never eager -------------------------------------------
 # Runners never talk to the broker; every other process needs it (no eager fallback).
 CELERY_BROKER_URL = env.string(
-    "DUCKGRES_BROKER_URL", required=not (IS_RUNNER or IS_COLLECTSTATIC or IS_SCHEMA_COMMAND)
+    "DUCKGRES_BROKER_URL",
+    required=not (IS_RUNNER or IS_COLLECTSTATIC or IS_SCHEMA_COMMAND or IS_SANDBOX),
 )
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_DEFAULT_QUEUE = str(queues.QueueName.DEFAULT)

@@ -41,6 +41,9 @@ Invariants:
 - **Never on a store that serves tenants, unless told.** A scratch store that shares its
   server (host and port) with any store or external binding that a warehouse is bound to is
   refused (:func:`serving_refusal`) unless ``DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE``.
+- **The archive never reaches ``pg_restore`` in this process with the pod launcher.** The stream
+  runs in the sandbox pod (``reshard.sandbox``, ``reshard.launchers.sandbox_pod``), which holds
+  the job, the scratch login and an S3 session for the one object; everything else stays here.
 - **A backup without a fingerprint** (made before operations recorded one, or by a run whose
   verification never finished) passes on a weaker check: it restores, and the three DuckLake
   tables are there; ``detail`` says the fingerprint was missing.
@@ -75,8 +78,10 @@ from duckgres_admin.models import (
     VerificationResult,
     Warehouse,
 )
-from reshard import backups, oplog, verify
+from reshard import backups, oplog, sandbox, verify
 from reshard.backup import KEY_PREFIX, BackupSource
+from reshard.launchers import sandbox_pod
+from reshard.launchers.base import LauncherError
 from reshard.pgclients import server_major
 from reshard.restore import (
     Expected,
@@ -460,19 +465,22 @@ def _restore_and_read(
     timeout = float(settings.DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS)
     with ScratchGuard(store, password, scratch, time.monotonic() + timeout) as guard:
         try:
-            stream_restore(
-                s3,
-                candidate.warehouse.data_bucket,
-                candidate.backup.key,
-                target,
-                server_major=major,
-                timeout_seconds=timeout,
-                should_stop=guard.should_stop,
-                if_match=candidate.backup.etag,
-                expected=Expected(
-                    candidate.backup.sha256, candidate.backup.size, candidate.backup.version_id
-                ),
-            )
+            if settings.DUCKGRES_RESHARD_LAUNCHER == "pod":
+                _in_sandbox(candidate, target, major, timeout, guard.should_stop)
+            else:
+                stream_restore(
+                    s3,
+                    candidate.warehouse.data_bucket,
+                    candidate.backup.key,
+                    target,
+                    server_major=major,
+                    timeout_seconds=timeout,
+                    should_stop=guard.should_stop,
+                    if_match=candidate.backup.etag,
+                    expected=Expected(
+                        candidate.backup.sha256, candidate.backup.size, candidate.backup.version_id
+                    ),
+                )
         except RestoreError:
             if not guard.over_cap:
                 raise
@@ -492,6 +500,41 @@ def _restore_and_read(
         statement_timeout=STATEMENT_TIMEOUT_SECONDS,
     ) as conn:
         return verify.read_state(conn)
+
+
+def _in_sandbox(
+    candidate: Candidate,
+    target: BackupSource,
+    major: int,
+    timeout: float,
+    should_stop: Callable[[], bool],
+) -> None:
+    """The stream in the sandbox pod (``reshard.sandbox``): the archive never reaches
+    ``pg_restore`` inside this process."""
+    backup = candidate.backup
+    job = sandbox.Job(
+        bucket=candidate.warehouse.data_bucket,
+        key=backup.key,
+        etag=backup.etag,
+        sha256=backup.sha256,
+        size=backup.size,
+        version_id=backup.version_id,
+        host=target.host,
+        port=target.port,
+        database=target.database,
+        user=target.user,
+        sslmode=target.sslmode,
+        server_major=major,
+        timeout_seconds=timeout,
+    )
+    try:
+        message = sandbox_pod.restore(
+            job, target.password, candidate.warehouse, candidate.op.id, should_stop=should_stop
+        )
+    except LauncherError as exc:
+        raise Inconclusive(str(exc)) from None
+    _log.info("restore test of s3://%s/%s in its sandbox pod: %s", job.bucket, job.key, message,
+              extra={"op_id": candidate.op.id})  # fmt: skip
 
 
 def test_one(
@@ -600,6 +643,8 @@ def run(
         try:
             password = secretrefs.resolve(store.provisioner_password_ref)
             report.swept = sweep(store, password)
+            if settings.DUCKGRES_RESHARD_LAUNCHER == "pod":
+                report.swept += sandbox_pod.sweep()
         except (secretrefs.SecretRefError, psycopg.Error) as exc:
             report.errors.append(f"store {store.name}: {exc}")
             _log.warning("restore test: the scratch store %s is unusable: %s", store.name, exc)

@@ -496,6 +496,40 @@ def _runner_metadata(op_id: int, own_meta: dict[str, Any], now: datetime) -> dic
     return metadata
 
 
+def build_sandbox_pod(
+    *,
+    name: str,
+    labels: dict[str, str],
+    own_pod: dict[str, Any],
+    env: list[dict[str, Any]],
+    command: Sequence[str],
+    machine: str,
+    service_account: str,
+    deadline_seconds: int,
+) -> dict[str, Any]:
+    """A one-shot pod of the control plane's image that runs ``command`` with exactly ``env``
+    (the restore test's sandbox, ``reshard.launchers.sandbox_pod``): the runner pod's placement,
+    restricted security contexts and account, no API token, a /tmp emptyDir, a short grace and
+    ``activeDeadlineSeconds``. Small and fixed resources: it only pipes bytes into pg_restore."""
+    own_meta = own_pod.get("metadata") or {}
+    own_spec = own_pod.get("spec") or {}
+    own = _own_container(own_meta, own_spec)
+    image = own.get("image") or ""
+    if not image:
+        raise LauncherError("no sandbox image: the control-plane pod has none")
+    mounts, volumes = _runner_storage("", "")
+    container = _runner_container(own, image=image, env=env, cpu="500m", memory="512Mi",
+                                  mounts=mounts)  # fmt: skip
+    container["name"] = "restore-stream"
+    container["command"] = list(command)
+    spec = _runner_pod_spec(own_spec, container=container, volumes=volumes, machine=machine,
+                            service_account=service_account)  # fmt: skip
+    spec["terminationGracePeriodSeconds"] = 5
+    spec["activeDeadlineSeconds"] = deadline_seconds
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": spec}  # fmt: skip
+
+
 def parse_spawned_at(value: str | None) -> datetime | None:
     if not value:
         return None

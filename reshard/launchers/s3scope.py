@@ -87,26 +87,29 @@ def partition_of(role_arn: str) -> str:
 
 
 def session_policy(
-    *, bucket: str, op_id: int, restore: tuple[str, str] | None, partition: str
+    *, bucket: str, op_id: int | None, restore: tuple[str, str] | None, partition: str
 ) -> str:
     """The session policy of an operation's runner, as compact JSON (no spaces: some servers
     do not decode a form-encoded ``+`` in it, and AWS counts its packed size). ``restore``:
-    the ``(bucket, key)`` a restore reads, or None."""
+    the ``(bucket, key)`` a restore reads, or None. ``op_id`` None: no own keys at all (the
+    restore test's sandbox reads its one object and nothing else)."""
     arn = f"arn:{partition}:s3:::"
-    statements: list[dict[str, object]] = [
-        {
-            "Sid": "OwnBackupObjects",
-            "Effect": "Allow",
-            "Action": list(_OWN_OBJECT_ACTIONS),
-            "Resource": [f"{arn}{bucket}/{KEY_PREFIX}op-{op_id}-*"],
-        },
-        {
-            "Sid": "OpenUploads",
-            "Effect": "Allow",
-            "Action": ["s3:ListBucketMultipartUploads"],
-            "Resource": [f"{arn}{bucket}"],
-        },
-    ]
+    statements: list[dict[str, object]] = []
+    if op_id is not None:
+        statements += [
+            {
+                "Sid": "OwnBackupObjects",
+                "Effect": "Allow",
+                "Action": list(_OWN_OBJECT_ACTIONS),
+                "Resource": [f"{arn}{bucket}/{KEY_PREFIX}op-{op_id}-*"],
+            },
+            {
+                "Sid": "OpenUploads",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucketMultipartUploads"],
+                "Resource": [f"{arn}{bucket}"],
+            },
+        ]
     if restore is not None:
         statements.append(
             {
@@ -141,12 +144,37 @@ def for_launch(op: ReshardOperation) -> RunnerS3 | None:
     policy = session_policy(
         bucket=bucket, op_id=op.id, restore=restore, partition=partition_of(role_arn)
     )
+    reads = f", reads s3://{restore[0]}/{restore[1]}" if restore else ""
+    return _mint(
+        region, role_arn, runner_name(op.id), policy, f"bucket {bucket}, own keys "
+        f"{KEY_PREFIX}op-{op.id}-*{reads}",
+    )  # fmt: skip
+
+
+def for_object(wh: Warehouse, key: str, session_name: str) -> RunnerS3 | None:
+    """A session that may read ``s3://<data_bucket>/<key>`` (any version) and nothing else: the
+    restore test's sandbox. None with ``DUCKGRES_RUNNER_S3_CREDENTIALS=ambient``."""
+    if not scoped():
+        return None
+    policy = session_policy(
+        bucket=wh.data_bucket,
+        op_id=None,
+        restore=(wh.data_bucket, key),
+        partition=partition_of(wh.data_role_arn),
+    )
+    return _mint(
+        wh.data_region, wh.data_role_arn, session_name, policy,
+        f"reads s3://{wh.data_bucket}/{key} only",
+    )  # fmt: skip
+
+
+def _mint(region: str, role_arn: str, session_name: str, policy: str, scope: str) -> RunnerS3:
     seconds = int(settings.DUCKGRES_RUNNER_S3_SESSION_SECONDS)
     try:
         credentials = mint_session(
             region=region,
             role_arn=role_arn,
-            session_name=runner_name(op.id),
+            session_name=session_name,
             policy=policy,
             seconds=seconds,
         )
@@ -159,9 +187,5 @@ def for_launch(op: ReshardOperation) -> RunnerS3 | None:
         )
         raise LauncherError(f"minting the runner's S3 session failed: {exc} — {fix}") from None
     via = f"role {role_arn}" if role_arn else "federation token"
-    reads = f", reads s3://{restore[0]}/{restore[1]}" if restore else ""
-    description = (
-        f"{via}, bucket {bucket}, own keys {KEY_PREFIX}op-{op.id}-*{reads}, "
-        f"expires {credentials.expiration.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-    )
-    return RunnerS3(credentials, description)
+    expires = credentials.expiration.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return RunnerS3(credentials, f"{via}, {scope}, expires {expires}")

@@ -283,6 +283,12 @@ def test_the_runner_namespace_holds_only_rightless_accounts_and_the_launchers_ro
     # Nothing here is bound to any other account, and no ClusterRoleBinding names one.
     assert not [d for d in load_docs() if d["kind"] == "ClusterRoleBinding"
                 and any(s.get("namespace") == RUNNERS for s in d["subjects"])]  # fmt: skip
+    sandbox = one("NetworkPolicy", "duckgres-restore-test-sandbox-boundaries", RUNNERS)["spec"]
+    assert sandbox["podSelector"] == {"matchLabels": {"app": "duckgres-restore-test"}}
+    assert sandbox["ingress"] == []
+    ports = {(p["protocol"], p["port"]) for rule in sandbox["egress"] for p in rule["ports"]}
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443)}  # never the API
+    assert all("to" not in rule for rule in sandbox["egress"])
     assert {d["kind"] for d in there} == {
         "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"
     }  # fmt: skip

@@ -521,6 +521,7 @@ def _scratch_store(deployed: Deployed) -> None:
 
 
 @pytest.mark.safeguard("reshard-136")
+@pytest.mark.safeguard("reshard-139")
 def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric_appears(
     deployed: Deployed, tenant
 ):
@@ -561,6 +562,15 @@ def test_uncommenting_the_restore_test_switch_runs_a_restore_test_and_its_metric
     [backup] = wait_until(verified, "the restore test's result", 300, 3)
     assert backup["verified"] is True, backup
     wait_until(lambda: series in _control_worker_metrics(), "the verified-age series", 120, 5)
+    # The archive went through pg_restore in a sandbox pod of the runner namespace, never in
+    # the worker (safeguard reshard-139); the pod is gone, its scheduling event stays.
+    events = kubectl_json("-n", RUNNERS_NAMESPACE, "get", "events")["items"]
+    sandbox = f"duckgres-restore-test-op{backup['op_id']}"
+    assert any(e["involvedObject"]["name"] == sandbox for e in events), [
+        e["involvedObject"]["name"] for e in events
+    ]
+    assert not kubectl("-n", RUNNERS_NAMESPACE, "get", "pod,secret", sandbox,
+                       "--ignore-not-found", "-o", "name").strip()  # fmt: skip
 
 
 # Last of the suite: it evicts every pod of the node, the control plane's included.
