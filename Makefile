@@ -162,7 +162,8 @@ image-smoke: image install services
 # default an OCI archive in RELEASE_DIR; `docker://registry.example/duckgres-admin:$(VERSION)`
 # for a registry) with the digest buildah wrote there, the manifests of `kubectl apply -k k8s/`
 # with every image pinned to that digest under RELEASE_REPOSITORY, the SBOM of the Python
-# packages the image installs (CycloneDX, from requirements.lock), and their SHA-256 sums.
+# packages the image installs (CycloneDX, from requirements.lock), the SBOM of its Debian
+# packages (CycloneDX, from dpkg inside the image: scripts/deb_sbom.py), and their SHA-256 sums.
 RELEASE_DIR ?= var/release/$(VERSION)
 RELEASE_REPOSITORY ?= $(IMAGE)
 RELEASE_DESTINATION ?= oci-archive:$(RELEASE_DIR)/duckgres-admin-$(VERSION).oci.tar:$(RELEASE_REPOSITORY):$(VERSION)
@@ -170,13 +171,20 @@ release: image install
 	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/kustomize
 	buildah push -q --digestfile $(RELEASE_DIR)/image.digest $(IMAGE):$(VERSION) $(RELEASE_DESTINATION)
 	@digest=$$(cat $(RELEASE_DIR)/image.digest); \
-	base=$$(realpath --relative-to=$(RELEASE_DIR)/kustomize k8s/base); \
+	top=$$(realpath --relative-to=$(RELEASE_DIR)/kustomize k8s); \
 	printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
-	  'resources:' "- $$base" 'images:' '- name: duckgres-admin' \
+	  'resources:' "- $$top" 'images:' '- name: duckgres-admin' \
 	  "  newName: $(RELEASE_REPOSITORY)" "  digest: $$digest" > $(RELEASE_DIR)/kustomize/kustomization.yaml; \
 	kubectl kustomize $(RELEASE_DIR)/kustomize > $(RELEASE_DIR)/duckgres-admin-$(VERSION).yaml; \
 	rm -rf $(RELEASE_DIR)/kustomize
 	$(VENV)/bin/cyclonedx-py requirements requirements.lock --of JSON --output-reproducible \
 	  -o $(RELEASE_DIR)/duckgres-admin-$(VERSION).sbom.cdx.json
+	@ctr=$$(buildah from --pull=never -q $(IMAGE):$(VERSION)); \
+	buildah run $$ctr -- dpkg-query -W \
+	  -f '$${Package}\t$${Version}\t$${Architecture}\t$${db:Status-Abbrev}\n' > $(RELEASE_DIR)/.dpkg; \
+	status=$$?; buildah rm $$ctr >/dev/null; test $$status = 0
+	$(VENV)/bin/python scripts/deb_sbom.py duckgres-admin:$(VERSION) < $(RELEASE_DIR)/.dpkg \
+	  > $(RELEASE_DIR)/duckgres-admin-$(VERSION).debian.cdx.json
+	@rm $(RELEASE_DIR)/.dpkg
 	@cd $(RELEASE_DIR) && sha256sum $$(ls | grep -v SHA256SUMS) > SHA256SUMS
 	@echo "release: $(RELEASE_REPOSITORY)@$$(cat $(RELEASE_DIR)/image.digest) in $(RELEASE_DIR)"

@@ -48,6 +48,7 @@ from duckgres_admin.names import MILESTONES, runner_name
 from reshard import steps as sequences
 from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher
+from reshard.launchers.base import runner_namespace
 from reshard.restore import login_role_name
 from reshard.runner import connections
 from reshard.runner.context import RunContext
@@ -142,7 +143,7 @@ def _check_no_runner_object(op: ReshardOperation) -> None:
         return
     state = status.phase + (" (terminating)" if status.terminating else "")
     if op.launcher == "pod":
-        namespace = os.environ.get("POD_NAMESPACE", "<control-plane namespace>")
+        namespace = runner_namespace() or "<runner namespace>"
         how = (
             f"delete it first: kubectl delete pod {name} -n {namespace} (after saving its log: "
             f"kubectl logs {name} -n {namespace})"

@@ -1,7 +1,7 @@
 """`make release` (docs/image.md "Reproducible builds"; issue 26 item 7): the image pushed with the
-digest buildah wrote, manifests whose every container runs exactly that digest, an SBOM of the
-locked Python packages, and checksums of it all. Runs the real target (buildah, kubectl's
-kustomize, cyclonedx-py) into a temporary directory."""
+digest buildah wrote, manifests whose every container runs exactly that digest, SBOMs of the
+locked Python packages and of the image's Debian packages, and checksums of it all. Runs the
+real target (buildah, kubectl's kustomize, cyclonedx-py) into a temporary directory."""
 
 from __future__ import annotations
 
@@ -42,10 +42,25 @@ def test_a_release_pins_every_container_to_the_pushed_digest(tmp_path: Path) -> 
         for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             images.add(container["image"])
     assert images == {f"registry.example/dg@{digest}"}
+    # Every object `kubectl apply -k k8s/` installs, the runner namespace's included.
+    installed = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, check=True
+    ).stdout
+    ids = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
+           for d in yaml.safe_load_all(installed) if d}  # fmt: skip
+    assert {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs} == ids
     sbom = json.loads((out / f"duckgres-admin-{VERSION}.sbom.cdx.json").read_text())
     assert sbom["bomFormat"] == "CycloneDX"
     listed = {c["name"].lower().replace("_", "-"): c["version"] for c in sbom["components"]}
     assert listed == pins(ROOT / "requirements.lock")
+    # The Debian packages of the image, as dpkg inside it lists them.
+    debian = json.loads((out / f"duckgres-admin-{VERSION}.debian.cdx.json").read_text())
+    packages = {c["name"]: c for c in debian["components"]}
+    for name in ("python3.11", "libssl3", "libc6", "ca-certificates"):
+        assert packages[name]["version"], name
+        assert packages[name]["purl"].startswith(f"pkg:deb/debian/{name}@"), packages[name]
+    assert len(packages) > 50
+    assert packages["zlib1g"]["purl"].endswith("&epoch=1")  # 1:1.2.13…: the epoch qualified
     sums = {}
     for line in (out / "SHA256SUMS").read_text().splitlines():
         expected, name = line.split("  ", 1)

@@ -151,16 +151,17 @@ def test_runner_object_left_is_refused_with_instructions(fenced_failed, monkeypa
     assert fenced_failed.refresh()[0].recovery_owner == ""
 
 
-def test_pod_runner_left_names_kubectl_delete(fenced_failed, monkeypatch):
+def test_pod_runner_left_names_kubectl_delete(fenced_failed, monkeypatch, settings):
     class Fake:
         def get_phase(self, op_id: int) -> RunnerStatus:
             return RunnerStatus(phase="Running", terminating=True)
 
     ReshardOperation.objects.filter(id=fenced_failed.op.id).update(launcher="pod")
     monkeypatch.setattr(recovery, "get_launcher", lambda kind=None: Fake())
-    monkeypatch.setenv("POD_NAMESPACE", "duckgres")
+    settings.DUCKGRES_RESHARD_RUNNER_NAMESPACE = "duckgres-runners"  # where the pod lives
     err = refused(fenced_failed.op.id)
-    assert f"kubectl delete pod duckgres-reshard-op-{fenced_failed.op.id} -n duckgres" in str(err)
+    op_id = fenced_failed.op.id
+    assert f"kubectl delete pod duckgres-reshard-op-{op_id} -n duckgres-runners" in str(err)
     assert "(phase Running (terminating))" in str(err)
 
 
