@@ -182,16 +182,20 @@ class AllowEntry:
         return f"env:{self.name}{star}"
 
 
+# Set by the pod launcher in runner and sandbox pods: the control plane's namespace, which is
+# not theirs (docs/kubernetes.md "The runner namespace").
+CONTROL_NAMESPACE_VAR = "DUCKGRES_CONTROL_PLANE_NAMESPACE"
 _ALLOW_K8S_RE = re.compile(rf"^k8s:(?:(?P<ns>{_NS})/)?(?P<name>[a-z0-9.-]*)(?P<star>\*?)$")
 
 
 def _k8s_entry(variable: str, item: str, m: re.Match[str]) -> AllowEntry | str:
     """An entry without ``<namespace>/`` names the control plane's own namespace (the pod's
-    ``POD_NAMESPACE``), so a shipped ConfigMap never spells a namespace that a kustomize
-    overlay may change; outside a pod such an entry is an error."""
+    ``POD_NAMESPACE``; in a runner pod, which lives in the runner namespace, the
+    ``CONTROL_NAMESPACE_VAR`` its launcher sets), so a shipped ConfigMap never spells a
+    namespace that a kustomize overlay may change; outside a pod such an entry is an error."""
     namespace = m["ns"]
     if namespace is None:
-        namespace = os.environ.get("POD_NAMESPACE", "")
+        namespace = os.environ.get(CONTROL_NAMESPACE_VAR) or os.environ.get("POD_NAMESPACE", "")
         if not namespace:
             return (
                 f"{variable}: {item!r} names no namespace, and this process has no POD_NAMESPACE "

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from duckgres_admin.lib import k8s
+from duckgres_admin.lib import k8s, secretrefs
 from duckgres_admin.models import ReshardOperation
 from reshard.launchers import capture, login, s3scope
 from reshard.launchers.base import (
@@ -191,6 +191,9 @@ class PodLauncher:
         own_namespace = str((own_pod.get("metadata") or {}).get("namespace") or "")
         if namespace != own_namespace:
             _relocate(body, own_namespace, secret, data)
+            body["spec"]["containers"][0]["env"].append(
+                {"name": secretrefs.CONTROL_NAMESPACE_VAR, "value": own_namespace}
+            )
         body["metadata"]["namespace"] = namespace
         # Minted only once no runner of this op is alive: a new password would refuse its
         # next connection (login module docstring).

@@ -114,6 +114,7 @@ def test_allowlist_entries_parse_strictly():
     ]
 
 
+@pytest.mark.safeguard("reshard-138")
 def test_an_entry_without_a_namespace_names_the_control_planes_own(monkeypatch):
     """The shipped ConfigMap spells no namespace: a kustomize overlay that moves the control
     plane moves its allowlists with it, through the pod's POD_NAMESPACE."""
@@ -123,6 +124,13 @@ def test_an_entry_without_a_namespace_names_the_control_planes_own(monkeypatch):
     assert [str(e) for e in entries] == ["k8s:ops/duckgres-store-*"]
     assert entries[0].matches(secretrefs.parse("k8s:ops/duckgres-store-a#password"))
     assert not entries[0].matches(secretrefs.parse("k8s:duckgres/duckgres-store-a#password"))
+    # A runner pod lives in the runner namespace: its launcher names the control plane's.
+    monkeypatch.setenv(secretrefs.CONTROL_NAMESPACE_VAR, "ops")
+    monkeypatch.setenv("POD_NAMESPACE", "ops-runners")
+    entries, _ = secretrefs.parse_allowlist("V", "k8s:duckgres-store-*")
+    assert [str(e) for e in entries] == ["k8s:ops/duckgres-store-*"]
+    monkeypatch.delenv(secretrefs.CONTROL_NAMESPACE_VAR)
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
     _, problems = secretrefs.parse_allowlist("V", "k8s:duckgres-admin")
     assert problems == [
         "V: 'k8s:duckgres-admin' is the control plane's own Secret, which is never allowed; "

@@ -147,6 +147,8 @@ def test_a_runner_pod_in_the_runner_namespace_references_only_its_own_operations
         assert refs, env
         assert {r["name"] for r in refs.values()} == {login_secret}  # nothing else resolves
         assert env["DUCKGRES_LOG_LEVEL"] == {"name": "DUCKGRES_LOG_LEVEL", "value": "DEBUG"}
+        # `k8s:<prefix>*` entries (endpoint bindings) still mean the control plane's namespace.
+        assert env[secretrefs.CONTROL_NAMESPACE_VAR]["value"] == kube.namespace
         tenant_var = secretrefs.mounted_variable(secretrefs.parse(tenant_ref, launcher="pod"))
         gone_var = secretrefs.mounted_variable(secretrefs.parse(missing_ref, launcher="pod"))
         assert gone_var not in env  # absent at launch: the runner names it when it resolves it
