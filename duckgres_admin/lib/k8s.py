@@ -23,6 +23,10 @@ class KubeError(RuntimeError):
         self.status = status
 
 
+class MissingKey(KubeError):
+    """The Secret exists but has no such key (``status`` stays None: not a 404 of the API)."""
+
+
 @functools.lru_cache(maxsize=1)
 def api_client() -> client.ApiClient:
     if settings.DUCKGRES_KUBE_API_URL:
@@ -291,7 +295,7 @@ def read_secret_key(namespace: str, name: str, key: str) -> str:
         raise KubeError(f"secret {ref}: {wrapped}", wrapped.status) from None
     data = secret.data or {}
     if key not in data:
-        raise KubeError(f"secret {ref}: missing key {key}", 404)
+        raise MissingKey(f"secret {ref}: missing key {key}")
     return base64.b64decode(data[key]).decode("utf-8")
 
 

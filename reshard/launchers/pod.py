@@ -128,7 +128,7 @@ def _read_secret_or_none(namespace: str, name: str, key: str) -> str | None:
     try:
         return k8s.read_secret_key(namespace, name, key)
     except k8s.KubeError as exc:
-        if exc.status == 404:
+        if exc.status == 404 or isinstance(exc, k8s.MissingKey):
             return None
         raise LauncherError(
             f"copying Secret {namespace}/{name} key {key} for the runner failed: {exc}"

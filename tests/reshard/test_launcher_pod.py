@@ -126,7 +126,7 @@ def test_a_runner_pod_in_the_runner_namespace_references_only_its_own_operations
             )
         monkeypatch.setenv("DUCKGRES_LOG_LEVEL", "DEBUG")  # this container's ConfigMap value
         tenant_ref = f"k8s:{kube.namespace}/duckgres-tenant-acme#password"
-        missing_ref = f"k8s:{kube.namespace}/duckgres-tenant-gone#password"
+        missing_ref = f"k8s:{kube.namespace}/duckgres-tenant-acme#no-such-key"
         op = new_op(source_password_secret_ref=tenant_ref, target_password_secret_ref=missing_ref)
         PodLauncher().create(op, replace=False)
 
