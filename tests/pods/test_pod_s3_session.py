@@ -1,4 +1,5 @@
-"""A runner's S3 session used from a pod of the one-node cluster (safeguard reshard-137).
+"""A runner's S3 session used from a pod of the one-node cluster (safeguard reshard-137). Named
+to sort before test_reshard_pods.py, whose node drain must stay the last test of the suite.
 
 The deployed control plane's S3 server is moto, which accepts any credentials, so this test
 takes its S3 from the Ceph RGW of ``.ci/rgw.sh`` (which enforces session policies; the role
