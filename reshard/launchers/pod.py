@@ -36,11 +36,11 @@ from reshard.launchers.base import (
 from reshard.launchers.podspec import (
     CONTAINER_NAME,
     LOGIN_SECRET_KEY,
-    S3_SECRET_KEYS,
     build_runner_pod,
     login_secret_name,
     parse_spawned_at,
     relocate_env,
+    s3_secret_data,
 )
 
 _log = logging.getLogger("duckgres.reshard.launcher")
@@ -166,12 +166,8 @@ class PodLauncher:
             except k8s.KubeError as exc:
                 _log.warning("deleting exited runner pod %s failed: %s", name, exc)
         s3 = s3scope.for_launch(op)
-        data: dict[str, str] = {}
-        if s3 is not None:  # the session beside the login: one Secret, one lifecycle
-            data.update(
-                {S3_SECRET_KEYS[var]: value for var, value in s3.environment().items()
-                 if var in S3_SECRET_KEYS}
-            )  # fmt: skip
+        # The session beside the login: one Secret, one lifecycle.
+        data = s3_secret_data(s3.environment()) if s3 is not None else {}
         secret = login_secret_name(op.id)
         body = build_runner_pod(
             op_id=op.id,

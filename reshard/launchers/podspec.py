@@ -45,6 +45,14 @@ S3_SECRET_KEYS: dict[str, str] = {
     "AWS_SECRET_ACCESS_KEY": "aws-secret-access-key",
     "AWS_SESSION_TOKEN": "aws-session-token",
 }
+
+
+def s3_secret_data(environment: Mapping[str, str]) -> dict[str, str]:
+    """The AWS variables of ``environment`` (a minted session's, or this process's own) keyed
+    as a per-op Secret stores them (``S3_SECRET_KEYS``)."""
+    return {key: environment[var] for var, key in S3_SECRET_KEYS.items() if var in environment}
+
+
 COMMAND = ["python", "manage.py", "reshard_runner"]
 DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 ARCH_LABEL = "kubernetes.io/arch"

@@ -36,7 +36,7 @@ from duckgres_admin.models import Warehouse
 from reshard import sandbox
 from reshard.launchers import s3scope
 from reshard.launchers.base import OP_ID_LABEL, LauncherError, runner_namespace
-from reshard.launchers.podspec import S3_SECRET_KEYS, build_sandbox_pod
+from reshard.launchers.podspec import S3_SECRET_KEYS, build_sandbox_pod, s3_secret_data
 from reshard.restore import RestoreError
 
 APP_LABEL = "duckgres-restore-test"
@@ -76,14 +76,9 @@ def _environment(job: sandbox.Job, secret: str, keys: list[str]) -> list[dict[st
 def _secret_data(job: sandbox.Job, password: str, wh: Warehouse, name: str) -> dict[str, str]:
     """The password, and the S3 credentials: a session for the one object, or (ambient) the
     control plane's own keys."""
-    data = {PASSWORD_KEY: password}
     session = s3scope.for_object(wh, job.key, name)
-    if session is not None:
-        values = session.environment()
-        data |= {key: values[var] for var, key in S3_SECRET_KEYS.items() if var in values}
-    else:
-        data |= {key: os.environ[var] for var, key in S3_SECRET_KEYS.items() if var in os.environ}
-    return data
+    environment = session.environment() if session is not None else os.environ
+    return {PASSWORD_KEY: password, **s3_secret_data(environment)}
 
 
 def restore(
