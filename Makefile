@@ -30,7 +30,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_BASE ?= localhost/duckgres-base:bookworm
 IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
 
-.PHONY: help install lock release services provision test lint demo migrate-check clean image image-build image-smoke
+.PHONY: cli-wheel help install lock release services provision test lint demo migrate-check clean image image-build image-smoke
 
 help:
 	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
@@ -50,10 +50,11 @@ $(REQ_STAMP): requirements.lock requirements-dev.lock
 	$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r requirements-dev.lock
 	@rm -f $(VENV)/.installed-*; touch $@
 
-# The project itself, editable and without dependencies (requirements.txt pins those): it
-# provides the `duckgres` console script (docs/cli.md). Re-run when pyproject.toml changes.
-$(VENV)/bin/duckgres: pyproject.toml $(REQ_STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+# The project and its command-line client (cli/, a distribution of its own that provides the
+# `duckgres` console script, docs/cli.md), editable and without dependencies (requirements.txt
+# pins those). Re-run when either pyproject.toml changes.
+$(VENV)/bin/duckgres: pyproject.toml cli/pyproject.toml $(REQ_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . -e ./cli
 	@touch $@
 
 # The locks: every package of requirements.txt (the image) and requirements-dev.txt (tests and
@@ -147,6 +148,8 @@ image-build:
 	  --build-arg BASE=$(IMAGE_BASE) --build-arg VERSION=$(VERSION) \
 	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 	  --build-arg SOURCE=$$(git remote get-url origin 2>/dev/null || echo unknown) \
+	  --label org.opencontainers.image.base.name=$(IMAGE_BASE) \
+	  --label org.opencontainers.image.base.digest=$$(buildah images -q --no-trunc $(IMAGE_BASE)) \
 	  -t $(IMAGE):$(VERSION) .
 	@mkdir -p $(dir $(IMAGE_ARCHIVE)); rm -f $(IMAGE_ARCHIVE)
 	buildah push -q $(IMAGE):$(VERSION) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE):$(VERSION)
@@ -158,12 +161,21 @@ image-build:
 image-smoke: image install services
 	.ci/image-smoke.sh $(IMAGE):$(VERSION)
 
+# The wheel of the command-line client (duckgres-cli, its own distribution under cli/), for
+# `pip install` on a workstation (docs/cli.md "Install").
+CLI_WHEEL_DIR ?= var/cli
+cli-wheel: install
+	@mkdir -p $(CLI_WHEEL_DIR)
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps -w $(CLI_WHEEL_DIR) ./cli
+	@rm -rf cli/build cli/*.egg-info
+
 # A release (docs/image.md "Reproducible builds"): the image pushed to RELEASE_DESTINATION (by
 # default an OCI archive in RELEASE_DIR; `docker://registry.example/duckgres-admin:$(VERSION)`
 # for a registry) with the digest buildah wrote there, the manifests of `kubectl apply -k k8s/`
 # with every image pinned to that digest under RELEASE_REPOSITORY, the SBOM of the Python
 # packages the image installs (CycloneDX, from requirements.lock), the SBOM of its Debian
-# packages (CycloneDX, from dpkg inside the image: scripts/deb_sbom.py), and their SHA-256 sums.
+# packages (CycloneDX, from dpkg inside the image: scripts/deb_sbom.py), the wheel of the
+# command-line client (cli/, docs/cli.md), and their SHA-256 sums.
 RELEASE_DIR ?= var/release/$(VERSION)
 RELEASE_REPOSITORY ?= $(IMAGE)
 RELEASE_DESTINATION ?= oci-archive:$(RELEASE_DIR)/duckgres-admin-$(VERSION).oci.tar:$(RELEASE_REPOSITORY):$(VERSION)
@@ -186,5 +198,6 @@ release: image install
 	$(VENV)/bin/python scripts/deb_sbom.py duckgres-admin:$(VERSION) < $(RELEASE_DIR)/.dpkg \
 	  > $(RELEASE_DIR)/duckgres-admin-$(VERSION).debian.cdx.json
 	@rm $(RELEASE_DIR)/.dpkg
+	$(MAKE) --no-print-directory cli-wheel CLI_WHEEL_DIR=$(RELEASE_DIR)
 	@cd $(RELEASE_DIR) && sha256sum $$(ls | grep -v SHA256SUMS) > SHA256SUMS
 	@echo "release: $(RELEASE_REPOSITORY)@$$(cat $(RELEASE_DIR)/image.digest) in $(RELEASE_DIR)"

@@ -6,10 +6,11 @@
 #   1. the process user is uid/gid 10001, and /app is not writable by it
 #   2. no compiler, no pip, no build cache in the image; the OCI labels are set
 #   3. `manage.py check --deploy --fail-level WARNING` passes with production-like settings
-#   4. every shipped pg_dump / pg_restore answers --version; the majors are those the
-#      Containerfile's PG_CLIENTS names; each pg_dump speaks TLS to a real server
+#   4. every shipped pg_dump / pg_restore answers --version; the majors and versions are those
+#      the Containerfile's PG_CLIENTS pins; each pg_dump speaks TLS to a real server
 #   5. the runner entrypoint refuses a missing op id with its documented exit code (1)
 #   6. gunicorn, started as the image starts it, serves /static/admin/css/base.css with 200
+#   7. the `duckgres` command-line client answers --version with the client's version
 #
 #   .ci/image-smoke.sh [IMAGE]      # default localhost/duckgres-admin:<version>
 set -euo pipefail
@@ -62,10 +63,12 @@ log "user 10001:10001, /app and /opt/venv read-only to it"
 run sh -c 'for t in gcc cc make pip pip3; do command -v "$t" && exit 1; done; test ! -e /opt/venv/bin/pip; test ! -d /root/.cache; exit 0' \
   >/dev/null || fail "a compiler, pip or a build cache is in the image"
 labels=$(config Labels)
-for key in version revision source; do
+for key in version revision source base.name base.digest; do
   grep -q "\"org.opencontainers.image.$key\"" <<<"$labels" || fail "OCI label $key is missing"
 done
 grep -q "\"org.opencontainers.image.version\":\"$VERSION\"" <<<"$labels" || fail "version label is not $VERSION"
+grep -q "\"duckgres.base-lock\":\"$(sha256sum .ci/base-packages.lock | cut -c1-16)\"" <<<"$labels" \
+  || fail "the base-lock label is not the hash of .ci/base-packages.lock (a base built from another lock)"
 if config Env | grep -qiE 'SECRET|PASSWORD|PIP_CERT|CONFIG_STORE'; then
   fail "the image's environment names a secret-bearing variable"
 fi
@@ -81,8 +84,15 @@ log "the Celery broker transport, gunicorn's worker and WhiteNoise import"
 out=$(run python manage.py check --deploy --fail-level WARNING 2>&1) || { echo "$out"; fail "check --deploy"; }
 log "manage.py check --deploy: $(tail -1 <<<"$out")"
 
+# 7. the command-line client (its own distribution under cli/, docs/cli.md)
+cli_version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' cli/duckgres_cli/version.py)
+out=$(run duckgres --version 2>&1) || { echo "$out"; fail "duckgres --version"; }
+[ "$out" = "duckgres $cli_version" ] || fail "duckgres --version said '$out', not 'duckgres $cli_version'"
+log "command-line client: $out"
+
 # 4. PostgreSQL clients
-want=$(sed -n 's/^ARG PG_CLIENTS="\(.*\)"/\1/p' Containerfile | tr ' ' '\n' | cut -d: -f1 | sort -n | xargs)
+pins=$(sed -n 's/^ARG PG_CLIENTS="\(.*\)"/\1/p' Containerfile)
+want=$(tr ' ' '\n' <<<"$pins" | cut -d= -f1 | sort -n | xargs)
 have=()
 for dir in $(run sh -c 'ls -d /usr/lib/postgresql/*/bin'); do
   dump=$(run "$dir/pg_dump" --version) || fail "$dir/pg_dump --version"
@@ -97,8 +107,14 @@ for dir in $(run sh -c 'ls -d /usr/lib/postgresql/*/bin'); do
   elif [ "${CI:-}" = true ]; then
     fail "no PostgreSQL on 127.0.0.1:$STORE_PORT for the TLS check (start .ci/services.sh)"
   fi
+  # The pinned Debian source version, and its upstream release, are what was built.
+  pin=$(tr ' ' '\n' <<<"$pins" | sed -n "s/^$major=//p")
+  built=$(run cat "${dir%/bin}/DEBIAN_SOURCE_VERSION") || fail "${dir%/bin}: no DEBIAN_SOURCE_VERSION"
+  [ "$built" = "$pin" ] || fail "pg client $major was built from $built, the Containerfile pins $pin"
+  upstream=${pin%%-*}; upstream=${upstream#*:}
+  grep -q "(PostgreSQL) $upstream\b" <<<"$dump" || fail "$dump is not the pinned $upstream"
   have+=("$major")
-  log "$dump / $restore"
+  log "$dump / $restore (Debian source $built)"
 done
 [ "$(printf '%s\n' "${have[@]}" | sort -n | xargs)" = "$want" ] \
   || fail "pg client majors are '${have[*]}', the Containerfile names '$want'"

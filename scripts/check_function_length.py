@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("duckgres_admin", "reshard", "trino_pools")
+PRODUCT = ("duckgres_admin", "reshard", "trino_pools", "cli/duckgres_cli")
 LIMIT = 100
 
 

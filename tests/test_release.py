@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import tarfile
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -61,6 +62,19 @@ def test_a_release_pins_every_container_to_the_pushed_digest(tmp_path: Path) -> 
         assert packages[name]["purl"].startswith(f"pkg:deb/debian/{name}@"), packages[name]
     assert len(packages) > 50
     assert packages["zlib1g"]["purl"].endswith("&epoch=1")  # 1:1.2.13…: the epoch qualified
+    # The command-line client's own wheel: click its only requirement, nothing of the server.
+    (wheel,) = out.glob("duckgres_cli-*-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        requires = [
+            line.split(":", 1)[1].strip()
+            for line in archive.read(meta).decode().splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
+    assert requires == ["click>=8.1"]
+    assert "duckgres_cli/app.py" in names
+    assert not [n for n in names if n.startswith(("duckgres_admin/", "reshard/", "trino_pools/"))]
     sums = {}
     for line in (out / "SHA256SUMS").read_text().splitlines():
         expected, name = line.split("  ", 1)
@@ -68,3 +82,43 @@ def test_a_release_pins_every_container_to_the_pushed_digest(tmp_path: Path) -> 
     assert set(sums) == {p.name for p in out.iterdir()} - {"SHA256SUMS"}
     for name, expected in sums.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == expected, name
+
+
+def test_docker_and_buildah_copy_the_same_allowlist():
+    """`docker build` reads .dockerignore, buildah .containerignore: one allowlist, so an image
+    built either way holds the same files (the lock the Containerfile installs, the client
+    package the control plane imports)."""
+    containerignore = (ROOT / ".containerignore").read_text()
+    assert (ROOT / ".dockerignore").read_text() == containerignore
+    allowed = {line[1:] for line in containerignore.splitlines() if line.startswith("!")}
+    assert {"requirements.lock", "cli/duckgres_cli"} <= allowed
+
+
+def test_the_build_inputs_are_pinned():
+    """docs/image.md "Pins": the PostgreSQL client sources by Debian version and upstream
+    checksum, the local base by the version of each of its packages (a suite name or a tag
+    would build whatever that day holds)."""
+    text = (ROOT / "Containerfile").read_text()
+
+    def arg(name: str) -> dict[str, str]:
+        match = re.search(rf'^ARG {name}="([^"]*)"$', text, re.M)
+        assert match, name
+        return dict(spec.split("=", 1) for spec in match.group(1).split())
+
+    clients, sums = arg("PG_CLIENTS"), arg("PG_ORIG_SHA256")
+    assert set(clients) == set(sums)
+    assert {"15", "18"} <= set(clients)
+    for major, version in clients.items():
+        assert re.fullmatch(rf"{major}\.\d+-[0-9A-Za-z.+~]+", version), (major, version)
+        assert re.fullmatch(r"[0-9a-f]{64}", sums[major]), major
+    lock = [
+        line.split(" ")
+        for line in (ROOT / ".ci" / "base-packages.lock").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert all(len(entry) == 2 and entry[1] for entry in lock)
+    packages = dict(lock)
+    assert len(packages) == len(lock) > 100
+    for name in ("python3.11", "python3.11-venv", "libc6", "ca-certificates", "libssl3"):
+        assert packages[name], name
+    assert "base-packages.lock" in (ROOT / ".ci" / "base-image.sh").read_text()

@@ -1,5 +1,9 @@
 """The one scrubber (spec reshard §2.7): replaces every known secret value with ``***``.
 
+:class:`Scrubber` itself lives in ``duckgres_cli.scrub`` (the command-line client masks with
+the same rules and must not import Django); this module adds what only a control-plane process
+knows: its shared secrets and the secrets it holds in memory.
+
 It is applied at the one place each sink is written (op log, process log, stored ``error``,
 API error bodies, the Gateway client's and the catalog store's messages), never by callers.
 Besides the raw value it replaces the forms in which secrets leak through DSNs, query strings
@@ -10,51 +14,22 @@ urllib's default ``quote`` (``/`` kept) and Django's request paths and IRIs (``r
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from urllib.parse import quote, quote_plus
 
 from django.conf import settings
-from django.utils.encoding import escape_uri_path, iri_to_uri
 
-MASK = "***"
-MIN_LENGTH = 4  # shorter values would mask ordinary text; they are not secrets we issue
+from duckgres_cli.scrub import MASK, MIN_LENGTH, Scrubber
+
+__all__ = [
+    "MASK",
+    "MIN_LENGTH",
+    "Scrubber",
+    "process_scrubber",
+    "register_held_secrets",
+    "shared_secrets",
+]
 
 _held_sources: list[Callable[[], Iterable[str]]] = []
-
-
-def _forms(secret: str) -> set[str]:
-    forms: set[str] = set()
-    for form in (secret, quote(secret), escape_uri_path(secret), iri_to_uri(secret) or secret):
-        forms.update({form, quote(form, safe=""), quote_plus(form)})
-    return forms
-
-
-class Scrubber:
-    """A thread-safe set of secret values to mask. Values shorter than ``min_length`` chars are
-    ignored (:data:`MIN_LENGTH` unless the sink's one secret is known to be safe to mask)."""
-
-    def __init__(self, *secrets: str, min_length: int = MIN_LENGTH) -> None:
-        self._lock = threading.Lock()
-        self._min_length = min_length
-        self._forms: set[str] = set()
-        for secret in secrets:
-            self.add(secret)
-
-    def add(self, secret: str | None) -> None:
-        if not secret or len(secret) < self._min_length:
-            return
-        forms = _forms(secret)
-        with self._lock:
-            self._forms.update(forms)
-
-    def scrub(self, text: str) -> str:
-        with self._lock:
-            forms = sorted(self._forms, key=len, reverse=True)
-        for form in forms:
-            if form in text:
-                text = text.replace(form, MASK)
-        return text
 
 
 def shared_secrets() -> list[str]:

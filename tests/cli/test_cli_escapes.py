@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
-from duckgres_admin.cli.text import clean
 from duckgres_admin.models import LogSource, ReshardLogEntry, ReshardOperation
+from duckgres_cli.text import clean
 from tests.fixtures.cli import Cli
 
 pytestmark = pytest.mark.safeguard("reshard-126")

@@ -1,11 +1,12 @@
-"""The CLI's API client: JSON over ``duckgres_admin.lib.http`` (docs/cli.md).
+"""The CLI's API client: JSON over the strict transport :mod:`duckgres_cli.http` (docs/cli.md).
 
 Identity from the environment or a file, never from an argument's value (argv is visible to
 every user of the machine): ``DUCKGRES_INTERNAL_SECRET`` (or ``DUCKGRES_INTERNAL_SECRET_FILE``)
 as ``X-Duckgres-Internal-Secret`` (automation), or a personal token, ``DUCKGRES_API_TOKEN`` (or
 ``DUCKGRES_API_TOKEN_FILE``, or ``--token-file``) as ``Authorization: Token`` (a person, audited
 by name). Both at once is a usage error: which one acts must never be a guess. Every message this
-module builds is scrubbed of both values.
+module builds is scrubbed of the identity in use by the project's one scrubber
+(:mod:`duckgres_cli.scrub`: the value and its URL-encoded forms).
 
 Transport: a credential never travels over plain ``http://`` to a host that is not loopback
 (``localhost``, 127.0.0.0/8, ``::1``) unless the caller says so (``--insecure-http`` or
@@ -27,28 +28,21 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from duckgres_admin.lib import http
-
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_TRANSPORT = 3
-EXIT_OP_NOT_SUCCEEDED = 4
-EXIT_NOT_OFFERED = 5
-EXIT_DEADLINE = 6
+from duckgres_cli import http
+from duckgres_cli.config import Profile, environ_identity
+from duckgres_cli.errors import (
+    EXIT_NOT_OFFERED,
+    EXIT_REFUSED,
+    EXIT_TRANSPORT,
+    EXIT_USAGE,
+    CliError,
+)
+from duckgres_cli.scrub import Scrubber
 
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
-MASK = "***"
-
-
-class CliError(Exception):
-    def __init__(self, message: str, exit_code: int, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-        self.status = status
+DEFAULT_TIMEOUT = 30.0
 
 
 def _from_env(environ: Mapping[str, str], name: str) -> str:
@@ -114,14 +108,14 @@ class Credentials:
             return cls("Authorization", f"{TOKEN_SCHEME} {token}")
         raise CliError(
             "no identity: set DUCKGRES_API_TOKEN (or DUCKGRES_API_TOKEN_FILE, or pass "
-            "--token-file) for your personal token, or DUCKGRES_INTERNAL_SECRET (or "
-            "DUCKGRES_INTERNAL_SECRET_FILE) for automation",
+            "--token-file, or name a token_file in your profile) for your personal token, or "
+            "DUCKGRES_INTERNAL_SECRET (or DUCKGRES_INTERNAL_SECRET_FILE) for automation",
             EXIT_USAGE,
         )
 
-    def secrets(self) -> tuple[str, ...]:
-        raw = self.value.removeprefix(f"{TOKEN_SCHEME} ")
-        return (raw, quote(raw, safe=""))
+    def secret(self) -> str:
+        """The credential itself (without the ``Token`` scheme), for the scrubber."""
+        return self.value.removeprefix(f"{TOKEN_SCHEME} ")
 
 
 def is_loopback(host: str) -> bool:
@@ -183,10 +177,7 @@ class ApiClient:
     ca_file: str | None = None
 
     def scrub(self, text: str) -> str:
-        for secret in self.credentials.secrets():
-            if len(secret) >= 4:
-                text = text.replace(secret, MASK)
-        return text
+        return Scrubber(self.credentials.secret()).scrub(text)
 
     def call(
         self,
@@ -256,22 +247,34 @@ class ApiClient:
 def client_from_environ(
     *,
     api_url_value: str | None,
-    timeout: float,
+    timeout: float | None,
     ca_file: str | None,
     environ: Mapping[str, str],
     token_file: str | None = None,
     insecure_http: bool = False,
+    profile: Profile | None = None,
 ) -> ApiClient:
-    base = api_url_value or environ.get("DUCKGRES_API_URL", "")
+    """The client of this invocation: each value from its option, else its environment
+    variable, else the profile (``duckgres_cli.config``), else the built-in default. A
+    profile's ``token_file`` counts only when the environment names no identity."""
+    chosen = profile or Profile(name="")
+    base = api_url_value or environ.get("DUCKGRES_API_URL", "") or chosen.api_url
     if not base:
-        raise CliError("no API URL: pass --api-url or set DUCKGRES_API_URL", EXIT_USAGE)
+        raise CliError(
+            "no API URL: pass --api-url, set DUCKGRES_API_URL, or choose a profile with an "
+            "api_url (--profile or DUCKGRES_PROFILE, docs/cli.md)",
+            EXIT_USAGE,
+        )
     base = api_url(base)
-    check_transport(base, insecure_http=insecure_http or insecure_http_from(environ))
+    insecure = insecure_http or insecure_http_from(environ) or chosen.insecure_http
+    check_transport(base, insecure_http=insecure)
+    if token_file is None and chosen.token_file and not environ_identity(environ):
+        token_file = chosen.token_file
     return ApiClient(
         base,
         Credentials.from_environ(environ, token_file=token_file),
-        timeout=timeout,
-        ca_file=ca_file or environ.get("DUCKGRES_API_CA_FILE") or None,
+        timeout=timeout or chosen.timeout or DEFAULT_TIMEOUT,
+        ca_file=ca_file or environ.get("DUCKGRES_API_CA_FILE") or chosen.ca_file or None,
     )
 
 

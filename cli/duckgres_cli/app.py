@@ -12,18 +12,18 @@ from urllib.parse import quote
 
 import click
 
-from duckgres_admin.cli.client import (
+from duckgres_cli.client import ApiClient, client_from_environ, default_environ
+from duckgres_cli.config import load_profile
+from duckgres_cli.errors import (
     EXIT_DEADLINE,
     EXIT_OK,
     EXIT_OP_NOT_SUCCEEDED,
     EXIT_TRANSPORT,
     EXIT_USAGE,
-    ApiClient,
     CliError,
-    client_from_environ,
-    default_environ,
 )
-from duckgres_admin.cli.text import clean
+from duckgres_cli.text import clean
+from duckgres_cli.version import __version__
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 OUTPUTS = ("text", "json")
@@ -33,7 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass
 class State:
     api_url: str | None = None
-    timeout: float = 30.0
+    profile: str | None = None
+    timeout: float | None = None
     ca_file: str | None = None
     output: str = "text"
     token_file: str | None = None
@@ -42,13 +43,15 @@ class State:
 
     def client(self) -> ApiClient:
         if self._client is None:
+            environ = default_environ()
             self._client = client_from_environ(
                 api_url_value=self.api_url,
                 timeout=self.timeout,
                 ca_file=self.ca_file,
-                environ=default_environ(),
+                environ=environ,
                 token_file=self.token_file,
                 insecure_http=self.insecure_http,
+                profile=load_profile(self.profile, environ),
             )
         return self._client
 
@@ -134,6 +137,15 @@ def call_and_print(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    __version__, "--version", "-V", prog_name="duckgres", message="%(prog)s %(version)s"
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="A profile of the config file ~/.config/duckgres/config.toml (env DUCKGRES_PROFILE; "
+    "the file: env DUCKGRES_CONFIG); options and variables override its values.",
+)
 @click.option(
     "--api-url",
     envvar="DUCKGRES_API_URL",
@@ -143,9 +155,8 @@ def call_and_print(
 @click.option(
     "--timeout",
     type=click.FloatRange(1, 600),
-    default=30.0,
-    show_default=True,
-    help="Seconds for each HTTP request.",
+    default=None,
+    help="Seconds for each HTTP request (default: the profile's timeout, else 30).",
 )
 @click.option(
     "--ca-file",
@@ -170,8 +181,9 @@ def call_and_print(
 @click.pass_context
 def cli(
     ctx: click.Context,
+    profile: str | None,
     api_url: str | None,
-    timeout: float,
+    timeout: float | None,
     ca_file: str | None,
     token_file: str | None,
     insecure_http: bool,
@@ -180,6 +192,7 @@ def cli(
     --token-file) or, for automation, DUCKGRES_INTERNAL_SECRET."""
     state = ctx.ensure_object(State)
     state.api_url, state.timeout, state.ca_file = api_url, timeout, ca_file
+    state.profile = profile
     state.token_file, state.insecure_http = token_file, insecure_http
 
 

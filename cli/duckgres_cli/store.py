@@ -4,7 +4,7 @@ Thin commands over the API's drain routes: ``drain`` plans one (``POST
 /metadata-stores/<name>/drains``; the janitor's leader launches the reshards, never this
 client), ``drains`` lists a store's, ``show`` prints one with its per-org table, and
 ``pause``/``resume``/``cancel`` change its state (a state that does not allow it is the API's
-409: exit 1). Output, errors and exit codes are :func:`duckgres_admin.cli.app.call_and_print`'s.
+409: exit 1). Output, errors and exit codes are :func:`duckgres_cli.app.call_and_print`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from duckgres_admin.cli.app import _seg, call_and_print, cli, output_option
+from duckgres_cli.app import _seg, call_and_print, cli, output_option
 
 TABLE = "org\tstate\ttarget\top\treason"
 LIST_HEADER = "id\tstate\ttargets\tmax_concurrent\tprogress\tcreated_at"
