@@ -30,7 +30,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_BASE ?= localhost/duckgres-base:bookworm
 IMAGE_ARCHIVE ?= var/image/duckgres-admin-$(VERSION).oci.tar
 
-.PHONY: cli-wheel help install lock release services provision test lint demo migrate-check clean image image-build image-smoke
+.PHONY: cli-wheel quickstart-image previous-image help install lock release services provision test lint demo migrate-check clean image image-build image-smoke
 
 help:
 	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
@@ -68,6 +68,8 @@ lock:
 	  $(PIP_TOOLS)/bin/pip install -q --disable-pip-version-check pip-tools==7.7.0; }
 	$(PIP_COMPILE) --output-file requirements.lock requirements.txt
 	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
+	$(PIP_COMPILE) --output-file k8s/overlays/quickstart/image/requirements.lock \
+	  k8s/overlays/quickstart/image/requirements.in
 
 services:
 	.ci/services.sh
@@ -100,7 +102,7 @@ provision:
 # runs on an otherwise quiet machine). PYTEST_ARGS given: one plain pytest run with them.
 TEST_WORKERS ?= 2
 test: export CI ?= true
-test: provision install image services migrate-check
+test: provision install image quickstart-image previous-image services migrate-check
 	@run() { rc=0; $(PY) -m pytest "$$@" || rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; \
 	  [ $$rc -eq 0 ] || exit $$rc; }; \
@@ -160,6 +162,46 @@ image-build:
 # services start first (idempotent: a no-op when they already run).
 image-smoke: image install services
 	.ci/image-smoke.sh $(IMAGE):$(VERSION)
+
+# The quickstart overlay's service image (k8s/overlays/quickstart/image: PostgreSQL 15, Redis, an
+# in-memory S3), on the same local base, and its OCI archive for the cluster's runtime. Rebuilt
+# only when its Containerfile, its lock or the base change (the hash is the image's label).
+QUICKSTART_IMAGE ?= localhost/duckgres-quickstart-deps
+QUICKSTART_ARCHIVE ?= var/image/duckgres-quickstart-deps-$(VERSION).oci.tar
+quickstart-image:
+	.ci/base-image.sh
+	@dir=k8s/overlays/quickstart/image; \
+	key=$$(cat $$dir/Containerfile $$dir/requirements.lock | sha256sum | cut -c1-16)-$$(buildah images -q $(IMAGE_BASE)); \
+	have=$$(buildah inspect --type image --format '{{index .Docker.Config.Labels "duckgres.build-key"}}' $(QUICKSTART_IMAGE):$(VERSION) 2>/dev/null || true); \
+	if [ "$$have" = "$$key" ] && [ -s $(QUICKSTART_ARCHIVE) ]; then \
+	  echo "quickstart-image: $(QUICKSTART_IMAGE):$(VERSION) is up to date ($$key)"; exit 0; fi; \
+	ca=$${PIP_CERT:-$$(python3 -m pip config get global.cert 2>/dev/null || true)}; \
+	ca_args=(); if [ -n "$$ca" ] && [ -s "$$ca" ]; then \
+	  ca_args=(-v "$$ca:/run/duckgres-build-ca.pem:ro" --env PIP_CERT=/run/duckgres-build-ca.pem); fi; \
+	set -x; buildah bud --isolation chroot --layers --force-rm --pull=never "$${ca_args[@]}" \
+	  --build-arg BASE=$(IMAGE_BASE) --build-arg VERSION=$(VERSION) --label duckgres.build-key=$$key \
+	  -t $(QUICKSTART_IMAGE):$(VERSION) $$dir && \
+	mkdir -p $(dir $(QUICKSTART_ARCHIVE)) && rm -f $(QUICKSTART_ARCHIVE) && \
+	buildah push -q $(QUICKSTART_IMAGE):$(VERSION) oci-archive:$(QUICKSTART_ARCHIVE):$(QUICKSTART_IMAGE):$(VERSION)
+
+# The image of the release before the newest migration (the parent of the last commit that
+# changed duckgres_admin/migrations), for the pods suite's upgrade test (docs/testing.md): built
+# from a clone of that commit with its own Makefile, tagged $(PREVIOUS_IMAGE). Skipped when the
+# archive of that commit exists.
+PREVIOUS_REV ?= $(shell git rev-parse "$$(git log -1 --format=%H -- duckgres_admin/migrations)^")
+PREVIOUS_IMAGE ?= localhost/duckgres-admin-previous
+PREVIOUS_DIR := var/previous
+previous-image:
+	@if [ "$$(git rev-parse --is-shallow-repository)" = true ]; then git fetch -q --unshallow; fi
+	@test -n "$(PREVIOUS_REV)" || { echo "previous-image: no commit changed a migration"; exit 1; }
+	@if [ -s $(PREVIOUS_DIR)/$(PREVIOUS_REV).oci.tar ] && buildah inspect --type image $(PREVIOUS_IMAGE):$(VERSION) >/dev/null 2>&1; then \
+	  echo "previous-image: $(PREVIOUS_IMAGE):$(VERSION) of $(PREVIOUS_REV) is built"; exit 0; fi; \
+	rm -rf $(PREVIOUS_DIR)/src && mkdir -p $(PREVIOUS_DIR) && \
+	git clone -q --shared --no-checkout . $(PREVIOUS_DIR)/src && \
+	git -C $(PREVIOUS_DIR)/src checkout -q --detach $(PREVIOUS_REV) && \
+	$(MAKE) --no-print-directory -C $(PREVIOUS_DIR)/src image-build IMAGE=$(PREVIOUS_IMAGE) \
+	  IMAGE_ARCHIVE=$(CURDIR)/$(PREVIOUS_DIR)/$(PREVIOUS_REV).oci.tar && \
+	echo $(PREVIOUS_REV) > $(PREVIOUS_DIR)/REVISION
 
 # The wheel of the command-line client (duckgres-cli, its own distribution under cli/), for
 # `pip install` on a workstation (docs/cli.md "Install").

@@ -19,6 +19,7 @@
 #   Service CIDR            10.97.0.0/16 (the `kubernetes` Service is 10.97.0.1:443)
 #   etcd                    http://127.0.0.1:32379
 #   kubelet                 127.0.0.1:10250 (node name `localhost`)
+#   cluster DNS             10.244.0.1:53 UDP (.ci/cluster_dns.py, domain cluster.local)
 # State: $NODE_DIR (default /var/tmp/duckgres-ci/kube-node). Binaries: $KAPI_CACHE_DIR.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -191,7 +192,10 @@ control_plane() {
 
 node() {
   mkdir -p "$D/kubelet"
+  # The cluster DNS (no CoreDNS image here): Service and StatefulSet-pod names, the rest relayed.
+  daemon dns python3 "$HERE/cluster_dns.py" --listen "$NODE_IP" --kubeconfig="$D/admin.kubeconfig"
   daemon kubelet "$BIN/kubelet" --kubeconfig="$D/admin.kubeconfig" \
+    --cluster-dns="$NODE_IP" --cluster-domain=cluster.local \
     --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
     --pod-infra-container-image="$PAUSE_IMAGE" \
     --fail-swap-on=false --cgroup-driver=cgroupfs --cgroups-per-qos=false \
@@ -207,7 +211,11 @@ node() {
 
 start() {
   local t0; t0=$(date +%s)
-  if api_ready && node_ready && pid_alive kube-proxy; then log "already running at $URL"; return 0; fi
+  if api_ready && node_ready && pid_alive kube-proxy && pid_alive dns; then
+    log "already running at $URL"; return 0
+  fi
+  # A node started before the cluster DNS existed: its kubelet lacks --cluster-dns; restart it.
+  if pid_alive kubelet && ! pid_alive dns; then kill "$(head -n 1 "$D/kubelet.pid")"; rm -f "$D/kubelet.pid"; fi
   mkdir -p "$D"
   packages
   network
@@ -225,7 +233,7 @@ stop() {
       ctr --address "$SOCK" -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1 || true
     done
   fi
-  for name in kube-proxy kubelet scheduler controller-manager apiserver etcd containerd; do
+  for name in kube-proxy kubelet dns scheduler controller-manager apiserver etcd containerd; do
     if pid_alive "$name"; then kill "$(head -n 1 "$D/$name.pid")" && log "stopped $name"; fi
     rm -f "$D/$name.pid"
   done

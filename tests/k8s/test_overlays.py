@@ -141,3 +141,42 @@ def test_the_documented_rename_moves_both_namespaces_and_keeps_them_wired(tmp_pa
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "duckgres-admin-launcher", "namespace": "acme"}
     ]
+
+
+QUICKSTART = K8S_DIR / "overlays" / "quickstart"
+
+
+def test_the_quickstart_overlay_brings_its_services_and_no_secret_value() -> None:
+    """docs/kubernetes.md "Quickstart": the base plus the in-cluster services, the secrets
+    Job and the demo Job; no Secret object (every value is drawn in the cluster), the two
+    locally built images, and the S3 endpoint's namespace taken from the Service."""
+    docs = kustomize(QUICKSTART)
+    base = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in DOCS}
+    rendered = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs}
+    assert base <= rendered
+    added = {(kind, name) for kind, name, _ in rendered - base}
+    assert {
+        ("StatefulSet", "duckgres-quickstart-pg"),
+        ("Deployment", "duckgres-quickstart-redis"),
+        ("Deployment", "duckgres-quickstart-s3"),
+        ("Job", "duckgres-quickstart-secrets"),
+        ("Job", "duckgres-quickstart-demo"),
+        ("NetworkPolicy", "duckgres-quickstart-runners-to-s3"),
+        ("Role", "duckgres-quickstart-bootstrap"),
+    } <= added
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert images(docs) == {
+        "localhost/duckgres-admin:0.1.0",
+        "localhost/duckgres-quickstart-deps:0.1.0",
+    }
+    role = _one(docs, "Role", "duckgres-quickstart-bootstrap")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "create"]}
+    ]
+    settings = _one(docs, "ConfigMap", "duckgres-admin")["data"]
+    assert settings["DUCKGRES_S3_ENDPOINT_URL"] == "http://duckgres-quickstart-s3.duckgres.svc:9000"
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for container in spec.get("containers", []):
+            for env in container.get("env", []):
+                assert "value" not in env or not env["name"].endswith(("PASSWORD", "SECRET")), env

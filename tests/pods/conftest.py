@@ -215,7 +215,7 @@ def _fresh_trino_catalog_store(password: str) -> str:
     return f"postgresql://postgres@127.0.0.1:5432/{name}?sslmode=require"
 
 
-def _reset_namespace() -> None:
+def reset_namespaces() -> None:
     """Remove an earlier session's deployment (pods first, without their grace periods)."""
     for namespace in (NAMESPACE, RUNNERS_NAMESPACE, TRINO_CELL_NAMESPACE):
         if not kubectl("get", "namespace", namespace, "--ignore-not-found", "-o", "name").strip():
@@ -327,14 +327,21 @@ def _s3_client() -> Any:
     )
 
 
-def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[], None]]:
-    """Install the control plane on the one-node cluster; returns it and its teardown."""
-    assert IMAGE_ARCHIVE.exists(), f"{IMAGE_ARCHIVE} is missing: run make image"
+OVERLAY = ROOT / "tests" / "pods" / "overlay"
+
+
+def deploy_product(
+    store_clusters: StoreClusters, *, overlay: Path = OVERLAY, archive: Path = IMAGE_ARCHIVE
+) -> tuple[Deployed, Callable[[], None]]:
+    """Install the control plane on the one-node cluster (``overlay`` with the image of
+    ``archive``: this tree's by default, an earlier release's for the upgrade test); returns it
+    and its teardown."""
+    assert archive.exists(), f"{archive} is missing: run make image (or make previous-image)"
     subprocess.run(
-        [str(ROOT / ".ci" / "kube-node.sh"), "import-image", str(IMAGE_ARCHIVE)],
+        [str(ROOT / ".ci" / "kube-node.sh"), "import-image", str(archive)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    _reset_namespace()
+    reset_namespaces()
 
     db_password = secrets.token_urlsafe(24)
     host_dsn = _fresh_config_store(db_password)
@@ -408,7 +415,7 @@ def deploy_product(store_clusters: StoreClusters) -> tuple[Deployed, Callable[[]
             ),
         )
         kubectl("apply", "-f", "-", input=_secret_doc(TENANT_SECRET, {"placeholder": "x"}))
-        kubectl("apply", "-k", str(ROOT / "tests" / "pods" / "overlay"))
+        kubectl("apply", "-k", str(overlay))
         kubectl("-n", NAMESPACE, "wait", "--for=condition=complete", "--timeout=300s",
                 "job/duckgres-admin-migrate", timeout=320)  # fmt: skip
         wait_rollouts(DEPLOYMENTS)
