@@ -150,7 +150,8 @@ def _measure(deployed: Any, args: argparse.Namespace) -> int:
     import subprocess
 
     from tests.pods.conftest import NODE_DIR
-    from tests.pods.test_reshard_pods import Tenant, _container_id, _runner_pod, _wait_step
+    from tests.pods.tenants import Tenant
+    from tests.pods.test_reshard_pods import _container_id, _runner_pod, _wait_step
 
     bare = bare_pod_starts(args.starts)
     to_running: list[float] = []
