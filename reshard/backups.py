@@ -49,6 +49,7 @@ from django.db import DatabaseError, connection
 from django.db.models import Q
 
 from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.base.times import rfc3339
 from duckgres_admin.lib.s3 import S3, ListedObject, S3Error, plain_etag
 from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import (
@@ -252,7 +253,7 @@ def plan(listing: Listing, policy: RetentionPolicy, now: dt.datetime) -> list[Ba
 
 
 def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return rfc3339(moment.astimezone(dt.UTC))
 
 
 def _s3_refusal(what: str, exc: S3Error) -> ServiceError:

@@ -34,6 +34,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Func
 from django.db.models.functions import Now
 
 from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.base.times import rfc3339
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import (
     ConnectionLease,
@@ -65,7 +66,7 @@ class LeaseOutcome:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
+    return rfc3339(value) if value else None
 
 
 class ClockTimestamp(Func):

@@ -43,6 +43,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from duckgres_admin.base.scrub import Scrubber, process_scrubber
+from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import ACTIVE_STATES, ReshardOperation, Warehouse
 from duckgres_admin.names import MILESTONES, runner_name
 from reshard import steps as sequences
@@ -161,7 +162,7 @@ def _check_no_runner_object(op: ReshardOperation) -> None:
 
 # --- the printout -------------------------------------------------------------------------------
 def _ts(value: Any) -> str:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else "—"
+    return rfc3339(value) if value is not None else "—"
 
 
 def _binding_line(org_id: str) -> str:

@@ -20,6 +20,7 @@ SECRETS = [
 ]
 
 
+@pytest.mark.safeguard("reshard-140")
 @pytest.mark.parametrize("secret", SECRETS)
 def test_every_django_form_of_a_secret_is_masked(secret):
     scrubber = Scrubber(secret)

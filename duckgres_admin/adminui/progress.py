@@ -14,6 +14,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
 from duckgres_admin.names import MILESTONES
 from reshard import steps
@@ -33,7 +34,7 @@ def _iso(value: datetime | None) -> str | None:
         return None
     if value.year in (1, 9999):  # -infinity / infinity as loaded by pgtypes
         return None
-    return value.isoformat().replace("+00:00", "Z")
+    return rfc3339(value)
 
 
 def display_ts(value: datetime | None) -> str:

@@ -7,11 +7,12 @@ from typing import Any
 
 from django.db import models
 
+from duckgres_admin.base.times import rfc3339 as _rfc3339
 from duckgres_admin.models import MetadataStore, ReshardLogEntry, ReshardOperation, Warehouse
 
 
 def rfc3339(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+    return _rfc3339(value) if value is not None else None
 
 
 def _columns(instance: models.Model) -> dict[str, Any]:

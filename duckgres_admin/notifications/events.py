@@ -12,6 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import ReshardOperation, StoreDrain
 
 SCHEMA_VERSION = 1
@@ -20,7 +21,7 @@ _RUNNER_LOST_PREFIX = "reshard runner could not be kept alive"
 
 
 def _ts(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+    return rfc3339(value) if value is not None else None
 
 
 def error_code(op: ReshardOperation) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
+from duckgres_admin.base.times import rfc3339_seconds
 from duckgres_admin.lib import secretrefs
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
@@ -267,7 +268,7 @@ def login_secret_name(op_id: int) -> str:
 
 
 def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339_seconds(moment)
 
 
 def build_runner_pod(

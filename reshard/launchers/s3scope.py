@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from duckgres_admin.base.times import rfc3339_seconds
 from duckgres_admin.lib.s3 import S3Error, SessionCredentials, mint_session
 from duckgres_admin.models import ReshardOperation, Warehouse
 from duckgres_admin.names import runner_name
@@ -187,5 +188,5 @@ def _mint(region: str, role_arn: str, session_name: str, policy: str, scope: str
         )
         raise LauncherError(f"minting the runner's S3 session failed: {exc} — {fix}") from None
     via = f"role {role_arn}" if role_arn else "federation token"
-    expires = credentials.expiration.strftime("%Y-%m-%dT%H:%M:%SZ")
+    expires = rfc3339_seconds(credentials.expiration)
     return RunnerS3(credentials, f"{via}, {scope}, expires {expires}")

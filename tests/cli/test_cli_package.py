@@ -62,6 +62,7 @@ def _run(venv: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
     )  # fmt: skip
 
 
+@pytest.mark.safeguard("reshard-140")
 def test_the_cli_installs_alone_and_drives_the_api(standalone, cli):
     python = str(standalone / "bin" / "python")
     for module in ("django", "celery", "duckgres_admin"):

@@ -112,21 +112,17 @@ class Command(BaseCommand):
         raise CommandError(f"the API did not answer in time; last: {last}")
 
     def tenant_catalog(self, host: str, tables: int) -> None:
+        """The tenant's role, database and catalog on ``quickstart-a``, each made only when
+        missing (a Job retried after a partial build finishes it)."""
         password = os.environ["QUICKSTART_PROVISIONER_PASSWORD"]
         tenant_password = os.environ["QUICKSTART_TENANT_PASSWORD"]
         common: dict[str, Any] = {
             "host": host, "port": 5432, "user": "provisioner", "password": password,
             "sslmode": "require", "connect_timeout": 10,
         }  # fmt: skip
+        role = sql.Identifier(TENANT)
         with psycopg.connect(dbname="postgres", autocommit=True, **common) as conn:
             conn.execute("SET lock_timeout = '10s'")
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (TENANT,)
-            ).fetchone()
-            if exists:
-                self.say(f"tenant catalog {TENANT} on quickstart-a exists: kept")
-                return
-            role = sql.Identifier(TENANT)
             if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (TENANT,)).fetchone():
                 conn.execute(
                     sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
@@ -134,8 +130,16 @@ class Command(BaseCommand):
                     )
                 )
             conn.execute(sql.SQL("GRANT {} TO provisioner").format(role))
-            create_database(conn, TENANT, TENANT)
+            if not conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (TENANT,)
+            ).fetchone():
+                create_database(conn, TENANT, TENANT)
         with psycopg.connect(dbname=TENANT, **common) as conn:
+            conn.execute("SET lock_timeout = '10s'")
+            built = conn.execute("SELECT to_regclass('public.ducklake_snapshot')").fetchone()
+            if built and built[0] is not None:
+                self.say(f"tenant catalog {TENANT} on quickstart-a exists: kept")
+                return
             conn.execute(sql.SQL("SET ROLE {}").format(role))
             summary = build_demo_catalog(conn, tables=tables)
         self.say(

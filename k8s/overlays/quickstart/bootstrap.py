@@ -64,7 +64,7 @@ def main() -> int:
     deadline = time.monotonic() + 120
     while True:  # the API server may still be admitting this namespace's first objects
         try:
-            api.list_namespaced_secret(NAMESPACE, limit=1)
+            read(api, "duckgres-quickstart")
             break
         except ApiException as exc:
             if time.monotonic() > deadline:

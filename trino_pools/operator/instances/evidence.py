@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from duckgres_admin.base.times import rfc3339_seconds
 from duckgres_admin.lib import k8s
 from duckgres_admin.lib.gateway import Member, parse_member
 from duckgres_admin.models.trino import InstancePhase, TrinoPoolInstance
@@ -125,7 +126,7 @@ def termination_evidence(row: TrinoPoolInstance) -> dict[str, Any] | None:
         "nodeId": row.coordinator_node_id,
         "coordinatorId": row.coordinator_id,
         "observation": f"{observation}: {reason}",
-        "observedAt": observed or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedAt": observed or rfc3339_seconds(datetime.now(UTC)),
     }
 
 
@@ -142,9 +143,7 @@ def failure_evidence(row: TrinoPoolInstance) -> dict[str, Any]:
         "nodeId": row.coordinator_node_id,
         "coordinatorId": row.coordinator_id,
         "observation": f"candidate failed before admission: {reason}"[:500],
-        "observedAt": row.phase_changed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if row.phase_changed_at is not None
-        else datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedAt": rfc3339_seconds(row.phase_changed_at or datetime.now(UTC)),
     }
 
 
