@@ -27,6 +27,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -176,8 +177,12 @@ class ApiClient:
     timeout: float = 30.0
     ca_file: str | None = None
 
+    @cached_property
+    def _scrubber(self) -> Scrubber:
+        return Scrubber(self.credentials.secret())
+
     def scrub(self, text: str) -> str:
-        return Scrubber(self.credentials.secret()).scrub(text)
+        return self._scrubber.scrub(text)
 
     def call(
         self,
