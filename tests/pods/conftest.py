@@ -427,7 +427,7 @@ def deploy_product(
             f"http://{service_ip}:8080",
             {"X-Duckgres-Internal-Secret": values["internal-secret"], "Host": "duckgres-admin-api"},
         )
-        wait_until(lambda: api.get("warehouses").status == 200, "the API through its Service", 60)
+        wait_until(lambda: api.answers("warehouses"), "the API through its Service", 60)
         pod_stores = {
             # The test CA's certificates name 127.0.0.1, not the node IP: require, with the
             # store's explicit opt-in below (safeguard reshard-122).
