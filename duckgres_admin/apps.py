@@ -24,6 +24,9 @@ class DuckgresAdminConfig(AppConfig):
         # Trino (spec trino-pools §4.1 steps 1-6): environment and registry only -- never the
         # database or the network, so `migrate` works on an empty database. A bad configuration
         # raises ImproperlyConfigured and the process does not start.
+        # The operation kinds (reshard.kinds): the runner finds them in its registry, which
+        # importing the package fills, in every process that may read an operation.
+        import reshard.kinds  # noqa: F401
         from trino_pools import config as trino_config
         from trino_pools import metrics as trino_metrics
 

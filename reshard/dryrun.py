@@ -26,6 +26,7 @@ from django.conf import settings
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse
 from reshard import backup, start_checks, steps, store_tls
+from reshard.kinds import RESHARD
 from reshard.start_checks import CnpgTarget, ExternalTarget, StartRequest
 from reshard.vetting import hostport
 
@@ -119,14 +120,8 @@ def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
     return {
         "dry_run": True,
         "direction": direction,
-        "steps": list(steps.sequence(pf.source_kind, target.type)) if direction else [],
-        "cancel_cutoff": (
-            steps.cancel_cutoff(
-                kind="reshard", in_place=False, source_kind=pf.source_kind, target_kind=target.type
-            ).description
-            if direction
-            else None
-        ),
+        "steps": list(RESHARD.sequence(pf.source_kind, target.type)) if direction else [],
+        "cancel_cutoff": (RESHARD.cancel_cutoff(target.type).description if direction else None),
         "source": _source_json(pf.warehouse, pf.source_store),
         "target": _target_json(request, pf.cnpg, pf.external),
         "catalog": pf.catalog,

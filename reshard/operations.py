@@ -24,6 +24,7 @@ from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_
 from duckgres_admin.models import TERMINAL_STATES, OpKind, OpState, ReshardOperation, StoreKind
 from duckgres_admin.queues import QueueName, TaskName
 from reshard import oplog, start_checks, stash, steps
+from reshard.kinds import kind_of
 from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest
 
 LAUNCH_TASK = TaskName.LAUNCH_RUNNER
@@ -226,10 +227,10 @@ PAST_CUTOFF_CODE = "past_point_of_no_return"
 
 
 def past_cutoff(op: ReshardOperation) -> str:
-    """'' while a cancel of ``op`` is still honoured (its kind's cutoff, ``reshard.steps``);
+    """'' while a cancel of ``op`` is still honoured (its kind's cutoff, ``Kind.cancel_cutoff``);
     else why not. Read from the row as it is now: a runner passing the cutoff right after this
     answer logs the late cancel and completes (docs/runner.md "Cancel cutoffs")."""
-    cutoff = steps.cutoff_for(op)
+    cutoff = kind_of(op).cancel_cutoff(op.target_kind)
     ready = op.target_login_ready_at is not None
     if steps.before_cutoff(cutoff, op.step, op.target_kind, ready):
         return ""

@@ -39,8 +39,9 @@ from duckgres_admin.models import (
     VerificationResult,
     Warehouse,
 )
-from reshard import backups, dryrun, operations, steps
+from reshard import backups, dryrun, operations
 from reshard.backup import KEY_PREFIX
+from reshard.kinds import restore_kind
 from reshard.start_checks import StartRequest
 
 
@@ -155,12 +156,11 @@ def restore_dry_run(org_id: str, key: str, request: StartRequest) -> dict[str, A
     request, fields, found, made_by = _fields(wh, key, request)
     plan = dryrun.dry_run(org_id, request)
     plan["kind"] = OpKind.RESTORE.value
-    plan["cancel_cutoff"] = steps.cancel_cutoff(
-        kind=OpKind.RESTORE.value,
-        in_place=bool(request.in_place_database),
-        source_kind=wh.metadata_store_kind,
-        target_kind=StoreKind.CNPG.value,
-    ).description
+    plan["cancel_cutoff"] = (
+        restore_kind(in_place=bool(request.in_place_database))
+        .cancel_cutoff(StoreKind.CNPG.value)
+        .description
+    )
     tested = BackupVerification.objects.filter(bucket=wh.data_bucket, key=key).first()
     plan["restore"] = {
         "backup_key": key,

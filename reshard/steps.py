@@ -1,9 +1,9 @@
-"""Stamped step names and sequences per direction (spec reshard §3.2; tests pin them)."""
+"""Stamped step names and sequences per direction (spec reshard §3.2; tests pin them), and the
+cancel cutoff's shape; each operation kind picks its sequence and cutoff (``reshard.kinds``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 CNPG_TO_CNPG = (
     "blocking",
@@ -80,53 +80,6 @@ class CancelCutoff:
     step: str
     description: str
     login_ready_ends_it: bool = False
-
-
-def cancel_cutoff(*, kind: str, in_place: bool, source_kind: str, target_kind: str) -> CancelCutoff:
-    """Each kind's cutoff is its real commit point: nothing before it is irreversible.
-
-    - a restore (onto another store or in place): ``cleaning_up``, the drop of the replaced
-      catalog; until then the binding can be pointed back and the restored copy dropped;
-    - a reshard to an external store: ``orphaning_source``;
-    - a reshard to a cnpg store: the target login ready in the cutover (at the latest when
-      ``copying`` is stamped) — the spec's cutoff for the rendered tenant.
-    """
-    if kind == "restore":
-        where = "in place" if in_place else "onto another store"
-        return CancelCutoff(
-            "cleaning_up",
-            f"a restore {where} can be cancelled until cleaning_up, when the replaced catalog "
-            "is dropped",
-        )
-    if target_kind == "external":
-        return CancelCutoff(
-            "orphaning_source",
-            "a reshard to an external store can be cancelled until orphaning_source",
-        )
-    return CancelCutoff(
-        "copying",
-        "a reshard to a cnpg store can be cancelled until the target login is ready in the "
-        "cutover (before copying)",
-        login_ready_ends_it=True,
-    )
-
-
-class _OpShape(Protocol):
-    @property
-    def kind(self) -> str: ...
-    @property
-    def in_place(self) -> bool: ...
-    @property
-    def source_kind(self) -> str: ...
-    @property
-    def target_kind(self) -> str: ...
-
-
-def cutoff_for(op: _OpShape) -> CancelCutoff:
-    """:func:`cancel_cutoff` of an operation row."""
-    return cancel_cutoff(
-        kind=op.kind, in_place=op.in_place, source_kind=op.source_kind, target_kind=op.target_kind
-    )
 
 
 def before_cutoff(cutoff: CancelCutoff, step: str, target_kind: str, login_ready: bool) -> bool:

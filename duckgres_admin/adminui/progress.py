@@ -17,7 +17,7 @@ from django.utils.dateparse import parse_datetime
 from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
 from duckgres_admin.names import MILESTONES
-from reshard import steps
+from reshard.kinds import kind_of
 
 PROGRESS_KEYS = (
     "bytes_dumped",
@@ -62,12 +62,9 @@ def summary_rows(op: ReshardOperation) -> list[tuple[str, str]]:
     )
     rows = [
         ("org", op.org_id),
-        (
-            "kind",
-            f"restore of {op.restore_backup_key}" if op.kind == "restore" else "reshard",
-        ),
+        ("kind", kind_of(op).describe(op)),
         ("direction", f"{op.source_kind} → {op.target_kind}"),
-        ("cancel cutoff", steps.cutoff_for(op).description),
+        ("cancel cutoff", kind_of(op).cancel_cutoff(op.target_kind).description),
         ("source", source),
         ("source tenant", f"{op.source_user} / {op.source_database}"),
         ("source password reference", op.source_password_secret_ref or "—"),

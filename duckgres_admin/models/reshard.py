@@ -238,6 +238,11 @@ class ReshardOperation(models.Model):
             and self.from_shard == self.to_shard
         )
 
+    @property
+    def kind_key(self) -> tuple[str, bool]:
+        """What picks the operation's kind object (``reshard.runner.kind.kind_of``)."""
+        return (str(self.kind), self.in_place)
+
 
 class LogLevel(models.TextChoices):
     INFO = "info"

@@ -60,6 +60,7 @@ from reshard.runner.errors import (
 )
 from reshard.runner.fencing import Fencer, claim
 from reshard.runner.heartbeat import Heartbeat, log_fenced_once
+from reshard.runner.kind import kind_of
 from reshard.runner.logwriter import OpLogWriter
 from reshard.runner.password import (
     PasswordPullError,
@@ -70,7 +71,7 @@ from reshard.runner.password import (
 )
 from reshard.runner.report import describe_source, describe_target, write_report
 from reshard.runner.rollback import describe_binding, roll_forward, rollback
-from reshard.runner.steps import StepEnv, backup_catalog, finalize, lookup
+from reshard.runner.steps import StepEnv, backup_catalog, finalize
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -104,15 +105,18 @@ def reconstruct(op: ReshardOperation) -> Progress:
 
 
 def commit_point_passed(op: ReshardOperation) -> bool:
-    return op.source_drop_committed_at is not None or op.external_verified_at is not None
+    return kind_of(op).commit_point_passed(op)
 
 
 def before_cancel_cutoff(op: ReshardOperation) -> bool:
-    """§4.5, per kind (``reshard.steps.cancel_cutoff``): →cnpg until the cutover wait succeeded;
+    """§4.5, per kind (``Kind.cancel_cutoff``): →cnpg until the cutover wait succeeded;
     →external until ``orphaning_source``; a restore, in place or onto another store, until
     ``cleaning_up`` (its commit point: nothing before is irreversible)."""
     return sequences.before_cutoff(
-        sequences.cutoff_for(op), op.step, op.target_kind, op.target_login_ready_at is not None
+        kind_of(op).cancel_cutoff(op.target_kind),
+        op.step,
+        op.target_kind,
+        op.target_login_ready_at is not None,
     )
 
 
@@ -236,6 +240,11 @@ def _exit_code(op_id: int, oplog: OpLogWriter) -> int:
 def execute(env: StepEnv) -> None:
     """§4.3 ``execute``; the caller runs the heartbeat thread around it."""
     ctx, op = env.ctx, env.op
+    try:
+        kind_of(op)
+    except LookupError as exc:
+        _refuse_unknown_kind(env, str(exc))
+        return
     ctx.progress = reconstruct(op)
     env.log.info(
         f"operation claimed by {ctx.runner_id} (epoch {ctx.epoch}): "
@@ -249,6 +258,24 @@ def execute(env: StepEnv) -> None:
         _execute(env)
     finally:
         backup_catalog.abandon(env, "the run ended before the backup was joined")
+
+
+def _refuse_unknown_kind(env: StepEnv, why: str) -> None:
+    """An operation of a kind this build does not know (a newer release's): nothing of it is
+    run or rolled back here — what its steps mean is unknown — and it fails saying so; a
+    stamped step or a block means an earlier runner acted, and ``reshard_recover`` decides."""
+    op, log = env.op, env.log
+    acted = bool(op.step) or op.blocked_at is not None
+    error = f"{why}: this runner cannot run the operation and touched nothing"
+    log.error(error + ("; an earlier runner acted on it: run reshard_recover" if acted else ""))
+    if env.heartbeat is not None:
+        env.heartbeat.stop()
+    try:
+        env.fence.terminal("failed", error, recovery_required=acted)
+    except Fenced as exc:
+        log_fenced_once(env.ctx, log, str(exc))
+    except DatabaseError as exc:
+        log.error(f"terminal write failed: {exc}; the operation stays running")
 
 
 def _execute(env: StepEnv) -> None:
@@ -387,7 +414,7 @@ def run(env: StepEnv) -> None:
         ctx.current_step = op.step
         _takeover(env)
         return
-    _run_steps(env, sequences.sequence(op.source_kind, op.target_kind))
+    _run_steps(env, kind_of(op).sequence(op.source_kind, op.target_kind))
 
 
 def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
@@ -396,7 +423,7 @@ def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
         env.fence.stamp_step(step)
         env.op.step = step  # the cancel cutoff reads the in-memory op (§4.5)
         testhooks.kill_point(f"step:{step}")
-        fn = lookup(step)
+        fn = kind_of(env.op).step(step)
         if fn is None:
             raise StepUnavailable(step)
         fn(env)
@@ -407,10 +434,8 @@ def _run_steps(env: StepEnv, steps: tuple[str, ...]) -> None:
 def redoable_steps(op: ReshardOperation) -> tuple[str, ...]:
     """The steps a takeover redoes from the start (safeguard reshard-73): those before the
     binding can switch and before anything irreversible (→cnpg: before ``cutover``;
-    cnpg→external: before ``orphaning_source``, its cancel cutoff)."""
-    full = sequences.sequence(op.source_kind, op.target_kind)
-    end = "orphaning_source" if op.target_kind == "external" else "cutover"
-    return full[: full.index(end)]
+    cnpg→external: before ``orphaning_source``, its cancel cutoff; per ``Kind``)."""
+    return kind_of(op).redoable_steps(op.source_kind, op.target_kind)
 
 
 def _redo_refusal(env: StepEnv) -> str:
@@ -444,7 +469,7 @@ def _redo(env: StepEnv, step: str) -> bool:
     logged; the caller rolls back)."""
     op, log = env.op, env.log
     refusal = _redo_refusal(env)
-    full = sequences.sequence(op.source_kind, op.target_kind)
+    full = kind_of(op).sequence(op.source_kind, op.target_kind)
     if refusal:
         log.warn(f"takeover at step {step} (before the cutover): not redoing the steps: {refusal}")
         return False
@@ -478,7 +503,8 @@ def _takeover(env: StepEnv) -> None:
         raise unsafe
     if op.source_kind == "external" or op.target_kind == "external":
         raise unsafe
-    full = sequences.sequence(op.source_kind, op.target_kind)
+    kind = kind_of(op)
+    full = kind.sequence(op.source_kind, op.target_kind)
     if step in ("copying", "verifying", "cleaning_up", "finalizing"):
         # Resume forward only while the flip still stands: a rollback that already re-pointed
         # the binding at the source (and maybe unblocked) leaves ``step`` unchanged, and
@@ -503,10 +529,11 @@ def _takeover(env: StepEnv) -> None:
         )
         _run_steps(env, full[full.index("copying") :])
         return
-    if step == "cleaning_up" and op.in_place:
-        # Before its commit point the tenant role is still NOLOGIN: finalizing alone would
-        # unblock a warehouse nobody can log in to. The cleanup is idempotent: run it again.
-        log.info("takeover at step cleaning_up of an in-place restore: running it again")
+    if step == "cleaning_up" and kind.reruns_cleanup_on_takeover:
+        # E.g. an in-place restore: before its commit point the tenant role is still NOLOGIN,
+        # and finalizing alone would unblock a warehouse nobody can log in to. The cleanup is
+        # idempotent: run it again.
+        log.info(f"takeover at step cleaning_up of an {kind.label}: running it again")
         _run_steps(env, full[full.index("cleaning_up") :])
         return
     if step in ("cleaning_up", "finalizing"):

@@ -45,7 +45,7 @@ from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
-from reshard.runner.steps import inplace
+from reshard.runner.kind import kind_of
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
@@ -173,8 +173,9 @@ def _drop_partial_target(env: StepEnv) -> bool:
     if not target_known(op):
         log.info("rollback: no target database was recorded; nothing to drop on a target")
         return True
-    if op.in_place:
-        return inplace.drop_sibling(env)
+    own = kind_of(op).rollback_target(env)
+    if own is not None:
+        return own
     where = target_where(op)
     if op.target_kind == "cnpg" and op.target_rendered_at is None:
         log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
@@ -307,8 +308,7 @@ def _restore_source_access(env: StepEnv) -> bool:
     )
     if op.source_kind == "cnpg" and not fenced_source:
         return True
-    if op.in_place and not connections.binding_names_source(op):
-        # One role, two catalogs: never give it LOGIN while the binding may name the sibling.
+    if not kind_of(op).may_give_source_login(env):
         _log_binding_not_source(env)
         return False
     if op.source_kind == "external" and not ctx.progress.flipped:
@@ -521,6 +521,5 @@ def roll_forward(env: StepEnv, finish: Callable[[StepEnv], Any]) -> None:
     if op.source_kind == "cnpg" and op.source_dropped_at is None:
         env.log.info(f"roll-forward: re-running the source drop on store {op.from_shard}")
         drop_source(env)
-    if op.in_place:
-        inplace.open_tenant(env)
+    kind_of(op).after_source_drop(env)
     finish(env)

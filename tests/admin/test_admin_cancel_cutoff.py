@@ -1,6 +1,6 @@
 """The cancel cutoff in the admin (issue 29 item 1): the start page's dry-run plan, the restore
 page's dry-run plan and the operation detail page each name the operation kind's cutoff
-(``reshard.steps.cancel_cutoff``) — a reshard's differs per target, a restore's from both."""
+(``Kind.cancel_cutoff``) — a reshard's differs per target, a restore's from both."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reshard import steps
+from reshard import kinds
 from reshard.backup import backup_key
 from tests.fixtures.backups_listing import op_in_state, put_object
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
@@ -27,9 +27,8 @@ _SUMMARY_ROW = re.compile(r"<tr><th>cancel cutoff</th><td>(.*?)</td></tr>")
 
 
 def _cutoff(kind: str, *, target_kind: str = "cnpg", in_place: bool = False) -> str:
-    return steps.cancel_cutoff(
-        kind=kind, in_place=in_place, source_kind="cnpg", target_kind=target_kind
-    ).description
+    chosen = kinds.RESHARD if kind == "reshard" else kinds.restore_kind(in_place=in_place)
+    return chosen.cancel_cutoff(target_kind).description
 
 
 def _row(pattern: re.Pattern[str], response: Any) -> str:

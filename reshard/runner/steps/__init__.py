@@ -1,10 +1,12 @@
-"""The step registry: one function per stamped step name (spec reshard §3.2, §4.4).
+"""The shared step registry: one function per stamped step name (spec reshard §3.2, §4.4).
 
-The runner walks the direction's sequence from ``reshard.steps`` and, for each name, stamps the
-step and calls the registered function. A name with no function is a step this build does not
-have: the runner fails the operation honestly (``StepUnavailable``) and rolls back — it never
-skips a step or reports success for work not done. Steps whose behaviour differs per direction
-(``cutover``, ``cleaning_up``) dispatch on the op's kinds inside their module.
+The runner walks its operation kind's sequence (``Kind.sequence``) and, for each name, stamps
+the step and calls the kind's function for it (``Kind.step``: the kind's override, else this
+registry's). A name with no function is a step this build does not have: the runner fails the
+operation honestly (``StepUnavailable``) and rolls back — it never skips a step or reports
+success for work not done. Steps whose behaviour differs per direction (``cutover``,
+``cleaning_up``) dispatch on the op's store kinds (cnpg, external) inside their module; what
+differs per operation kind is the kind's (``reshard.kinds``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,4 @@ REGISTRY: dict[str, StepFn] = {
 }
 
 
-def lookup(step: str) -> StepFn | None:
-    return REGISTRY.get(step)
-
-
-__all__ = ["REGISTRY", "StepEnv", "StepFn", "finalize", "lookup"]
+__all__ = ["REGISTRY", "StepEnv", "StepFn", "finalize"]

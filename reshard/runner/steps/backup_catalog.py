@@ -58,13 +58,14 @@ from django.db import DatabaseError, InterfaceError, connection
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
-from duckgres_admin.models import OpKind, ReshardOperation, Warehouse
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard import backup
 from reshard.runner import connections, waits
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import BackgroundHooks, StepHooks
+from reshard.runner.kind import kind_of
 from reshard.runner.steps import preflight
 
 
@@ -199,14 +200,10 @@ def run(env: StepEnv) -> None:
         preflight.run(env)
 
 
-RESTORE_MANDATORY_PREFIX = (
-    "a backup of the current catalog is mandatory before a restore replaces it"
-)
-
-
 def _mandatory(op: ReshardOperation) -> bool:
-    """cnpg→external, and every restore (its cleanup drops the catalog it replaced)."""
-    return op.kind == OpKind.RESTORE or (op.source_kind == "cnpg" and op.target_kind == "external")
+    """The kind's gate (the reshard's: cnpg→external; a restore's: always, since its cleanup
+    drops the catalog it replaced)."""
+    return kind_of(op).backup_mandatory(op)
 
 
 @dataclass(frozen=True)
@@ -257,9 +254,7 @@ def _gate(env: StepEnv, exc: Exception, *, cancelled: bool) -> None:
     if cancelled:
         raise Cancelled() from None
     mandatory = _mandatory(env.op)
-    text = backup.gated_failure(str(exc), mandatory=mandatory)
-    if env.op.kind == OpKind.RESTORE:
-        text = f"{RESTORE_MANDATORY_PREFIX}: {exc}"
+    text = kind_of(env.op).backup_failure(str(exc), mandatory=mandatory)
     if mandatory:
         raise StepError(text) from None
     env.log.warn(text)

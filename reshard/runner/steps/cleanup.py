@@ -9,8 +9,9 @@ and only after the commit point is durable (``source_drop_committed_at`` for →
 may not end them; safeguard reshard-135). An empty database name is never sent (ERROR, skip), nor
 is the drop of a catalog another live warehouse is bound to (ERROR naming it, skip: the bindings
 are re-read right before the statement). A failed drop is an ERROR, not fatal. The tenant role
-on the source stays NOLOGIN, never dropped — but for an in-place restore, whose one role logs
-in again to the restored catalog after the drop (:func:`reshard.runner.steps.inplace.open_tenant`).
+on the source stays NOLOGIN, never dropped — unless the kind says otherwise after the drop
+(``Kind.after_source_drop``: an in-place restore's one role logs in again to the restored
+catalog, :func:`reshard.runner.steps.inplace.open_tenant`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from reshard import identity, testhooks
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
-from reshard.runner.steps import inplace
+from reshard.runner.kind import kind_of
 from reshard.runner.steps.copying import release_handle
 
 DROP_SETTLE_SECONDS = 15.0  # how long the drop waits for the runner's own sessions to leave
@@ -46,8 +47,7 @@ def run(env: StepEnv) -> None:
     env.log.info("commit point reached: all subsequent failures roll forward")
     release_handle(env)
     drop_source(env)
-    if op.in_place:
-        inplace.open_tenant(env)
+    kind_of(op).after_source_drop(env)
 
 
 def drop_source(env: StepEnv) -> None:
@@ -94,7 +94,7 @@ def drop_source(env: StepEnv) -> None:
         return
     env.fence.update(source_dropped_at=Now())
     op.refresh_from_db(fields=["source_dropped_at"])
-    role = "logs in again to the restored catalog next" if op.in_place else "stays NOLOGIN there"
+    role = kind_of(op).source_role_after_drop
     env.log.info(
         f"source database {database} dropped on store {op.from_shard} (tenant role "
         f"{op.source_user} {role})"

@@ -24,14 +24,13 @@ import psycopg
 from django.conf import settings
 from django.db.models.functions import Now
 
-from duckgres_admin.models import OpKind
 from reshard import copy as catalog_copy
 from reshard import identity, verify
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import StepHooks
-from reshard.runner.steps import backup_catalog, preflight, restoring
+from reshard.runner.steps import backup_catalog, preflight
 
 
 def _probe(env: StepEnv, side: connections.Side) -> None:
@@ -66,9 +65,6 @@ def _claim_external_target(env: StepEnv, target: connections.Side) -> None:
 def run(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
     backup_catalog.resume_beside_copy(env)
-    if op.kind == OpKind.RESTORE:
-        restoring.run(env)
-        return
     source = connections.source_side(ctx, op)
     target = connections.target_side(ctx, op)
     _probe(env, source)
@@ -134,9 +130,6 @@ def release_handle(env: StepEnv) -> None:
 
 def run_verify(env: StepEnv) -> None:
     ctx, op = env.ctx, env.op
-    if op.kind == OpKind.RESTORE:
-        restoring.run_verify(env)
-        return
     env.log.info(
         f"source and target COPY row counts matched for {op.tables_copied} tables while the "
         "write fence was held"

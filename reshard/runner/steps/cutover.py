@@ -9,9 +9,9 @@ after :func:`reshard.identity.tenant_role_message` allows it: never the provisio
 cancel-aware, for ``rolcanlogin`` and a tenant ``SELECT 1`` through the tenant endpoint
 (``target_login_ready_at``, the →cnpg cancel cutoff).
 
-An in-place restore (the target is the warehouse's own store) renders and flips in
-:mod:`reshard.runner.steps.inplace` instead: the tenant role stays NOLOGIN, and there is no
-login wait here.
+An in-place restore (the target is the warehouse's own store) has a cutover of its own
+(``reshard.kinds.in_place`` binds :func:`reshard.runner.steps.inplace.run_cutover`): the tenant
+role stays NOLOGIN, and there is no login wait.
 
 M re-resolves the target secret and compares it in constant time with the password slot before
 the flip, flips, then waits with no cancel check for the binding to work as the data plane
@@ -29,11 +29,10 @@ from psycopg import sql
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import Warehouse
 from reshard import identity, testhooks
-from reshard import steps as sequences
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError
-from reshard.runner.steps import inplace
+from reshard.runner.kind import kind_of
 
 
 def run(env: StepEnv) -> None:
@@ -100,9 +99,6 @@ def _adoptable(env: StepEnv, prov: connections.Provisioner, database: str) -> No
 def run_cnpg(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
-    if op.in_place:
-        inplace.run_cutover(env, prov)
-        return
     password = connections.resolve_secret(
         ctx,
         op.target_password_secret_ref,
@@ -165,7 +161,8 @@ def run_cnpg(env: StepEnv) -> None:
     )
     env.fence.update(target_login_ready_at=Now())
     op.refresh_from_db(fields=["target_login_ready_at"])
-    if not sequences.cutoff_for(op).login_ready_ends_it:  # e.g. a restore: cleaning_up
+    # A kind whose cutoff is not the login (e.g. a restore: cleaning_up) says nothing of it.
+    if not kind_of(op).cancel_cutoff(op.target_kind).login_ready_ends_it:
         env.log.info(f"target login ready on store {op.to_shard}")
     else:
         env.log.info(

@@ -61,6 +61,7 @@ from reshard.restore import login_role_name
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
+from reshard.runner.steps import restoring
 
 # The login role's sessions at most: a runner's lock connection and its pg_restore. An archive
 # that sets the role's password finds no free slot while the restore runs, and whatever it set
@@ -147,9 +148,10 @@ def render(env: StepEnv, prov: connections.Provisioner) -> None:
     )
 
 
-def run_cutover(env: StepEnv, prov: connections.Provisioner) -> None:
+def run_cutover(env: StepEnv) -> None:
     """``cutover`` of an in-place restore: render, then flip the binding to the sibling."""
     op, ctx = env.op, env.ctx
+    prov = connections.provisioner(ctx, op.to_shard)
     if ctx.progress.flipped:
         return
     try:
@@ -395,3 +397,18 @@ def _nologin_best_effort(env: StepEnv, prov: connections.Provisioner | None) -> 
     ):
         if connections.role_state(conn, name) is not None:
             conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(name)))
+
+
+def _void_after_write(env: StepEnv, conn: connections.PgConn) -> None:
+    """The archive ran as the login role and may have changed it: void that, and end its other
+    sessions, before the writer's lock is let go and anything reads the result."""
+    login_side(env, fresh=True, keep=(conn.info.backend_pid,))
+
+
+# The restore writes into the sibling as the login role, made fresh before the write (settings
+# reset, new password, every session of it ended: nothing else to end first).
+RESTORE_TARGET = restoring.RestoreTarget(
+    side=lambda env, fresh: login_side(env, fresh=fresh),
+    before_write=lambda env, conn: None,
+    after_write=_void_after_write,
+)

@@ -28,9 +28,10 @@ Invariants:
 - **Interruptible.** A stop kills ``pg_restore`` (a registered child) and the step ends
   :class:`Interrupted`; the step's deadline bounds it. The runner's death closes the pipe, and
   ``pg_restore`` ends on the truncated archive.
-- **In place** (the warehouse's own store, :mod:`reshard.runner.steps.inplace`): the target is
-  the sibling database, reached as the operation's login role with ``SET ROLE`` tenant (the
-  tenant role itself stays NOLOGIN), and a cancel kills ``pg_restore``.
+- **Where it writes is the kind's** (:class:`RestoreTarget`, bound by ``reshard.kinds``):
+  onto another store, :data:`OTHER_STORE`; in place, ``inplace.RESTORE_TARGET`` — the sibling
+  database, reached as the operation's login role with ``SET ROLE`` tenant (the tenant role
+  itself stays NOLOGIN), and a cancel kills ``pg_restore``. This module never asks which.
 - **Verified before anything irreversible.** ``verifying`` compares the restored DuckLake state
   with the fingerprint the backup's operation recorded; without one, the three DuckLake tables
   must be present. The fenced source's own state is recorded as this operation's
@@ -42,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -59,10 +61,10 @@ from reshard.restore import (
     stream_restore,
 )
 from reshard.runner import connections, waits
-from reshard.runner.env import StepEnv
+from reshard.runner.env import StepEnv, StepFn
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import StepHooks
-from reshard.runner.steps import backup_catalog, inplace, preflight
+from reshard.runner.steps import backup_catalog, preflight
 
 PROGRESS_INTERVAL_SECONDS = 2.0
 
@@ -101,15 +103,49 @@ def _end_earlier_restores(env: StepEnv, conn: connections.PgConn) -> None:
     )
 
 
-def run(env: StepEnv) -> None:
+@dataclasses.dataclass(frozen=True)
+class RestoreTarget:
+    """Where a restore kind writes: ``side(env, fresh)`` is the target it logs in to (``fresh``:
+    before a write, when a kind's login must be voided first); ``before_write`` runs on the
+    writer's locked session before ``pg_restore``, ``after_write`` right after it."""
+
+    side: Callable[[StepEnv, bool], connections.Side]
+    before_write: Callable[[StepEnv, connections.PgConn], None]
+    after_write: Callable[[StepEnv, connections.PgConn], None]
+
+
+def _nothing(env: StepEnv, conn: connections.PgConn) -> None:
+    return None
+
+
+# Onto another store: the tenant rendered by the cutover; the pg_restore sessions an earlier
+# runner of this op left on the target are ended before this one writes.
+OTHER_STORE = RestoreTarget(
+    side=lambda env, fresh: connections.target_side(env.ctx, env.op),
+    before_write=lambda env, conn: _end_earlier_restores(env, conn),
+    after_write=_nothing,
+)
+
+
+def step_functions(target: RestoreTarget) -> dict[str, StepFn]:
+    """A restore kind's ``copying`` and ``verifying``, writing to and reading ``target``."""
+
+    def copying(env: StepEnv) -> None:
+        run(env, target)
+
+    def verifying(env: StepEnv) -> None:
+        run_verify(env, target)
+
+    return {"copying": copying, "verifying": verifying}
+
+
+def run(env: StepEnv, where: RestoreTarget) -> None:
     """Stream the backup object into the target database."""
     ctx, op = env.ctx, env.op
+    backup_catalog.resume_beside_copy(env)
     wh = _bucket(env)
     preflight.check_target_identity(env)  # before any write to the target, takeovers included
-    # In place: a fresh login role (settings reset, new password, every session of it ended).
-    target = (
-        inplace.login_side(env, fresh=True) if op.in_place else connections.target_side(ctx, op)
-    )
+    target = where.side(env, True)
     uri = f"s3://{wh.data_bucket}/{op.restore_backup_key}"
     try:
         s3 = S3(
@@ -123,7 +159,7 @@ def run(env: StepEnv) -> None:
     # Nothing of a restore is irreversible before the cleanup (its cancel cutoff, in place or
     # onto another store): a cancel kills pg_restore and the operation rolls back.
     with waits.cancel_watch(ctx, env.log, enabled=True) as cancelled:
-        restored = _restore(env, wh, s3, target, uri, hooks, cancelled)
+        restored = _restore(env, wh, s3, (where, target), uri, hooks, cancelled)
     hooks.progress(
         {"restore_bytes_total": restored.object_bytes, "restore_bytes_done": restored.object_bytes}
     )
@@ -140,13 +176,14 @@ def _restore(
     env: StepEnv,
     wh: Warehouse,
     s3: S3,
-    target: connections.Side,
+    writing: tuple[RestoreTarget, connections.Side],
     uri: str,
     hooks: StepHooks,
     cancelled: threading.Event,
 ) -> Restored:
     """The locked, watched ``pg_restore`` of the object into ``target``."""
     ctx, op = env.ctx, env.op
+    where, target = writing
     # Logged in as the writer itself (in place: the login role, without its SET ROLE); for a
     # reshard's target it ends the pg_restore sessions an earlier runner left.
     locker = dataclasses.replace(target, role="")
@@ -161,8 +198,7 @@ def _restore(
                     "target catalog is locked by another copier — refusing to interleave"
                 )
             major = server_major(int(str(row[1])))
-            if not op.in_place:  # in place, login_side ended every session of the role
-                _end_earlier_restores(env, lock_conn)
+            where.before_write(env, lock_conn)
             env.log.info(f"restoring {uri} into {target.redacted()} with stock pg_restore")
             last = [0.0]
 
@@ -203,10 +239,7 @@ def _restore(
                 unregister=ctx.unregister_process,
                 after_chunk=progress,
             )
-            if op.in_place:
-                # The archive ran as the login role and may have changed it: void that, and end
-                # its other sessions, before the lock is let go and anything reads the result.
-                inplace.login_side(env, fresh=True, keep=(lock_conn.info.backend_pid,))
+            where.after_write(env, lock_conn)
     except (RestoreError, Interrupted, psycopg.Error) as exc:
         if ctx.stop.is_set():
             raise Interrupted() from None
@@ -228,12 +261,10 @@ def _read(env: StepEnv, side: connections.Side) -> verify.DuckLakeState:
         raise StepError(f"DuckLake verification could not read the {side.label}: {exc}") from None
 
 
-def run_verify(env: StepEnv) -> None:
+def run_verify(env: StepEnv, where: RestoreTarget) -> None:
     """The restored catalog against its backup's fingerprint; the replaced one's recorded."""
     ctx, op = env.ctx, env.op
-    restored = _read(
-        env, inplace.login_side(env) if op.in_place else connections.target_side(ctx, op)
-    )
+    restored = _read(env, where.side(env, False))
     try:
         result = verify.check_restore(restored, op.restore_fingerprint)
     except verify.VerifyError as exc:
