@@ -72,6 +72,7 @@ from reshard import (
     restores,
     selectors,
 )
+from reshard.kinds import RESHARD
 from reshard.start_checks import StartRequest, TargetRequest
 
 _ts = display_ts
@@ -386,9 +387,10 @@ class ReshardOperationAdmin(ReadOnlyAdmin):
         if stage == "start":
             actor = roles.user_email(request.user)
             try:
-                outcome = operations.reshard_op_start(
-                    org_id=org, request=form.start_request(dry_run=False), actor=actor
-                )
+                outcome = operations.op_start(
+                    RESHARD.start(), org_id=org, request=form.start_request(dry_run=False),
+                    actor=actor,
+                )  # fmt: skip
             except ServiceError as exc:
                 _audit(request, "reshard.create", org, exc.status, exc.message)
                 form.add_error(None, f"start refused ({exc.status}): {exc.message}")

@@ -69,6 +69,7 @@ from duckgres_admin.models import (
 )
 from reshard import operations
 from reshard.drain_guard import draining_refusal
+from reshard.kinds import RESHARD
 from reshard.runner.execute import before_cancel_cutoff
 from reshard.start_checks import StartRequest, TargetRequest
 
@@ -488,9 +489,10 @@ def _launch(drain: StoreDrain, item: StoreDrainItem, report: AdvanceReport) -> b
         drain_timeout_seconds=drain.drain_timeout_seconds,
     )
     try:
-        outcome = operations.reshard_op_start(
-            org_id=item.org_id, request=request, actor=f"drain:{drain.id}", drain_item_id=item.id
-        )
+        outcome = operations.op_start(
+            RESHARD.start(), org_id=item.org_id, request=request, actor=f"drain:{drain.id}",
+            drain_item_id=item.id,
+        )  # fmt: skip
     except ServiceError as exc:
         if exc.code == operations.DRAIN_ITEM_LAUNCHED:
             return False  # another advance launched it; the next one adopts it

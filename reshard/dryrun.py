@@ -110,11 +110,15 @@ def _direction(source_kind: str, target_type: str) -> str | None:
     return f"{source_kind}_to_{target_type}"
 
 
-def dry_run(org_id: str, request: StartRequest) -> dict[str, Any]:
-    """The §5.1 dry-run answer (200 body). 404 when the org has no warehouse."""
+def dry_run(
+    org_id: str, request: StartRequest, start: start_checks.KindStart = start_checks.SHARED_ONLY
+) -> dict[str, Any]:
+    """The §5.1 dry-run answer (200 body), the kind's rows (``start``) reported first. 404 when
+    the org has no warehouse."""
     target = request.target
     with start_checks.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
-        entries = start_checks.report(pf)
+        entries = start_checks.report(pf, start)
+        request = pf.request  # as the kind's rows refined it (an in-place restore's sibling)
     direction = _direction(pf.source_kind, target.type)
     size = pf.catalog["database_size_bytes"]
     return {

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
-from duckgres_admin.models import TERMINAL_STATES, OpKind, OpState, ReshardOperation, StoreKind
+from duckgres_admin.models import TERMINAL_STATES, OpState, ReshardOperation, StoreKind
 from duckgres_admin.queues import QueueName, TaskName
 from reshard import oplog, start_checks, stash, steps
 from reshard.kinds import kind_of
@@ -35,20 +35,6 @@ register_held_secrets(stash.known_values)
 
 
 # --- start (§5.1) ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RestoreFields:
-    """The backup a restore operation restores (checked by ``reshard.restores``)."""
-
-    key: str
-    fingerprint: dict[str, Any] | None
-    bucket: str = ""
-    etag: str = ""
-    # The identity the backup's operation recorded (docs/backup.md "Authenticated backups").
-    sha256: str = ""
-    size: int = 0
-    version_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,44 +88,27 @@ def _insert_pending(
         raise ServiceError(500, scrubber.scrub(f"could not create the operation: {exc}")) from None
 
 
-def _as_restore(plan: start_checks.Plan, restore: RestoreFields) -> None:
-    """The checked start becomes a restore of that backup (the rest of the row is the
-    reshard's)."""
-    plan.fields.update(
-        kind=OpKind.RESTORE,
-        restore_backup_key=restore.key,
-        restore_backup_bucket=restore.bucket,
-        restore_backup_etag=restore.etag,
-        restore_backup_sha256=restore.sha256,
-        restore_backup_size=restore.size,
-        restore_backup_version_id=restore.version_id,
-        restore_fingerprint=restore.fingerprint,
-    )
-    plan.description = f"restore of {restore.key} ({plan.description})"
-
-
-def reshard_op_start(
+def op_start(
+    start: start_checks.KindStart,
     *,
     org_id: str,
     request: StartRequest,
     actor: str,
     drain_item_id: int | None = None,
-    restore: RestoreFields | None = None,
 ) -> StartOutcome:
-    """§5.1 steps 2-12 (the body was parsed by the caller). Raises ``ServiceError``.
+    """§5.1 steps 2-12 for an operation of the kind whose start is ``start`` (``Kind.start``:
+    its own rows before the shared table, and its fields on the plan; the reshard's adds
+    nothing). The body was parsed by the caller. Raises ``ServiceError``.
 
     ``drain_item_id``: the store-drain item this operation moves (the janitor's drain advance,
     ``reshard.drains``); the column is unique, so a second start for the item is refused with
-    code ``drain_item_launched``. ``restore``: the operation is a restore of that backup
-    (``reshard.restores`` checked it); every other check and step is the reshard's."""
+    code ``drain_item_launched``."""
     stash.prune()
     scrubber = process_scrubber(request.target.password)
     try:
-        plan = start_checks.validate_start(org_id, request, scrubber)
+        plan = start_checks.validate_start(org_id, request, scrubber, start)
     except ServiceError as exc:
         raise exc.scrubbed(scrubber) from None
-    if restore is not None:
-        _as_restore(plan, restore)
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
 
     # 7. Insert pending.

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber
@@ -1037,15 +1037,43 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def validate_start(org_id: str, request: StartRequest, scrubber: Scrubber) -> Plan:
-    """The start's walk: every check that refuses a start, fail-fast; raises the first
-    ``ServiceError`` (unscrubbed)."""
+class KindStart(Protocol):
+    """What an operation kind adds to a start (``reshard.kinds``: ``Kind.start``): its own
+    rows, walked before the shared table (they may refine ``pf.request``, as an in-place
+    restore names its sibling database), and the row fields it adds to the passed plan."""
+
+    @property
+    def checks(self) -> tuple[Check, ...]: ...
+
+    def shape(self, plan: Plan) -> None: ...
+
+
+@dataclass(frozen=True)
+class SharedChecksOnly:
+    """The reshard's start: the shared table, and the plan as it is."""
+
+    checks: tuple[Check, ...] = ()
+
+    def shape(self, plan: Plan) -> None:
+        return None
+
+
+SHARED_ONLY = SharedChecksOnly()
+
+
+def validate_start(
+    org_id: str, request: StartRequest, scrubber: Scrubber, start: KindStart = SHARED_ONLY
+) -> Plan:
+    """The start's walk: every check that refuses a start (the kind's, then the shared table),
+    fail-fast; raises the first ``ServiceError`` (unscrubbed)."""
     with Preflight.begin(org_id, request, scrubber) as pf:
-        for check in CHECKS:
+        for check in start.checks + CHECKS:
             if check.refuses_start and check.applies(pf):
                 with suppress(NotRun):  # only an unreadable source server: not judged
                     check.run(pf)
-        return pf.plan()
+        plan = pf.plan()
+    start.shape(plan)
+    return plan
 
 
 def _outcome(check: Check, pf: Preflight) -> tuple[bool, str]:
@@ -1062,10 +1090,10 @@ def _outcome(check: Check, pf: Preflight) -> tuple[bool, str]:
         return False, f"check failed: {type(exc).__name__}: {exc}"
 
 
-def report(pf: Preflight) -> list[dict[str, Any]]:
-    """The dry run's walk: every check that applies, each reported ``{"check", "ok",
-    "detail"}`` in table order, the details scrubbed."""
-    outcomes = [(c.name, *_outcome(c, pf)) for c in CHECKS if c.applies(pf)]
+def report(pf: Preflight, start: KindStart = SHARED_ONLY) -> list[dict[str, Any]]:
+    """The dry run's walk: every check that applies (the kind's, then the shared table), each
+    reported ``{"check", "ok", "detail"}`` in table order, the details scrubbed."""
+    outcomes = [(c.name, *_outcome(c, pf)) for c in start.checks + CHECKS if c.applies(pf)]
     return [
         {"check": name, "ok": ok, "detail": pf.scrubber.scrub(detail)}
         for name, ok, detail in outcomes

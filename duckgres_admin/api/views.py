@@ -41,6 +41,7 @@ from reshard import (
 )
 from reshard.backup import KEY_PREFIX
 from reshard.binding_catalog import FORCE_FLAG
+from reshard.kinds import RESHARD
 from reshard.start_checks import StartRequest, TargetRequest
 from trino_pools import config
 
@@ -153,7 +154,9 @@ class ReshardStartView(_StartView):
             self.audit_detail = dryrun.describe(org, plan)
             return Response(plan, status=200)
         assert self.identity is not None
-        outcome = operations.reshard_op_start(org_id=org, request=start, actor=self.identity.actor)
+        outcome = operations.op_start(
+            RESHARD.start(), org_id=org, request=start, actor=self.identity.actor
+        )
         self.audit_detail = f"reshard {outcome.description}"
         return Response(op_json(outcome.op), status=202)
 

@@ -24,4 +24,4 @@ def restore_kind(*, in_place: bool) -> Kind:
     return IN_PLACE_RESTORE if in_place else RESTORE
 
 
-__all__ = ["RESHARD", "SHIPPED", "BaseKind", "Kind", "kind_of", "restore_kind"]
+__all__ = ["RESHARD", "RESTORE", "SHIPPED", "BaseKind", "Kind", "kind_of", "restore_kind"]

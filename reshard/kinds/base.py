@@ -18,6 +18,7 @@ from duckgres_admin.models import ReshardOperation
 from reshard import backup, steps
 from reshard.runner.env import StepEnv, StepFn
 from reshard.runner.steps import REGISTRY
+from reshard.start_checks import SHARED_ONLY, KindStart
 from reshard.steps import CancelCutoff
 
 
@@ -36,6 +37,10 @@ class BaseKind:
 
     def describe(self, op: ReshardOperation) -> str:
         return self.label
+
+    def start(self, **details: str) -> KindStart:
+        """What this kind adds to a start (``operations.op_start``): the reshard, nothing."""
+        return SHARED_ONLY
 
     def sequence(self, source_kind: str, target_kind: str) -> tuple[str, ...]:
         return steps.sequence(source_kind, target_kind)

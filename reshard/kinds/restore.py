@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from duckgres_admin.models import OpKind, ReshardOperation
 from reshard.kinds.base import BaseKind
+from reshard.restore_checks import RestoreStart
 from reshard.runner.steps import restoring
+from reshard.start_checks import KindStart
 from reshard.steps import CancelCutoff
 
 MANDATORY_PREFIX = "a backup of the current catalog is mandatory before a restore replaces it"
@@ -30,6 +32,11 @@ class RestoreKind(BaseKind):
             f"a restore {self.where} can be cancelled until cleaning_up, when the replaced "
             "catalog is dropped",
         )
+
+    def start(self, **details: str) -> KindStart:
+        """The restore's rows (target, backup) and fields (``reshard.restore_checks``); the
+        in-place one is the same start: the row is in place when its stores are one."""
+        return RestoreStart(details["backup_key"])
 
     def describe(self, op: ReshardOperation) -> str:
         return f"restore of {op.restore_backup_key}"

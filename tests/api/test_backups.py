@@ -274,7 +274,8 @@ def test_only_recorded_objects_are_backups_an_overwritten_or_planted_one_is_refu
     keys (under its own operation's id, and under another org's in a shared bucket). The
     listing shows only the recorded objects, names the changed one, and the restore start, the
     restore test's candidates and retention never take either."""
-    from reshard import restore_test, restores
+    from duckgres_admin.models import Warehouse
+    from reshard import restore_checks, restore_test
 
     mine, other = _wh(bucket.bucket), _wh(bucket.bucket)
     genuine, overwritten = _op(mine, "succeeded"), _op(mine, "succeeded")
@@ -301,16 +302,16 @@ def test_only_recorded_objects_are_backups_an_overwritten_or_planted_one_is_refu
     theirs = clients.internal.get(f"/api/v1/warehouses/{other.org_id}/backups").json()
     assert (theirs["backups"], theirs["unrecorded_objects"]) == ([], 1)
 
-    wh = restores._warehouse(mine.org_id)
+    wh = Warehouse.objects.get(org_id=mine.org_id)
     for key, status, words in (
         (replaced, 409, "was replaced since"),
         (planted, 404, "is not a recorded backup of this warehouse"),
         (under_foreign, 404, "is not a recorded backup of this warehouse"),
     ):
         with pytest.raises(ServiceError) as caught:
-            restores.resolve_backup(wh, key)
+            restore_checks.resolve_backup(wh, key)
         assert (caught.value.status, words in caught.value.message) == (status, True), key
-    found, made_by = restores.resolve_backup(wh, kept)
+    found, made_by = restore_checks.resolve_backup(wh, kept)
     recorded = reload_op(genuine).backup_sha256
     assert (found.sha256, found.size, made_by.id) == (recorded, 40, genuine.id)
 

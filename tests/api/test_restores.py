@@ -70,7 +70,14 @@ def test_a_dry_run_is_audited_as_one_even_when_refused(clients, bucket: S3Bucket
         "dry_run": True,
     }
     refused = clients.admin.post(_url(wh.org_id), body, format="json")
-    assert refused.status_code == 404
+    assert refused.status_code == 200, "a dry run reports the backup row like every other check"
+    rows = {row["check"]: row for row in refused.json()["preflight"]}
+    assert not rows["restore_backup"]["ok"]
+    assert "is not a recorded backup of this warehouse" in rows["restore_backup"]["detail"]
+    assert "(start would answer 404)" in rows["restore_backup"]["detail"]
+    assert rows["restore_target"]["ok"], rows["restore_target"]
+    assert list(rows)[:3] == ["restore_target", "restore_backup", "warehouse_ready"]
+    assert refused.json()["restore"]["uri"] is None
     started = clients.admin.post(_url(wh.org_id), {**body, "dry_run": False}, format="json")
     assert started.status_code == 404
     actions = list(
