@@ -56,7 +56,7 @@ def _core() -> Any:
     if _CORE is None:
         from kubernetes import client, config
 
-        from tests.pods.conftest import KUBECONFIG
+        from tests.fixtures.pods import KUBECONFIG
 
         api = config.new_client_from_config(config_file=str(KUBECONFIG))  # type: ignore[no-untyped-call]
         _CORE = client.CoreV1Api(api)
@@ -67,7 +67,7 @@ def _observe_running(name: str, timeout: float = 120) -> float:
     """The monotonic time at which pod ``name`` is first seen Running (or already finished)."""
     from kubernetes.client.exceptions import ApiException
 
-    from tests.pods.conftest import NAMESPACE
+    from tests.fixtures.pods import NAMESPACE
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,7 +86,7 @@ def _observe_running(name: str, timeout: float = 120) -> float:
 def bare_pod_starts(n: int) -> list[float]:
     import json
 
-    from tests.pods.conftest import NAMESPACE, kubectl
+    from tests.fixtures.pods import NAMESPACE, kubectl
 
     out: list[float] = []
     for i in range(n):
@@ -126,8 +126,8 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
     django.setup()
+    from tests.fixtures.pods import deploy_product
     from tests.fixtures.stores import StoreCluster, StoreClusters
-    from tests.pods.conftest import deploy_product
 
     clusters = StoreClusters(
         source=StoreCluster("ci_source", "127.0.0.1", 5433),
@@ -149,9 +149,8 @@ def _wait_succeeded(deployed: Any, op_id: int, timeout: float) -> None:
 def _measure(deployed: Any, args: argparse.Namespace) -> int:
     import subprocess
 
-    from tests.pods.conftest import NODE_DIR
+    from tests.fixtures.pods import NODE_DIR, container_id, runner_pod, wait_step
     from tests.pods.tenants import Tenant
-    from tests.pods.test_reshard_pods import _container_id, _runner_pod, _wait_step
 
     bare = bare_pod_starts(args.starts)
     to_running: list[float] = []
@@ -177,13 +176,13 @@ def _measure(deployed: Any, args: argparse.Namespace) -> int:
             t = Tenant(deployed, tables=1500)
             tenants.append(t)
             op_id = t.to_cnpg_target()
-            _wait_step(deployed, op_id, {"copying"}, 180)
-            pod = _runner_pod(op_id)
+            wait_step(deployed, op_id, {"copying"}, 180)
+            pod = runner_pod(op_id)
             assert pod is not None
             killed = time.monotonic()
             subprocess.run(
                 ["ctr", "--address", str(NODE_DIR / "containerd" / "containerd.sock"), "-n",
-                 "k8s.io", "tasks", "kill", "-s", "KILL", _container_id(pod)],
+                 "k8s.io", "tasks", "kill", "-s", "KILL", container_id(pod)],
                 check=True, capture_output=True,
             )  # fmt: skip
             deadline = killed + 600

@@ -112,7 +112,7 @@ def main() -> int:
 
     from tests.fixtures.availability import kube_token, kube_unavailable, kube_url
     from tests.fixtures.kube import KubeApi, kube_client
-    from tests.trino.conftest import CatalogStore
+    from tests.fixtures.trino import CatalogStore
     from tests.trino.gateway_double import GatewayDouble
     from tests.trino.operator_harness import make_world
 

@@ -5,25 +5,17 @@ hashes."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from tests.fixtures.locks import PIN, pins
+
 ROOT = Path(__file__).resolve().parents[1]
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", re.M)
-
-
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(path: Path) -> dict[str, str]:
-    return {_normal(name): version for name, version in _PIN.findall(path.read_text())}
 
 
 def _entries(path: Path) -> list[str]:
     """One string per requirement of a pip-compile output (continuation lines joined)."""
     text = path.read_text().replace("\\\n", " ")
-    return [line for line in text.splitlines() if _PIN.match(line)]
+    return [line for line in text.splitlines() if PIN.match(line)]
 
 
 QUICKSTART_LOCK = "k8s/overlays/quickstart/image/requirements.lock"

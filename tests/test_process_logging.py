@@ -5,7 +5,7 @@ The processes are the shipped entry points, started as subprocesses on the test 
 broker: ``celery -A duckgres_admin worker`` (the default worker's prefork pool and the control
 worker's solo pool), ``celery -A duckgres_admin beat``, ``manage.py reshard_runner`` and
 gunicorn with ``duckgres_admin.gunicorn_conf``. Each gets the internal secret as a random value
-with URL-special characters. The Celery processes load ``tests.test_process_logging_probe``
+with URL-special characters. The Celery processes load ``tests.fixtures.logging_probe``
 through Celery's ``CELERY_LOADER``: it logs that secret in every form from the process itself
 and from a task. EVERY stderr line must parse as JSON.
 """
@@ -31,11 +31,11 @@ import pytest
 from django.utils.encoding import escape_uri_path, iri_to_uri
 
 from reshard.runner.execute import EXIT_INFRA
+from tests.fixtures.logging_probe import EPOCH, OP_ID, POOL_ID, TASK
 from tests.fixtures.processes import ROOT, _flush_broker, process_env
 from tests.fixtures.secrets_scan import find_secret, unique_password
-from tests.test_process_logging_probe import EPOCH, OP_ID, POOL_ID, TASK
 
-PROBE_LOADER = "tests.test_process_logging_probe:ProbeLoader"
+PROBE_LOADER = "tests.fixtures.logging_probe:ProbeLoader"
 MASK = "***"
 
 
@@ -124,7 +124,7 @@ def by_event(lines: list[dict[str, Any]], event: str) -> dict[str, Any]:
 
 
 def assert_probe_lines(lines: list[dict[str, Any]], where: str) -> None:
-    """The lines ``tests.test_process_logging_probe.leak(where)`` wrote, scrubbed, fields kept."""
+    """The lines ``tests.fixtures.logging_probe.leak(where)`` wrote, scrubbed, fields kept."""
     fields = {"op_id": OP_ID, "epoch": EPOCH, "pool_id": POOL_ID}
     raw = by_event(lines, f"probe {where} raw {MASK}")
     assert {k: raw.get(k) for k in fields} == fields

@@ -18,8 +18,9 @@ from urllib.parse import urlencode
 import pytest
 
 from duckgres_admin.config import parse_https_origin
+from tests.fixtures.gunicorn import Gunicorn, Response, run_gunicorn
 from tests.fixtures.processes import ROOT, process_env
-from tests.test_static_files import Gunicorn, Response, run_gunicorn, settings_of
+from tests.fixtures.settings_probe import settings_of
 from tests.testenv import TEST_ENV
 
 DOCS = ROOT / "docs" / "configuration.md"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.test_locks import pins
+from tests.fixtures.locks import pins
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]

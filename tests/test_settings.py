@@ -10,31 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.settings_probe import _env, start
 from tests.testenv import TEST_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = "import django; django.setup(); print('configured')"
-
-
-def _env() -> dict[str, str]:
-    """This environment without our variables, plus the test defaults."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
-    env.update(TEST_ENV)
-    return env
-
-
-def start(overrides: dict[str, str | None], *argv: str) -> subprocess.CompletedProcess[str]:
-    """Import the settings in a fresh interpreter, as any process of ours would."""
-    env = _env()
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    code = f"import sys; sys.argv = ['manage.py', *{list(argv)!r}]; {CHECK}"
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
 
 
 def test_the_test_environment_starts():

@@ -1,132 +1,28 @@
 """Static files as shipped: a real ``manage.py collectstatic`` into a temporary STATIC_ROOT, then
 a REAL gunicorn started the way the image starts it (``-c python:duckgres_admin.gunicorn_conf``)
-serves them through WhiteNoise: compressed, hashed, cached forever.
+serves them through WhiteNoise: compressed, hashed, cached forever (the gunicorn helpers are
+tests/fixtures/gunicorn.py).
 
 Not pytest-django's ``live_server``: it serves static files by itself and so hid the 404s the
-admin's CSS and JS answered under gunicorn. The gunicorn helpers here are also used by
-tests/test_proxy_settings.py.
+admin's CSS and JS answered under gunicorn.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import http.client
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from email.message import Message
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.fixtures.gunicorn import Gunicorn, run_gunicorn
 from tests.fixtures.processes import ROOT, process_env
-from tests.testenv import TEST_ENV
-
-GUNICORN = Path(sys.executable).parent / "gunicorn"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Response:
-    status: int
-    headers: Message
-    body: bytes
-
-    def header(self, name: str) -> str:
-        return str(self.headers.get(name, ""))
-
-    def set_cookies(self) -> list[str]:
-        return [str(v) for v in self.headers.get_all("Set-Cookie", [])]
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
-
-
-@dataclass
-class Gunicorn:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        body: bytes | None = None,
-    ) -> Response:
-        """One request on a fresh connection; no redirect is followed, no cookie is kept."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request(method, path, body=body, headers=dict(headers or {}))
-            resp = conn.getresponse()
-            return Response(resp.status, resp.msg, resp.read())
-        finally:
-            conn.close()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-@contextlib.contextmanager
-def run_gunicorn(
-    env: Mapping[str, str], log_path: Path, *, probe_host: str = "127.0.0.1"
-) -> Iterator[Gunicorn]:
-    """``gunicorn -c python:duckgres_admin.gunicorn_conf duckgres_admin.wsgi:application`` on a
-    free loopback port; yields once ``/livez`` answers 200 (asked with ``Host: probe_host``).
-    Stopped with SIGTERM (its own session; SIGKILL to that session only if it hangs)."""
-    port = free_port()
-    cmd = [
-        str(GUNICORN), "-c", "python:duckgres_admin.gunicorn_conf",
-        "duckgres_admin.wsgi:application",
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env={**env, "DUCKGRES_HTTP_BIND": f"127.0.0.1:{port}"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Gunicorn(proc, port, log_path)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {proc.returncode}:\n{server.log_text()}")
-            with contextlib.suppress(OSError):
-                if server.request("GET", "/livez", headers={"Host": probe_host}).status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn did not answer /livez:\n{server.log_text()}")
-            time.sleep(0.2)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+from tests.fixtures.settings_probe import settings_of
 
 
 def collectstatic(static_root: Path, *, storage: str = "manifest") -> None:
@@ -228,32 +124,6 @@ def test_an_unknown_static_file_is_404(server):
 
 
 # --- storage selection (settings only, no server) ---------------------------------------------
-
-
-def settings_of(
-    overrides: Mapping[str, str | None], *names: str, argv: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """The values of ``names`` in settings imported by a fresh interpreter with the test
-    environment plus ``overrides`` (None removes a variable); raises with stderr on failure."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
-    env.update(TEST_ENV)
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    code = (
-        f"import sys, json; sys.argv = ['manage.py', *{list(argv)!r}]; "
-        "import django; django.setup(); from django.conf import settings; "
-        f"print(json.dumps({{n: getattr(settings, n) for n in {list(names)!r}}}, default=str))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr)
-    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return values
 
 
 PLAIN = "django.contrib.staticfiles.storage.StaticFilesStorage"

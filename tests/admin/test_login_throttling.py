@@ -17,9 +17,9 @@ import pytest
 from axes.models import AccessAttempt  # type: ignore[import-untyped]
 from django.test import Client
 
-from tests.api.test_request_admission import settings_of
 from tests.fixtures.admin import staff_user
 from tests.fixtures.api import clients
+from tests.fixtures.settings_probe import settings_printed
 
 __all__ = ["clients"]  # the API's identities (tests/fixtures/api.py), a fixture
 
@@ -96,13 +96,13 @@ def test_the_api_is_not_throttled_by_admin_lockouts(quick: Any, clients: Any):
 @pytest.mark.safeguard("reshard-118")
 def test_the_limit_and_the_cooloff_come_from_the_environment():
     names = ("AXES_FAILURE_LIMIT", "AXES_COOLOFF_TIME", "AXES_LOCKOUT_PARAMETERS")
-    result = settings_of({}, *names)
+    result = settings_printed({}, *names)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(" ", 2) == ["5", "0.25", "['username']\n"]
     env = {"DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT": "3", "DUCKGRES_ADMIN_LOGIN_COOLOFF_SECONDS": "90"}
-    result = settings_of(env, *names)
+    result = settings_printed(env, *names)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(" ", 2) == ["3", "0.025", "['username']\n"]
-    result = settings_of({"DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT": "0"}, "DEBUG")
+    result = settings_printed({"DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT": "0"}, "DEBUG")
     assert result.returncode != 0
     assert "DUCKGRES_ADMIN_LOGIN_FAILURE_LIMIT='0' must be >= 1" in result.stderr

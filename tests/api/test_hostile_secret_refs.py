@@ -21,7 +21,7 @@ from duckgres_admin.lib import secretrefs
 from duckgres_admin.models import AuditRecord, MetadataStore, ReshardOperation
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse, unique
-from tests.test_settings import start as start_process
+from tests.fixtures.settings_probe import start as start_process
 
 STORE = {
     "kind": "cnpg",

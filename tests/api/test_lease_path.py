@@ -21,9 +21,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from duckgres_admin.models import ConnectionLease, Warehouse
+from tests.fixtures.gunicorn import Gunicorn, run_gunicorn
 from tests.fixtures.leases import make_org, post
 from tests.fixtures.processes import child_config_store_dsn, process_env
-from tests.test_static_files import Gunicorn, run_gunicorn
 
 LOCK_SQL = "SELECT pg_advisory_xact_lock("
 

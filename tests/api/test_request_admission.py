@@ -5,9 +5,6 @@ CSRF middleware reads a body, and the settings that bound them. Against a real g
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -15,8 +12,7 @@ from django.conf import settings
 from django.test import Client
 
 from duckgres_admin import admission
-from tests.fixtures.processes import ROOT
-from tests.testenv import TEST_ENV
+from tests.fixtures.settings_probe import settings_printed
 
 MAX = 1024 * 1024
 POST = b"POST /api/v1/warehouses HTTP/1.1\r\nHost: x\r\n"
@@ -117,26 +113,9 @@ def test_the_shipped_budget_and_django_s_own_limit():
     assert admission.minimum_budget(MAX) < settings.DUCKGRES_API_BUFFER_BUDGET_BYTES
 
 
-def settings_of(env: dict[str, str], *names: str) -> subprocess.CompletedProcess[str]:
-    """Import the settings in a fresh interpreter with ``env`` and print ``names``."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DUCKGRES_", "DJANGO_"))}
-    code = (
-        "import django; django.setup(); from django.conf import settings; "
-        f"print(*(repr(getattr(settings, n)) for n in {list(names)!r}))"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**base, **TEST_ENV, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 @pytest.mark.safeguard("reshard-116")
 def test_the_budget_and_the_body_limit_are_set_together():
-    result = settings_of(
+    result = settings_printed(
         {"DUCKGRES_API_MAX_BODY_BYTES": "4096", "DUCKGRES_API_BUFFER_BUDGET_BYTES": "67108864"},
         "DATA_UPLOAD_MAX_MEMORY_SIZE",
         "DUCKGRES_API_BUFFER_BUDGET_BYTES",
@@ -144,7 +123,7 @@ def test_the_budget_and_the_body_limit_are_set_together():
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["4096", "67108864"]
     least = admission.minimum_budget(MAX)
-    result = settings_of({"DUCKGRES_API_BUFFER_BUDGET_BYTES": str(least - 1)}, "DEBUG")
+    result = settings_printed({"DUCKGRES_API_BUFFER_BUDGET_BYTES": str(least - 1)}, "DEBUG")
     assert result.returncode != 0
     assert (
         f"DUCKGRES_API_BUFFER_BUDGET_BYTES={least - 1} is below {least}, the reserve for request "

@@ -36,9 +36,9 @@ import pytest
 from django.conf import settings
 
 from duckgres_admin import admission
+from tests.fixtures.gunicorn import Gunicorn, free_port, run_gunicorn
 from tests.fixtures.processes import process_env
 from tests.fixtures.rows import new_store, new_warehouse
-from tests.test_static_files import Gunicorn, free_port, run_gunicorn
 
 pytestmark = pytest.mark.timeout(300)
 

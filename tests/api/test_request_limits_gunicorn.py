@@ -22,8 +22,8 @@ import pytest
 from django.conf import settings
 
 from duckgres_admin import gunicorn_conf
+from tests.fixtures.gunicorn import Gunicorn, run_gunicorn
 from tests.fixtures.processes import process_env
-from tests.test_static_files import Gunicorn, run_gunicorn
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,7 +15,7 @@ from duckgres_admin.api import auth
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib import secretrefs
 from duckgres_admin.models import AuditRecord
-from tests.test_settings import start
+from tests.fixtures.settings_probe import start
 
 OLD = "the-old-value-of-a-rotated-secret-0123456789"
 

@@ -10,6 +10,7 @@ import shlex
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,15 @@ from reshard.backup import (
     SourceFacts,
     run_backup,
 )
-from tests.backup.conftest import (
+from tests.fixtures.backup import (
+    PG15_BIN,
     MotoS3,
-    RecordingHooks,
     add_blob_table,
+    assert_nothing_left,
     catalog_source,
+    restore_into_scratch,
 )
-from tests.fixtures.backup import PG15_BIN, assert_nothing_left, restore_into_scratch
+from tests.fixtures.hooks import RecordingHooks
 
 KEY_RE = re.compile(r"^_reshard_catalog_backups/op-(\d+)-\d{8}T\d{6}Z\.dump$")
 
@@ -114,7 +117,7 @@ def test_success_restorable_untagged_no_password_in_argv(
     assert not any(catalog.password in a for a in argv)
     assert env["PGPASSWORD"] == catalog.password
     assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "PGPASSWORD"}
-    assert catalog.password not in hooks.messages()
+    assert catalog.password not in hooks.text()
     assert catalog.password not in result.restore_command
 
     # No tagging on any request the product sent (safeguard 11), content type set on create.
@@ -130,7 +133,7 @@ def test_success_restorable_untagged_no_password_in_argv(
 
     # The announcement, the restore command: a new database on the source server as the
     # operator's login (safeguard reshard-71), the majors that work, no user or password.
-    text = hooks.messages()
+    text = hooks.text()
     assert "may take several minutes — size unknown until complete" in text
     assert "HARD prerequisite for the destructive cnpg→external direction" in text
     server = f"host={catalog.cluster.host} port={catalog.cluster.port}"
@@ -231,7 +234,7 @@ def test_progress_at_most_every_two_seconds(
     calls: list[float] = []
 
     class Hooks(RecordingHooks):
-        def progress(self, values: dict[str, int]) -> None:
+        def progress(self, values: Mapping[str, int]) -> None:
             calls.append(time.monotonic())
 
     catalog = tenant_catalog()

@@ -16,9 +16,9 @@ from reshard import backup as backup_mod
 from reshard.backup import BackupDestination, run_backup
 from reshard.launchers.envcontract import ALLOWLIST
 from reshard.launchers.local import runner_env
-from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
-from tests.fixtures.backup import PG15_BIN, restore_into_scratch
-from tests.test_settings import start
+from tests.fixtures.backup import PG15_BIN, MotoS3, catalog_source, restore_into_scratch
+from tests.fixtures.hooks import RecordingHooks
+from tests.fixtures.settings_probe import start
 
 VARIABLE = "DUCKGRES_RESHARD_BACKUP_COMPRESSION"
 ALLOWED = "none, gzip:1, gzip:2, gzip:3, gzip:4, gzip:5, gzip:6, gzip:7, gzip:8, gzip:9"

@@ -23,8 +23,8 @@ from reshard.backup import (
     restored_database_name,
     run_backup,
 )
-from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.fixtures.backup import restore_into_scratch
+from tests.fixtures.backup import MotoS3, restore_into_scratch
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.store_tls import PgWireStub
 from tests.fixtures.stores import DUCKLAKE_DDL, _populate
 

@@ -38,7 +38,8 @@ from reshard.backup import (
     run_backup,
 )
 from reshard.runner.logwriter import OpLogWriter
-from tests.backup.conftest import MotoS3, RecordingHooks, catalog_source
+from tests.fixtures.backup import MotoS3, catalog_source
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.rows import new_op, new_warehouse
 
 pytestmark = pytest.mark.safeguard("reshard-69")

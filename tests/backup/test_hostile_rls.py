@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from reshard.backup import BackupDestination, BackupError, BackupSource, run_backup
-from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.fixtures.backup import assert_nothing_left
+from tests.fixtures.backup import MotoS3, assert_nothing_left
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.hostile import evil_calls, plant_policy, role_exists
 from tests.fixtures.stores import StoreClusters
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import subprocess
 import threading
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOp
 from reshard import backups, metrics, restore, restore_test, verify
 from reshard.backup import BackupSource, backup_key
 from reshard.pgclients import PgClient
+from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket, op_in_state, put_backup, warehouse_with_bucket
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.s3 import S3Bucket
@@ -33,17 +33,6 @@ from tests.fixtures.stores import StoreCluster, StoreClusters, TenantCatalog
 assert bucket  # a fixture, used by name below
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _dump(catalog: TenantCatalog) -> bytes:
-    cluster = catalog.cluster
-    done = subprocess.run(
-        ["pg_dump", "--format=custom", "--compress=1", "--no-owner", "--schema=public",
-         "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres", catalog.database],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert done.stdout.startswith(b"PGDMP")
-    return done.stdout
 
 
 def _fingerprint(catalog: TenantCatalog) -> dict[str, Any]:
@@ -76,7 +65,7 @@ def world(
     op = op_in_state(wh, "succeeded")
     op.catalog_fingerprint = _fingerprint(catalog)
     op.save(update_fields=["catalog_fingerprint"])
-    dump = _dump(catalog)
+    dump = pg_dump_custom(catalog)
     key = backup_key(op.id)
     put_backup(bucket.client(), bucket.bucket, key, dump)  # as the runner records it
     return {"wh": wh, "op": op, "key": key, "dump": dump, "catalog": catalog}
@@ -340,7 +329,7 @@ def test_the_archives_code_runs_without_rights(
     wh = warehouse_with_bucket(bucket.bucket)
     op = op_in_state(wh, "succeeded")
     key = backup_key(op.id)
-    put_backup(bucket.client(), bucket.bucket, key, _dump(catalog))
+    put_backup(bucket.client(), bucket.bucket, key, pg_dump_custom(catalog))
     report = restore_test.run()
     assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
     row = BackupVerification.objects.get(key=key)
@@ -407,7 +396,7 @@ def test_an_archive_that_sets_its_roles_password_finds_no_free_session(
     wh = warehouse_with_bucket(bucket.bucket)
     op = op_in_state(wh, "succeeded")
     key = backup_key(op.id)
-    put_backup(bucket.client(), bucket.bucket, key, _dump(catalog))
+    put_backup(bucket.client(), bucket.bucket, key, pg_dump_custom(catalog))
     name = restore_test.scratch_name(op.id)
     seen: list[str] = []
     done = threading.Event()
@@ -541,7 +530,7 @@ def _failed_under_cap(
     with catalog.tenant_conn() as conn:
         conn.execute(statements)
     key = backup_key(op_in_state(warehouse_with_bucket(bucket.bucket), "succeeded").id)
-    put_backup(bucket.client(), bucket.bucket, key, _dump(catalog))
+    put_backup(bucket.client(), bucket.bucket, key, pg_dump_custom(catalog))
     report = restore_test.run()
     assert report.tested == [f"s3://{bucket.bucket}/{key}: failed"], report
     return BackupVerification.objects.get(key=key)

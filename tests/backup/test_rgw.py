@@ -4,41 +4,16 @@ CompleteMultipartUpload response, and 404 NoSuchUpload (not 500) for an aborted 
 
 from __future__ import annotations
 
-import os
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from duckgres_admin.lib.s3 import S3
 from reshard.backup import KEY_PREFIX, BackupDestination, BackupError, run_backup
-from tests.backup.conftest import RecordingHooks, add_blob_table, catalog_source, pid_gone
-from tests.fixtures.availability import RGW_URL_DEFAULT
+from tests.fixtures.backup import add_blob_table, catalog_source, pid_gone
+from tests.fixtures.hooks import RecordingHooks
 
 pytestmark = pytest.mark.rgw
-
-
-@pytest.fixture
-def rgw(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[tuple[S3, str]]:
-    url = os.environ.get("DUCKGRES_TEST_RGW_URL", RGW_URL_DEFAULT)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", os.environ.get("DUCKGRES_TEST_RGW_KEY", "testing"))
-    monkeypatch.setenv(
-        "AWS_SECRET_ACCESS_KEY", os.environ.get("DUCKGRES_TEST_RGW_SECRET", "testing")
-    )
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    settings.DUCKGRES_S3_ENDPOINT_URL = url
-    settings.DUCKGRES_AWS_REGION = "us-east-1"
-    settings.DUCKGRES_S3_ADDRESSING_STYLE = "path"
-    s3 = S3()
-    bucket = f"bk-{secrets.token_hex(6)}"
-    s3.client.create_bucket(Bucket=bucket)
-    yield s3, bucket
-    for key in s3.list_keys(bucket):
-        s3.delete_object(bucket, key)
-    for key, upload in s3.list_multipart_uploads(bucket):
-        s3.abort_multipart_upload(bucket, key, upload)
-    s3.client.delete_bucket(Bucket=bucket)
 
 
 def test_multi_part_backup_on_rgw(

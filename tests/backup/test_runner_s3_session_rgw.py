@@ -14,8 +14,8 @@ from duckgres_admin.lib.s3 import S3, S3Error
 from duckgres_admin.models import ReshardOperation
 from reshard.backup import KEY_PREFIX, BackupDestination, run_backup
 from reshard.launchers import s3scope
-from tests.backup.conftest import RecordingHooks, add_blob_table, catalog_source
-from tests.backup.test_rgw import rgw  # noqa: F401 - the fixture
+from tests.fixtures.backup import add_blob_table, catalog_source
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.rows import new_warehouse
 
 pytestmark = [pytest.mark.rgw, pytest.mark.django_db]
@@ -45,7 +45,7 @@ def denied(call: Any) -> str:
 
 @pytest.mark.safeguard("reshard-137")
 def test_a_runner_session_backs_up_its_own_operation_and_reaches_no_other_object(
-    rgw: tuple[S3, str],  # noqa: F811
+    rgw: tuple[S3, str],
     hooks: RecordingHooks,
     tenant_catalog: Any,
     monkeypatch: pytest.MonkeyPatch,
@@ -95,7 +95,7 @@ def test_a_runner_session_backs_up_its_own_operation_and_reaches_no_other_object
 
 @pytest.mark.safeguard("reshard-137")
 def test_a_restore_session_reads_exactly_its_recorded_source(
-    rgw: tuple[S3, str],  # noqa: F811
+    rgw: tuple[S3, str],
     monkeypatch: pytest.MonkeyPatch,
     settings: Any,
 ) -> None:
@@ -124,7 +124,7 @@ def test_a_restore_session_reads_exactly_its_recorded_source(
 
 
 def test_without_a_role_or_sts_the_launch_fails_naming_the_fix(
-    rgw: tuple[S3, str],  # noqa: F811
+    rgw: tuple[S3, str],
 ) -> None:
     """RGW has no GetFederationToken: a warehouse without a role cannot get a session there,
     and the launch says what to set instead of handing out the control plane's keys."""

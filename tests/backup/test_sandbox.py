@@ -17,7 +17,7 @@ from psycopg import sql
 
 from reshard import sandbox
 from reshard.backup import backup_key
-from tests.backup.test_restore_test import _dump
+from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.stores import StoreClusters
@@ -92,7 +92,7 @@ def test_the_sandbox_restores_with_nothing_of_the_control_plane(
     bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any
 ) -> None:
     catalog = tenant_catalog(store_clusters.source, rows=4)
-    dump = _dump(catalog)
+    dump = pg_dump_custom(catalog)
     key = backup_key(9001)
     bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=dump)
     name, password = scratch(store_clusters)
@@ -112,7 +112,7 @@ def test_the_sandbox_restores_with_nothing_of_the_control_plane(
 def test_bytes_that_differ_from_the_record_are_the_archives_fault_and_a_bad_job_the_attempts(
     bucket: S3Bucket, store_clusters: StoreClusters, tenant_catalog: Any
 ) -> None:
-    dump = _dump(tenant_catalog(store_clusters.source, rows=2))
+    dump = pg_dump_custom(tenant_catalog(store_clusters.source, rows=2))
     key = backup_key(9002)
     bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=dump)
     name, password = scratch(store_clusters)

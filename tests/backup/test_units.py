@@ -23,7 +23,8 @@ from reshard.backup import (
     part_size_for,
     run_backup,
 )
-from tests.backup.conftest import MotoS3, RecordingHooks
+from tests.fixtures.backup import MotoS3
+from tests.fixtures.hooks import RecordingHooks
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -232,7 +233,7 @@ def test_missing_ambient_credentials_fail_cleanly(
 ) -> None:
     """Without a role ARN the client is built while pg_dump starts: a missing credential
     stops the backup with the credentials error, pg_dump killed and reaped."""
-    from tests.backup.conftest import catalog_source, pid_gone
+    from tests.fixtures.backup import catalog_source, pid_gone
 
     catalog = tenant_catalog()
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):

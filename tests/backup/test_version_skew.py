@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
-from tests.backup.conftest import MotoS3, RecordingHooks
-from tests.fixtures.backup import assert_nothing_left
+from tests.fixtures.backup import MotoS3, assert_nothing_left
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import Pg18, pg18
 
 __all__ = ["pg18"]
@@ -122,7 +122,7 @@ def test_pg15_source_keeps_pg_dump_15_when_18_is_also_there(
     pg18: Pg18, moto_s3: MotoS3, hooks: RecordingHooks, tenant_catalog: Any
 ) -> None:
     """Same major wins: a pg_dump 18 archive would be unreadable by pg_restore 15."""
-    from tests.backup.conftest import catalog_source
+    from tests.fixtures.backup import catalog_source
 
     catalog = tenant_catalog()
     dirs = f"{pg18.bin_dir}:{DEBIAN_BINS}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.processes import ROOT
+from tests.fixtures.processes import ARTIFACTS
 
 CHROMIUM = os.environ.get("DUCKGRES_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -29,7 +29,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-default-apps",
 ]
-ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from duckgres_admin.models import (
     Warehouse,
 )
 from reshard import operations
-from tests.browser.conftest import ARTIFACTS
+from tests.fixtures.processes import ARTIFACTS
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.runner import (
     RunnerProcess,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,11 +22,12 @@ from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
 from reshard import verify
 from reshard.backup import backup_key
+from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket, op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.cli import Cli
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket
-from tests.fixtures.stores import StoreClusters, TenantCatalog
+from tests.fixtures.stores import StoreClusters
 
 assert bucket  # a fixture, used by name below
 
@@ -167,17 +167,6 @@ def test_reshard_list_and_follow_name_a_restore_and_an_in_place_one(
     cli.assert_no_secret()
 
 
-def _dump(catalog: TenantCatalog) -> bytes:
-    cluster = catalog.cluster
-    done = subprocess.run(
-        ["pg_dump", "--format=custom", "--compress=1", "--no-owner", "--schema=public",
-         "-h", cluster.host, "-p", str(cluster.port), "-U", "postgres", catalog.database],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert done.stdout.startswith(b"PGDMP")
-    return done.stdout
-
-
 def _wait_for(what: str, found: Callable[[], Any], worker: Any, seconds: float = 150.0) -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -207,7 +196,7 @@ def test_backups_test_queues_a_restore_test_that_the_worker_runs(
     op.catalog_fingerprint = verify.compare(state, state).fingerprint()
     op.save(update_fields=["catalog_fingerprint"])
     key = backup_key(op.id)
-    dump = _dump(catalog)
+    dump = pg_dump_custom(catalog)
     answer = bucket.client().put_object(Bucket=bucket.bucket, Key=key, Body=dump)
     uri = f"s3://{bucket.bucket}/{key}"
     # Recorded on its operation as the runner records what it wrote (only recorded objects are

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_transport import as_person, person_token
-from tests.fixtures.cli import CHECKOUT, Cli
+from tests.fixtures.cli import CHECKOUT, Cli, as_person, person_token
 
 CLI_DIR = CHECKOUT / "cli"
 

@@ -5,7 +5,6 @@ unless ``--insecure-http`` (or ``DUCKGRES_INSECURE_HTTP=1``) says so."""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import threading
@@ -14,24 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from knox.models import AuthToken
 
-from duckgres_admin.models import AuditRecord, Operator
-from tests.fixtures.cli import Cli
-
-
-def person_token(email: str, role: str) -> str:
-    get_user_model().objects.create_user(username=email, email=email, password=None, is_staff=True)
-    Operator.objects.create(email=email, role=role)
-    out = io.StringIO()
-    call_command("create_api_token", email, stdout=out, stderr=io.StringIO())
-    return out.getvalue().strip()
-
-
-def as_person(cli: Cli) -> Cli:
-    return Cli(cli.url, "")  # no internal secret in its environment
+from duckgres_admin.models import AuditRecord
+from tests.fixtures.cli import as_person, person_token
 
 
 @pytest.mark.safeguard("reshard-120")

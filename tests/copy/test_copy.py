@@ -25,7 +25,8 @@ from reshard.copy import (
     read_catalog,
     read_constraints,
 )
-from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
+from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
+from tests.fixtures.hooks import RecordingHooks
 
 
 def _run(pair: CatalogPair, hooks: RecordingHooks, **kwargs: Any) -> catalog_copy.CopyResult:

@@ -25,7 +25,8 @@ from psycopg import sql
 from reshard import copy as catalog_copy
 from reshard.copy import ColumnRow, ConstraintRow, CopyError, IndexRow, TableRow, copy_catalog
 from reshard.verify import VerifyError, verify_ducklake
-from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
+from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.hostile import evil_calls, plant_policy, role_exists
 from tests.fixtures.stores import StoreClusters
 

@@ -11,7 +11,8 @@ from psycopg import sql
 
 from reshard.copy import copy_catalog
 from reshard.verify import DuckLakeState, VerifyError, compare, read_state, verify_ducklake
-from tests.copy.conftest import CatalogPair, CatalogPairFactory, RecordingHooks
+from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
+from tests.fixtures.hooks import RecordingHooks
 
 
 def _copy_then_verify(

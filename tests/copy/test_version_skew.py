@@ -27,7 +27,8 @@ from psycopg import sql
 from reshard.copy import copy_catalog
 from reshard.demo_catalog import build_demo_catalog
 from reshard.verify import verify_ducklake
-from tests.copy.conftest import CatalogPair, RecordingHooks
+from tests.fixtures.catalog_pair import CatalogPair
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 

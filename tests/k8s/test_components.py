@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.k8s.test_manifests import K8S_DIR, one
+from tests.fixtures.manifests import K8S_DIR, one
 
 HA = K8S_DIR / "components" / "ha"
 REPLICATED = ("api", "worker", "control-worker")

@@ -10,45 +10,26 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from django.contrib.auth import get_user_model
 
 from tests.fixtures.docs import documented_command
-from tests.fixtures.processes import child_config_store_dsn, process_env
-from tests.k8s.test_manifests import (
+from tests.fixtures.manifests import (
     BASE_DIR,
     DOCS,
     K8S_DIR,
     RUNNERS_DIR,
     applied_files,
     deployments,
+    images,
+    kustomize,
     one,
 )
+from tests.fixtures.processes import child_config_store_dsn, process_env
 
 ROOT = K8S_DIR.parent
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    assert Path(KUBECTL).exists(), "kubectl is missing (it ships kustomize: apply -k)"
-    result = subprocess.run(
-        [KUBECTL, "kustomize", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
-def images(docs: list[dict[str, Any]]) -> set[str]:
-    found: set[str] = set()
-    for doc in docs:
-        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-            found.add(container["image"])
-    return found
 
 
 def test_apply_k_installs_every_top_level_manifest_and_nothing_else():

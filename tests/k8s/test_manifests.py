@@ -13,15 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from duckgres_admin import gunicorn_conf
 from duckgres_admin.lib import k8s
 from reshard.launchers.podspec import build_runner_pod, runner_labels
+from tests.fixtures.manifests import (
+    BASE_DIR,
+    DOCS,
+    K8S_DIR,
+    RUNNERS_DIR,
+    deployments,
+    env_of,
+    load_docs,
+    matches,
+    one,
+)
 
-K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
-BASE_DIR = K8S_DIR / "base"  # the control plane's manifests
-RUNNERS_DIR = K8S_DIR / "runners"  # the runner namespace's
 ALLOWED_API_VERSIONS = {
     "v1",
     "apps/v1",
@@ -33,46 +40,9 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 RUNNERS = "duckgres-runners"  # the runner namespace (k8s/runners/)
 
 
-def applied_files() -> list[Path]:
-    """The files ``kubectl apply -k k8s/`` applies: the resources of ``k8s/base`` and
-    ``k8s/runners``, which the top-level kustomization includes (with the image setting)."""
-    top = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    assert top["resources"] == ["base", "runners"], "k8s/kustomization.yaml: base/, runners/"
-    files: list[Path] = []
-    for directory in (BASE_DIR, RUNNERS_DIR):
-        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-        files.extend(directory / name for name in kustomization["resources"])
-    return files
-
-
-def load_docs() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in applied_files():
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    return docs
-
-
-DOCS = load_docs()
-
-
-def one(kind: str, name: str, namespace: str = "duckgres") -> dict[str, Any]:
-    [doc] = [
-        d
-        for d in DOCS
-        if d["kind"] == kind
-        and d["metadata"]["name"] == name
-        and d["metadata"].get("namespace", namespace) == namespace
-    ]
-    return doc
-
-
 def namespace_labels(name: str) -> dict[str, str]:
     labels: dict[str, str] = one("Namespace", name)["metadata"]["labels"]
     return labels
-
-
-def deployments() -> list[dict[str, Any]]:
-    return [d for d in DOCS if d["kind"] == "Deployment"]
 
 
 def walk_keys(node: Any) -> list[str]:
@@ -81,15 +51,6 @@ def walk_keys(node: Any) -> list[str]:
     if isinstance(node, list):
         return [k for item in node for k in walk_keys(item)]
     return []
-
-
-def env_of(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e for e in container["env"]}
-
-
-def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
 
 def test_every_manifest_uses_only_the_supported_api_versions():

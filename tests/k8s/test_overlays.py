@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.docs import documented_files
-from tests.k8s.test_deploy_lifecycle import images, kustomize
-from tests.k8s.test_manifests import DOCS, K8S_DIR
+from tests.fixtures.manifests import DOCS, K8S_DIR, images, kustomize
 
 PRODUCTION = K8S_DIR / "overlays" / "production"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from reshard.launchers.podspec import build_runner_pod
+from tests.fixtures.manifests import DOCS, one
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.k8s.test_manifests import DOCS, one
 
 pytestmark = pytest.mark.safeguard("reshard-62")
 

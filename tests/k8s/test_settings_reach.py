@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reshard.launchers.envcontract import ALLOWLIST
-from tests.k8s.test_manifests import BASE_DIR, deployments, env_of, one
+from tests.fixtures.manifests import BASE_DIR, deployments, env_of, one
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("duckgres_admin", "reshard", "trino_pools")

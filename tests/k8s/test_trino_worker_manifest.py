@@ -4,7 +4,7 @@ every manifest are in ``test_manifests.py``."""
 
 from __future__ import annotations
 
-from tests.k8s.test_manifests import BASE_DIR, env_of, one
+from tests.fixtures.manifests import BASE_DIR, env_of, one
 from trino_pools import config
 
 TRINO_VARIABLES = {

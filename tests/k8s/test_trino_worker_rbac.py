@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from duckgres_admin.lib import k8s
-from tests.k8s.test_manifests import DOCS, K8S_DIR, env_of, matches, one
+from tests.fixtures.manifests import DOCS, K8S_DIR, env_of, matches, one
 from tests.trino.blueprints import valid_blueprint
 from trino_pools import config, tasks
 from trino_pools.blueprint import MANAGED_BY, MANAGED_BY_LABEL

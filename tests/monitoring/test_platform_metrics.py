@@ -18,8 +18,8 @@ from django.utils import timezone
 from duckgres_admin.models import Notification, NotificationKind, NotificationState
 from duckgres_admin.observability import metrics
 from duckgres_admin.queues import QueueName, TaskName
+from tests.fixtures.gunicorn import free_port
 from tests.fixtures.processes import process_env
-from tests.test_static_files import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from tests.fixtures.pods import BUCKET, NAMESPACE, TENANT_SECRET, Deployed
 from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
-from tests.pods.conftest import BUCKET, NAMESPACE, TENANT_SECRET, Deployed
 
 
 class Tenant:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.availability import pods_unavailable
 from tests.fixtures.docs import documented_command
-from tests.pods.conftest import (
+from tests.fixtures.pods import (
     KUBECONFIG,
     NAMESPACE,
     ROOT,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.docs import documented_command
-from tests.pods.conftest import (
+from tests.fixtures.pods import (
     DEPLOYMENTS,
     KUBECONFIG,
     NAMESPACE,

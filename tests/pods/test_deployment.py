@@ -21,7 +21,7 @@ import pytest
 
 from tests.fixtures.docs import documented_command
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.pods.conftest import (
+from tests.fixtures.pods import (
     DEPLOYMENTS,
     KUBECONFIG,
     NAMESPACE,

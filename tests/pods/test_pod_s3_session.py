@@ -24,8 +24,7 @@ from duckgres_admin.lib.s3 import S3, mint_session
 from reshard.backup import KEY_PREFIX
 from reshard.launchers.s3scope import session_policy
 from tests.fixtures.availability import RGW_URL_DEFAULT, rgw_unavailable
-from tests.fixtures.runner import TcpProxy
-from tests.pods.conftest import (
+from tests.fixtures.pods import (
     NODE_IP,
     RUNNERS_NAMESPACE,
     Deployed,
@@ -33,6 +32,7 @@ from tests.pods.conftest import (
     kubectl_json,
     wait_until,
 )
+from tests.fixtures.runner import TcpProxy
 
 pytestmark = [pytest.mark.pods, pytest.mark.timeout(600)]
 ROLE = "arn:aws:iam:::role/duckgres-data"

@@ -19,10 +19,7 @@ import pytest
 
 from tests.fixtures.docs import documented_command
 from tests.fixtures.pod_security import read_only_root, restricted_violations
-from tests.fixtures.runner import catalog_checksums
-from tests.fixtures.secrets_scan import scan, unique_password
-from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
-from tests.pods.conftest import (
+from tests.fixtures.pods import (
     BUCKET,
     DEPLOYMENTS,
     NAMESPACE,
@@ -30,12 +27,18 @@ from tests.pods.conftest import (
     RUNNERS_NAMESPACE,
     TENANT_SECRET,
     Deployed,
+    container_id,
     kubectl,
     kubectl_json,
+    runner_pod,
     scrape,
     wait_rollouts,
+    wait_step,
     wait_until,
 )
+from tests.fixtures.runner import catalog_checksums
+from tests.fixtures.secrets_scan import scan, unique_password
+from tests.fixtures.stores import TenantCatalog, create_tenant_catalog, drop_tenant
 from tests.pods.tenants import Tenant
 from tests.pods.tenants import messages as _messages
 
@@ -60,12 +63,6 @@ def tenant(deployed: Deployed) -> Any:
         t.cleanup()
 
 
-def _runner_pod(op_id: int) -> dict[str, Any] | None:
-    out = kubectl("-n", RUNNERS_NAMESPACE, "get", "pod", f"duckgres-reshard-op-{op_id}",
-                  "--ignore-not-found", "-o", "json")  # fmt: skip
-    return json.loads(out) if out.strip() else None
-
-
 def _moved_rows(tenant: Tenant) -> dict[str, int]:
     moved = TenantCatalog(
         tenant.deployed.clusters.target,
@@ -85,7 +82,7 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     rows_before = t.catalog.row_counts()
     op_id = t.to_cnpg_target()
 
-    pod = wait_until(lambda: _runner_pod(op_id), f"runner pod duckgres-reshard-op-{op_id}", 60)
+    pod = wait_until(lambda: runner_pod(op_id), f"runner pod duckgres-reshard-op-{op_id}", 60)
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 600
@@ -141,7 +138,7 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     assert deployed.s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > 0
     # The pod ran to completion, exit 0, under the kubelet.
     pod = wait_until(
-        lambda: (p := _runner_pod(op_id)) and p["status"].get("phase") in ("Succeeded", "Failed")
+        lambda: (p := runner_pod(op_id)) and p["status"].get("phase") in ("Succeeded", "Failed")
         and p,
         "the runner pod to finish", 60,
     )  # fmt: skip
@@ -155,7 +152,7 @@ def test_a_reshard_runs_in_its_own_pod_and_the_janitor_reaps_it(deployed: Deploy
     assert "runner log persisted: pod " in text, text[-3000:]
     assert "credentials from env (an operation-scoped session: federation token" in text
     # The janitor reaps the finished pod (REAP_AFTER 5 s + one janitor interval).
-    wait_until(lambda: _runner_pod(op_id) is None, "the janitor to reap the runner pod", 120, 2)
+    wait_until(lambda: runner_pod(op_id) is None, "the janitor to reap the runner pod", 120, 2)
 
 
 def test_an_external_target_password_reaches_the_runner_pod_and_nowhere_else(
@@ -181,7 +178,7 @@ def test_an_external_target_password_reaches_the_runner_pod_and_nowhere_else(
                 "password": password,
             }
         )
-        pod = wait_until(lambda: _runner_pod(op_id), "the runner pod", 60)
+        pod = wait_until(lambda: runner_pod(op_id), "the runner pod", 60)
         env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
         url = env["DUCKGRES_RESHARD_PASSWORD_URL"]["value"]
         api_ips = {p["status"].get("podIP") for p in deployed.pods("component=api")}
@@ -225,21 +222,13 @@ def test_an_external_target_password_reaches_the_runner_pod_and_nowhere_else(
         drop_tenant(deployed.clusters.target, external.role)
 
 
-def _wait_step(deployed: Deployed, op_id: int, steps: set[str], timeout: float) -> str:
-    def reached() -> str:
-        step = deployed.one("SELECT step FROM duckgres_reshard_operations WHERE id=%s", op_id)
-        return str(step) if step in steps else ""
-
-    return str(wait_until(reached, f"op {op_id} to reach {sorted(steps)}", timeout, 0.2))
-
-
 def test_deleting_the_runner_pod_mid_copy_rolls_back_within_the_grace(deployed: Deployed, tenant):
     """``kubectl delete pod``: SIGTERM, the runner rolls back inside its 600 s grace, the
     warehouse is consistent and unblocked, and the op ends failed (docs/runner.md)."""
     t = tenant(tables=1500)
     rows_before = t.catalog.row_counts()
     op_id = t.to_cnpg_target()
-    _wait_step(deployed, op_id, {"copying"}, 180)
+    wait_step(deployed, op_id, {"copying"}, 180)
     started = time.monotonic()
     kubectl("-n", RUNNERS_NAMESPACE, "delete", "pod", f"duckgres-reshard-op-{op_id}",
             "--wait=false")  # fmt: skip
@@ -304,8 +293,8 @@ def test_a_runner_pods_login_reaches_its_own_operation_only(deployed: Deployed, 
     assert deployed.api.wait_terminal(earlier_id, timeout=300)["state"] == "succeeded"
     t = tenant(tables=1500)
     op_id = t.to_cnpg_target()
-    _wait_step(deployed, op_id, {"copying"}, 180)
-    runner = _runner_pod(op_id)
+    wait_step(deployed, op_id, {"copying"}, 180)
+    runner = runner_pod(op_id)
     assert runner is not None
     env = {e["name"]: e for e in runner["spec"]["containers"][0]["env"]}
     assert env["DUCKGRES_CONFIG_STORE"]["valueFrom"]["secretKeyRef"] == {
@@ -345,28 +334,24 @@ def test_a_runner_pods_login_reaches_its_own_operation_only(deployed: Deployed, 
                        "--ignore-not-found", "-o", "name").strip()  # fmt: skip
 
 
-def _container_id(pod: dict[str, Any]) -> str:
-    return str(pod["status"]["containerStatuses"][0]["containerID"]).split("://", 1)[1]
-
-
 def test_a_runner_killed_by_the_runtime_is_relaunched_and_the_move_completes(
     deployed: Deployed, tenant
 ):
     """kill -9 of the runner's container through containerd mid-copy: the pod ends Failed, the
     janitor captures its log through the kubelet, relaunches a runner within its thresholds and
     the op ends succeeded with the same rows and checksums on both sides."""
-    from tests.pods.conftest import NODE_DIR
+    from tests.fixtures.pods import NODE_DIR
 
     t = tenant(tables=1500)
     sums_before = catalog_checksums(deployed.clusters.source, t.catalog.database)
     op_id = t.to_cnpg_target()
-    _wait_step(deployed, op_id, {"copying"}, 180)
-    pod = _runner_pod(op_id)
+    wait_step(deployed, op_id, {"copying"}, 180)
+    pod = runner_pod(op_id)
     assert pod is not None
     first_uid = pod["metadata"]["uid"]
     subprocess.run(
         ["ctr", "--address", str(NODE_DIR / "containerd" / "containerd.sock"), "-n", "k8s.io",
-         "tasks", "kill", "-s", "KILL", _container_id(pod)],
+         "tasks", "kill", "-s", "KILL", container_id(pod)],
         check=True, capture_output=True,
     )  # fmt: skip
     killed_at = time.monotonic()
@@ -533,7 +518,7 @@ def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_ret
     t = tenant(tables=1500)
     rows_before = t.catalog.row_counts()
     op_id = t.to_cnpg_target()
-    _wait_step(deployed, op_id, {"copying"}, 180)
+    wait_step(deployed, op_id, {"copying"}, 180)
     node = kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
     drain = documented_command("drain <node>", section="Node drain").split()[1:]
     words = [node if w == "<node>" else w for w in drain]
@@ -543,7 +528,7 @@ def test_a_node_drain_mid_copy_rolls_back_in_the_grace_and_the_control_plane_ret
     finally:
         kubectl("uncordon", node)
     took = time.monotonic() - started
-    assert _runner_pod(op_id) is None
+    assert runner_pod(op_id) is None
     wait_rollouts(DEPLOYMENTS)
     wait_until(lambda: deployed.api.answers("warehouses"), "the API after the drain", 120)
     op = deployed.api.wait_terminal(op_id, timeout=300)

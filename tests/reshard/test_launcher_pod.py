@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +22,6 @@ from reshard.launchers.base import LauncherError, StillTerminating
 from reshard.launchers.pod import PodLauncher, pinned_image, resolve_control_plane_image
 from tests.fixtures.kube_pods import (
     OWN_IMAGE,
-    OWN_POD,
     bind_to_node,
     control_plane_env,
     control_plane_pod,
@@ -33,22 +31,6 @@ from tests.fixtures.kube_pods import (
 
 # The launcher mints each op's config-store login (real roles, rolled back with the test).
 pytestmark = [pytest.mark.kube, pytest.mark.django_db]
-
-
-@pytest.fixture
-def kube(kube_api, settings) -> Iterator[Any]:
-    """The product's Kubernetes seam pointed at the test apiserver, with a control-plane pod."""
-    for key, value in kube_api.settings_overrides().items():
-        setattr(settings, key, value)
-    settings.POD_NAME = OWN_POD
-    settings.DUCKGRES_RESHARD_POD_CPU = "2"
-    settings.DUCKGRES_RESHARD_POD_MEMORY = "8Gi"
-    k8s.api_client.cache_clear()
-    kube_api.core.create_namespaced_pod(kube_api.namespace, control_plane_pod())
-    try:
-        yield kube_api
-    finally:
-        k8s.api_client.cache_clear()
 
 
 def new_op(**fields: Any) -> ReshardOperation:

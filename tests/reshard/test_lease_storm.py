@@ -36,9 +36,9 @@ from django.db import connection
 
 from duckgres_admin.models import ConnectionLease, ReshardOperation, Warehouse
 from tests.fixtures.api_client import ApiClient
+from tests.fixtures.gunicorn import run_gunicorn
 from tests.fixtures.leases import make_org
 from tests.fixtures.processes import process_env
-from tests.test_static_files import run_gunicorn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

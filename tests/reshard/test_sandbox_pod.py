@@ -18,9 +18,6 @@ from duckgres_admin.models import Warehouse
 from reshard import sandbox
 from reshard.launchers import sandbox_pod
 from reshard.restore import RestoreError
-from tests.reshard.test_launcher_pod import kube
-
-assert kube  # the pod launcher's fixture, used through `cluster`
 
 pytestmark = [pytest.mark.kube, pytest.mark.django_db]
 PASSWORD = "scratch-pw-" + "x" * 20

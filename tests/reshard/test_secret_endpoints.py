@@ -20,9 +20,9 @@ from reshard.backup import BackupSource, source_conninfo
 from reshard.runner import connections
 from reshard.runner.context import RunContext
 from tests.fixtures.rows import new_store, unique
+from tests.fixtures.settings_probe import start as start_process
 from tests.fixtures.store_tls import PgWireStub
 from tests.fixtures.stores import PROVISIONER_PASSWORD_VAR, StoreClusters
-from tests.test_settings import start as start_process
 
 pytestmark = pytest.mark.safeguard("reshard-124")
 

@@ -25,6 +25,7 @@ import pytest
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.endpoints import EndpointPattern
 from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3
 from tests.fixtures.store_tls import PgWireStub, issue_cert, pg18_client_rig
@@ -132,27 +133,6 @@ def bucket(runner_s3: RunnerS3, settings: Any, monkeypatch: pytest.MonkeyPatch) 
     return runner_s3.bucket
 
 
-class Hooks:
-    def __init__(self) -> None:
-        self.logs: list[tuple[str, str]] = []
-        self.processes: list[Any] = []
-
-    def log(self, level: str, message: str) -> None:
-        self.logs.append((level, message))
-
-    def progress(self, values: dict[str, int]) -> None:
-        return
-
-    def register_process(self, proc: Any) -> None:
-        self.processes.append(proc)
-
-    def unregister_process(self, proc: Any) -> None:
-        return
-
-    def stopped(self) -> bool:
-        return False
-
-
 def test_an_exempt_endpoint_is_dumped_only_by_a_client_that_knows_require_auth(
     store_clusters: StoreClusters, relay: PgWireStub, tenant_catalog: TenantCatalogFactory,
     bucket: str, settings: Any, tmp_path: Path,
@@ -162,7 +142,7 @@ def test_an_exempt_endpoint_is_dumped_only_by_a_client_that_knows_require_auth(
     source = BackupSource(
         "127.0.0.1", relay.port, catalog.database, catalog.role, "verify-full", catalog.password
     )
-    hooks = Hooks()
+    hooks = RecordingHooks()
     with pytest.raises(BackupError) as info:
         run_backup(
             91, source, BackupDestination(bucket), hooks,

@@ -37,6 +37,7 @@ from reshard.backup import (
 )
 from reshard.runner import connections
 from reshard.runner.context import RunContext
+from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3
 from tests.fixtures.store_tls import CA_DIR, PgWireStub, issue_cert, pg18_client_rig
@@ -48,26 +49,6 @@ pytestmark = pytest.mark.safeguard("reshard-68")
 
 PASSWORD = "tls-test-password-7d1c9e"  # a test value the stub must never see
 DEBIAN_PG15 = "/usr/lib/postgresql/15/bin"
-
-
-class Hooks:
-    def __init__(self) -> None:
-        self.logs: list[tuple[str, str]] = []
-
-    def log(self, level: str, message: str) -> None:
-        self.logs.append((level, message))
-
-    def progress(self, values: dict[str, int]) -> None:
-        return
-
-    def register_process(self, proc: Any) -> None:
-        return
-
-    def unregister_process(self, proc: Any) -> None:
-        return
-
-    def stopped(self) -> bool:
-        return False
 
 
 @dataclass
@@ -143,7 +124,7 @@ def test_pg_dump_18_sends_no_password_to_a_cleartext_server(
         )
     rig = pg18_client_rig(bin_dir, tmp_path / "rig")
     source = BackupSource("127.0.0.1", stub.port, "catalog", "tenant", stub.sslmode, PASSWORD)
-    hooks = Hooks()
+    hooks = RecordingHooks()
     with pytest.raises(BackupError) as info:
         run_backup(
             81, source, BackupDestination(s3_bucket_name), hooks,
@@ -167,7 +148,7 @@ def test_pg_dump_15_refuses_a_cleartext_server_through_channel_binding(
     assert "channel_binding=require" in source_conninfo(source, require_auth=False)
     assert "require_auth=scram-sha-256" in source_conninfo(source, require_auth=True)
     source = BackupSource("127.0.0.1", stub.port, "catalog", "tenant", stub.sslmode, PASSWORD)
-    hooks = Hooks()
+    hooks = RecordingHooks()
     with pytest.raises(BackupError) as info:
         run_backup(
             82, source, BackupDestination(s3_bucket_name), hooks,
@@ -290,7 +271,7 @@ def test_verify_full_refuses_an_impostor_before_pg_dump_15_can_send_the_password
     settings.DUCKGRES_STORE_SSLROOTCERT = str(ca)
     with PgWireStub(cert=issue_cert(tmp_path / "impostor", self_signed=True)) as impostor:
         source = BackupSource("127.0.0.1", impostor.port, "c", "t", "verify-full", PASSWORD)
-        hooks = Hooks()
+        hooks = RecordingHooks()
         with pytest.raises(BackupError, match="certificate verify failed"):
             run_backup(
                 83, source, BackupDestination(s3_bucket_name), hooks,

@@ -22,7 +22,7 @@ from django.db import connection
 
 from duckgres_admin.models import TrinoPool, Warehouse, WarehouseTrino
 from tests.fixtures.rows import new_warehouse
-from tests.trino.conftest import CatalogStore
+from tests.fixtures.trino import CatalogStore
 from tests.trino.helpers import cell, full_env, registry, with_pool, write
 from trino_pools import authority, catalog_writer, config
 from trino_pools.authority import Authority

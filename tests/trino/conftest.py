@@ -7,33 +7,12 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 import pytest
 
+from tests.fixtures.trino import ADMIN_DSN, CatalogStore
 from trino_pools import config
-
-ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres?sslmode=prefer"
-
-
-@dataclass
-class CatalogStore:
-    database: str
-    schema: str
-
-    @property
-    def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:5432/{self.database}?sslmode=prefer"
-
-    def tables(self) -> list[str]:
-        with psycopg.connect(self.dsn) as conn:
-            rows = conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-                "ORDER BY table_name",
-                [self.schema],
-            ).fetchall()
-        return [str(r[0]) for r in rows]
 
 
 @pytest.fixture
@@ -98,26 +77,6 @@ def trino_lease_row(transactional_db: None) -> None:
             "INSERT INTO duckgres_leases (name, holder, epoch, expires_at) "
             "VALUES ('trino', '', 0, '-infinity') ON CONFLICT (name) DO NOTHING"
         )
-
-
-def bound_warehouse(make_warehouse: Any, database_name: str, **overrides: Any) -> Any:
-    """A ready warehouse with an external metadata-store binding and a data bucket: everything
-    a Trino catalog definition needs (no password: it is referenced, never inline)."""
-    fields: dict[str, Any] = {
-        "state": "ready",
-        "database_name": database_name,
-        "metadata_store_kind": "external",
-        "metadata_store_host": "meta-1.example.internal",
-        "metadata_store_port": 5432,
-        "metadata_store_sslmode": "require",
-        "metadata_store_database": database_name,
-        "metadata_store_user": database_name,
-        "metadata_store_password_ref": "env:TENANT_PASSWORD",
-        "data_bucket": "tenant-data",
-        "data_region": "us-east-1",
-    }
-    fields.update(overrides)
-    return make_warehouse(**fields)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from tests.fixtures.manifests import one
 from tests.trino.helpers import DSN, TOKEN, cell, full_env, registry, with_pool, write
 from trino_pools import config
 from trino_pools.config import ACCEPTED_BOOLEANS, BOOLEAN_VARIABLES, RETIRED_VARIABLES, load
@@ -508,7 +509,6 @@ def test_a_process_declared_without_kubernetes_access_needs_no_client_configurat
 
 
 def test_the_shipped_beat_declares_it_has_no_kubernetes_access_in_every_container():
-    from tests.k8s.test_manifests import one
 
     beat = one("Deployment", "duckgres-admin-beat")
     spec = beat["spec"]["template"]["spec"]

@@ -24,7 +24,7 @@ from duckgres_admin.models.trino import (
     TrinoPoolPublication,
     WarehouseTrino,
 )
-from tests.trino.conftest import bound_warehouse
+from tests.fixtures.trino import bound_warehouse
 from tests.trino.gateway_double import GatewayDouble
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import authority, config, operator, term_metrics

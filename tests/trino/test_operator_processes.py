@@ -23,7 +23,7 @@ import pytest
 from duckgres_admin.lib.gateway import GatewayClient, GatewayRefused
 from duckgres_admin.models.trino import TrinoPool
 from tests.fixtures.processes import ROOT, process_env
-from tests.trino.conftest import CatalogStore
+from tests.fixtures.trino import CatalogStore
 from tests.trino.gateway_double import GatewayDouble
 from tests.trino.operator_harness import PoolWorld, make_world
 from trino_pools import authority, catalog_store, config

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.models import WarehouseTrino
+from tests.fixtures.trino import ADMIN_DSN
 from tests.testenv import TEST_ENV
-from tests.trino.conftest import ADMIN_DSN
 from tests.trino.helpers import full_env, write
 
 ROOT = Path(__file__).resolve().parents[2]

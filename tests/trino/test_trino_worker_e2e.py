@@ -30,8 +30,8 @@ from rest_framework.test import APIClient
 from duckgres_admin.models import Operator
 from duckgres_admin.models.trino import TrinoPool, WarehouseTrino
 from tests.fixtures.processes import start_celery_worker, stop_celery_worker
+from tests.fixtures.trino import CatalogStore, bound_warehouse
 from tests.trino import blueprints, helpers
-from tests.trino.conftest import CatalogStore, bound_warehouse
 from tests.trino.gateway_double import GatewayDouble
 from trino_pools import config
 from trino_pools.tasks import pool_tick_task
