@@ -324,7 +324,7 @@ def storm(wrk: str, port: int, args: argparse.Namespace) -> None:
     from django.db import connection, transaction
 
     from duckgres_admin.models import ConnectionLease, Warehouse
-    from duckgres_admin.orglock import lock_org
+    from duckgres_admin.platform.orglock import lock_org
     from reshard.runner.steps.draining import drain_pass
 
     busy_clients = max(2, args.clients // 2)

@@ -14,7 +14,7 @@ class DuckgresAdminConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from duckgres_admin.logs import configure_logging
+        from duckgres_admin.platform.logs import configure_logging
 
         configure_logging()
         log = logging.getLogger("duckgres.config")

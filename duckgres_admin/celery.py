@@ -3,7 +3,8 @@
 Logging (docs/logging.md): Celery never configures logging itself. A receiver of
 ``setup_logging`` exists, so Celery neither hijacks the root logger nor installs its plain-text
 formatters; every worker (and its pool processes) and beat log one scrubbed JSON line per record
-through ``duckgres_admin.logs`` -- Celery's own task and worker lines included. The level is
+through ``duckgres_admin.platform.logs`` -- Celery's own task and worker lines included. The level
+is
 ``DUCKGRES_LOG_LEVEL`` (``--loglevel`` and ``--logfile`` are not used); stdout and stderr are
 redirected into the log as Celery would (``worker_redirect_stdouts``). ``celeryd_init``, the
 worker's first signal, applies the same configuration before the worker's first warning.
@@ -18,7 +19,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from duckgres_admin.logs import configure_logging
+from duckgres_admin.platform.logs import configure_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 

@@ -59,7 +59,7 @@ from gunicorn.workers import gthread  # type: ignore[import-untyped]
 from prometheus_client import Counter
 
 from duckgres_admin import admission
-from duckgres_admin.logs import gunicorn_logconfig_dict
+from duckgres_admin.platform.logs import gunicorn_logconfig_dict
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")
 

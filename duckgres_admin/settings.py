@@ -16,11 +16,12 @@ from typing import Any
 import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
-from duckgres_admin import admission, queues
-from duckgres_admin.config import EnvReader, environ
+from duckgres_admin import admission
 from duckgres_admin.housekeeping import policy as retention_policy
 from duckgres_admin.lib import endpoints, secretrefs
 from duckgres_admin.notifications import config as webhook_config
+from duckgres_admin.platform import queues
+from duckgres_admin.platform.config import EnvReader, environ
 from reshard import retention
 
 django_stubs_ext.monkeypatch()
@@ -416,7 +417,8 @@ CELERY_BROKER_URL = env.string(
 )
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_DEFAULT_QUEUE = str(queues.QueueName.DEFAULT)
-# The queues and routes come from the one table of queue and task names (duckgres_admin.queues):
+# The queues and routes come from the one table of queue and task names
+# (duckgres_admin.platform.queues):
 # duckgres.control is a broadcast queue, so every control-worker replica receives every janitor
 # tick and the lease decides which one acts; the Trino tasks all go to duckgres.trino.
 CELERY_TASK_QUEUES = queues.celery_queues()

@@ -71,7 +71,7 @@ from duckgres_admin.lib.pgadmin import (
     tls_params,
 )
 from duckgres_admin.lib.s3 import S3, ObjectHead, S3Error, Uploaded, session_name_for_op
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 from reshard import testhooks
 from reshard.pgclients import (
     NoPgClient,

@@ -3,7 +3,7 @@
 ``reshard.backup_retention()`` on ``duckgres.default`` (beat every hour, expires after an
 hour): one fleet-wide run of :func:`reshard.backups.apply_retention`. Not ``acks_late``: a run
 lost with its worker is simply the next run; two at once are excluded by the run's advisory
-lock (``duckgres_admin.lockkeys.BACKUP_RETENTION_LOCK_KEY``). A no-op while
+lock (``duckgres_admin.platform.lockkeys.BACKUP_RETENTION_LOCK_KEY``). A no-op while
 ``DUCKGRES_BACKUP_RETENTION_ENABLED`` is false (the default).
 
 ``reshard.backup_restore_test()`` on ``duckgres.default`` (beat every 6 hours, expires after 6
@@ -34,7 +34,7 @@ import logging
 from celery import Task, shared_task
 from django.conf import settings
 
-from duckgres_admin.queues import TaskName
+from duckgres_admin.platform.queues import TaskName
 from reshard import backups, oplog, restore_test
 
 _log = logging.getLogger("duckgres.reshard.restore_test")

@@ -29,7 +29,8 @@ among the newest ``keep_last`` of its warehouse (by ``LastModified``), **and** o
 ``min_age_days``, **and** its operation is terminal; a truncated listing deletes nothing of
 that warehouse (the newest N are unknown). Off by default (``DUCKGRES_BACKUP_RETENTION_ENABLED``
 false): the plan is still shown. A run takes the advisory lock ``BACKUP_RETENTION_LOCK_KEY``
-(``duckgres_admin.lockkeys``) and checks it is still held before every deletion, so two runs
+(``duckgres_admin.platform.lockkeys``) and checks it is still held before every deletion, so two
+runs
 never delete concurrently; it deletes at most :data:`MAX_DELETES_PER_RUN` objects and logs every
 deletion (process log and the operation's op log).
 """
@@ -51,7 +52,6 @@ from django.db.models import Q
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.times import rfc3339
 from duckgres_admin.lib.s3 import S3, ListedObject, S3Error, plain_etag
-from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import (
     BackupVerification,
     ReshardOperation,
@@ -59,6 +59,7 @@ from duckgres_admin.models import (
     Warehouse,
 )
 from duckgres_admin.models.reshard import ACTIVE_STATES
+from duckgres_admin.platform.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from reshard import oplog
 from reshard.backup import KEY_PREFIX
 from reshard.retention import ENABLED_VAR, RetentionPolicy

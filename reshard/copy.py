@@ -57,10 +57,11 @@ from psycopg import errors as pg_errors
 from psycopg import pq, sql
 
 from duckgres_admin.lib.pgadmin import pin_session
-from duckgres_admin.lockkeys import COPY_TARGET_LOCK_KEY
+from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
 from reshard import testhooks
 
-# One copier per target: the registry's key (``duckgres_admin.lockkeys``), under its old name.
+# One copier per target: the registry's key (``duckgres_admin.platform.lockkeys``), under its old
+# name.
 TARGET_LOCK_KEY = COPY_TARGET_LOCK_KEY
 INDEX_CREATE_ATTEMPTS = 3
 PROGRESS_INTERVAL_SECONDS = 2.0

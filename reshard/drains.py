@@ -15,7 +15,7 @@ Invariants:
   in between leaves a ``waiting`` item with an operation, which the next advance adopts.
 - **At most ``max_concurrent`` children are active**, counted from the operation rows (never
   from memory) while the drain's advisory lock ``(STORE_DRAIN_LOCK_CLASS, drain id)``
-  (``duckgres_admin.lockkeys``) is held, so a leader that lost its lease mid-launch and its
+  (``duckgres_admin.platform.lockkeys``) is held, so a leader that lost its lease mid-launch and its
   successor never count and launch together; leadership is renewed (``may_act``) before every
   launch and cancel.
 - **State changes are compare-and-set** on the drain's current state: pause ``running →
@@ -52,7 +52,6 @@ from django.db.models import Count
 from django.db.models.functions import Now
 
 from duckgres_admin.base.errors import ServiceError
-from duckgres_admin.lockkeys import STORE_DRAIN_LOCK_CLASS
 from duckgres_admin.models import (
     ACTIVE_DRAIN_STATES,
     ACTIVE_STATES,
@@ -67,6 +66,7 @@ from duckgres_admin.models import (
     Warehouse,
     progress_of,
 )
+from duckgres_admin.platform.lockkeys import STORE_DRAIN_LOCK_CLASS
 from reshard import operations
 from reshard.drain_guard import draining_refusal
 from reshard.kinds import RESHARD

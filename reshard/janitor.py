@@ -2,7 +2,8 @@
 
 Driven by Celery beat every 30 s on the ``duckgres.control`` queue. Every tick:
 
-1. Renew or take the ``janitor`` lease (``duckgres_admin.leadership``); not leader → return.
+1. Renew or take the ``janitor`` lease (``duckgres_admin.platform.leadership``); not leader →
+return.
    List the active ops (an error skips the tick).
 2. An **observed death** is acted on at once: a ``running`` op whose heartbeat is still fresh but
    whose runner the launcher reports exited (the local child is gone, the pod's container
@@ -58,11 +59,11 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, DateTimeField, QuerySet
 from django.db.models.expressions import RawSQL
 
-from duckgres_admin.leadership import LeaderLease
-from duckgres_admin.leadership import lease as process_lease
 from duckgres_admin.models import ReshardOperation
 from duckgres_admin.models.reshard import ACTIVE_STATES
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.leadership import LeaderLease
+from duckgres_admin.platform.leadership import lease as process_lease
+from duckgres_admin.platform.names import runner_name
 from reshard import drains, metrics, oplog, uploads
 from reshard.launchers import get_launcher, login
 from reshard.launchers.base import (

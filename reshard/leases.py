@@ -2,7 +2,7 @@
 
 Invariant (§1.5): after the block step commits (``ready → resharding`` under the per-org
 advisory lock), no lease can be granted. Every grant therefore runs in one transaction that
-takes the same lock (``duckgres_admin.orglock.lock_org``) and re-reads the warehouse state
+takes the same lock (``duckgres_admin.platform.orglock.lock_org``) and re-reads the warehouse state
 under it, in a statement that starts after the lock is held (PostgreSQL takes a statement's
 snapshot when the statement starts: a read in the lock's own statement could see the state
 from before a block that committed while it waited). The ``queued → granted`` move is a
@@ -44,7 +44,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from duckgres_admin.orglock import lock_org, org_lock_key
+from duckgres_admin.platform.orglock import lock_org, org_lock_key
 
 RETRY_AFTER_SECONDS = 5
 RESHARDING_MESSAGE = "metadata-store reshard in progress for this organization; retry shortly"

@@ -22,7 +22,7 @@ from django.db.models.functions import Now
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
 from duckgres_admin.models import TERMINAL_STATES, OpState, ReshardOperation, StoreKind
-from duckgres_admin.queues import QueueName, TaskName
+from duckgres_admin.platform.queues import QueueName, TaskName
 from reshard import oplog, start_checks, stash, steps
 from reshard.kinds import kind_of
 from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest

@@ -45,7 +45,7 @@ from django.db.models.functions import Now
 from duckgres_admin.base.scrub import Scrubber, process_scrubber
 from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import ACTIVE_STATES, ReshardOperation, Warehouse
-from duckgres_admin.names import MILESTONES, runner_name
+from duckgres_admin.platform.names import MILESTONES, runner_name
 from reshard import steps as sequences
 from reshard import uploads
 from reshard.launchers import LauncherError, get_launcher

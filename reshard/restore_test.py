@@ -11,7 +11,7 @@ listing's ``verified`` and the metric of the newest verified backup's age read t
 Invariants:
 
 - **One run at a time.** The run holds the config-store advisory lock
-  ``RESTORE_TEST_LOCK_KEY`` (``duckgres_admin.lockkeys``); a second run does nothing.
+  ``RESTORE_TEST_LOCK_KEY`` (``duckgres_admin.platform.lockkeys``); a second run does nothing.
 - **Nothing is left behind.** The scratch database and its role are both
   ``duckgres_restore_test_<installation>_op<id>`` (:func:`installation_prefix`), dropped
   (``WITH (FORCE)``) when the test ends, whatever the result — only when this run created them
@@ -69,7 +69,6 @@ from psycopg import sql
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.lib.s3 import S3, S3Error
-from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import (
     ACTIVE_STATES,
     BackupVerification,
@@ -78,6 +77,7 @@ from duckgres_admin.models import (
     VerificationResult,
     Warehouse,
 )
+from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
 from reshard import backups, oplog, sandbox, verify
 from reshard.backup import KEY_PREFIX, BackupSource
 from reshard.launchers import sandbox_pod

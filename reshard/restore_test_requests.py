@@ -37,7 +37,7 @@ from django.conf import settings
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ACTIVE_STATES, MetadataStore
-from duckgres_admin.queues import QueueName, TaskName
+from duckgres_admin.platform.queues import QueueName, TaskName
 from reshard import backups, oplog, restore_test
 
 TASK = TaskName.BACKUP_RESTORE_TEST

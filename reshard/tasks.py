@@ -15,7 +15,7 @@ from __future__ import annotations
 from celery import shared_task
 from celery.signals import worker_ready
 
-from duckgres_admin.queues import TaskName
+from duckgres_admin.platform.queues import TaskName
 from reshard import backup_tasks, janitor, launch, worker
 
 # Celery's autodiscovery imports reshard.tasks only: importing backup_tasks registers

@@ -19,7 +19,7 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from duckgres_admin.orglock import lock_org
+from duckgres_admin.platform.orglock import lock_org
 from reshard import binding_catalog, store_tls
 from reshard.vetting import check_host
 from reshard.warehouse_rules import (

@@ -3,11 +3,12 @@
 Wired to Celery's ``worker_ready`` signal from ``reshard.tasks``. Both act only in a worker
 that consumes the ``duckgres.control`` queue (the janitor's solo worker): the exporter listens
 on ``DUCKGRES_CONTROL_METRICS_PORT`` (0 disables it), and a janitor beat row that drifted from
-its entry in ``duckgres_admin.beat.ROWS`` ("every 30 s on duckgres.control, expires 30 s") is
+its entry in ``duckgres_admin.platform.beat.ROWS`` ("every 30 s on duckgres.control, expires 30
+s") is
 reported as a warning, because a longer interval delays every relaunch and an ``expires``
 different from the interval either replays a backlog after an outage or drops live ticks.
 The worker only warns; a missing row is re-created by beat at its start
-(``duckgres_admin.beat``), never by the worker, and a drifted one is never changed.
+(``duckgres_admin.platform.beat``), never by the worker, and a drifted one is never changed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 from django.db import Error as DbError
 
-from duckgres_admin import beat
-from duckgres_admin.queues import QueueName, TaskName, consumed_queues
+from duckgres_admin.platform import beat
+from duckgres_admin.platform.queues import QueueName, TaskName, consumed_queues
 from reshard import metrics
 
 _log = logging.getLogger("duckgres.reshard.worker")
@@ -29,7 +30,7 @@ JANITOR_INTERVAL_SECONDS = JANITOR_ROW.interval_seconds
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the janitor's beat row (none = as in ``duckgres_admin.beat.ROWS``)."""
+    """Warnings for the janitor's beat row (none = as in ``duckgres_admin.platform.beat.ROWS``)."""
     return beat.drift_warnings((JANITOR_ROW,))
 
 

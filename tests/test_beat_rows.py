@@ -1,4 +1,4 @@
-"""The product's beat rows (``duckgres_admin.beat.ROWS``) and their healing at beat start.
+"""The product's beat rows (``duckgres_admin.platform.beat.ROWS``) and their healing at beat start.
 
 - The table is what the data migrations 0002, 0005 and 0006 write (their ``seed`` functions are
   run here against the real models and compared field by field).
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from duckgres_admin import beat
+from duckgres_admin.platform import beat
 from reshard import worker
 from tests.fixtures.processes import process_env
 from trino_pools import tasks
@@ -256,7 +256,7 @@ def test_the_beat_init_receiver_heals_after_the_scheduler_read_the_rows() -> Non
 
     from duckgres_admin.celery import app
 
-    assert any(key[0] == "duckgres_admin.beat-heal" for key, _ in beat_init.receivers)
+    assert any(key[0] == "duckgres_admin.platform.beat-heal" for key, _ in beat_init.receivers)
     _ship_all_rows()
     PeriodicTask.objects.filter(name=POOL_TICK).delete()
     scheduler = DatabaseScheduler(app=app, lazy=False)  # reads the rows, as beat does first

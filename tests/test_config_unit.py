@@ -2,7 +2,7 @@
 
 import pytest
 
-from duckgres_admin.config import parse_duration_seconds
+from duckgres_admin.platform.config import parse_duration_seconds
 
 
 @pytest.mark.parametrize(

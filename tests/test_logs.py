@@ -32,7 +32,7 @@ import django, logging, os, structlog
 from urllib.parse import quote, quote_plus
 from django.utils.encoding import escape_uri_path
 django.setup()
-from duckgres_admin.logs import configure_logging
+from duckgres_admin.platform.logs import configure_logging
 configure_logging()  # again (the runner, Celery's signals): still one JSON line per record
 secret = os.environ["DUCKGRES_INTERNAL_SECRET"]
 log = logging.getLogger("duckgres.test")

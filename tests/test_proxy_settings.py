@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from duckgres_admin.config import parse_https_origin
+from duckgres_admin.platform.config import parse_https_origin
 from tests.fixtures.gunicorn import Gunicorn, Response, run_gunicorn
 from tests.fixtures.processes import ROOT, process_env
 from tests.fixtures.settings_probe import settings_of

@@ -14,7 +14,7 @@ import logging
 from celery import current_app
 from django.db import transaction
 
-from duckgres_admin.queues import QueueName, TaskName
+from duckgres_admin.platform.queues import QueueName, TaskName
 from trino_pools import config
 
 _log = logging.getLogger("duckgres.trino.worker")

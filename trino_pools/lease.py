@@ -1,7 +1,8 @@
 """The ``trino`` leader lease (spec trino-pools §4.3; reshard §4.14 "the trino row works the same").
 
 The algorithm (take/renew by compare-and-swap on the database clock, a monotonic renew deadline
-shorter than the lease, bounded attempts) lives once, in ``duckgres_admin.leadership``; this
+shorter than the lease, bounded attempts) lives once, in ``duckgres_admin.platform.leadership``;
+this
 module only fixes the row name and the holder identity the Trino spec asks for: the per-process
 owner identity ``<POD_NAME or hostname>.<16 hex random>`` (also the pools' ``authority_owner``).
 """
@@ -15,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from duckgres_admin.leadership import LeaderLease
+from duckgres_admin.platform.leadership import LeaderLease
 
 LEASE_NAME = "trino"
 

@@ -28,7 +28,7 @@ from django.db import DatabaseError, connection, transaction
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import TrinoTier, WarehouseTrino
-from duckgres_admin.orglock import lock_org, org_lock_key
+from duckgres_admin.platform.orglock import lock_org, org_lock_key
 from trino_pools.config import TrinoSettings
 from trino_pools.enqueue import queue_reconcile
 from trino_pools.registry import STORED_PREFIX
@@ -44,7 +44,7 @@ WAREHOUSE_NOT_FOUND = "managed warehouse not found"
 CANNOT_VERIFY = "cannot verify Trino cell assignment"
 
 # The per-org advisory lock (reshard spec §4.4 A) is a cross-domain contract: the reshard block
-# step and the lease grant path take the very same lock (``duckgres_admin.orglock``).
+# step and the lease grant path take the very same lock (``duckgres_admin.platform.orglock``).
 
 
 class PlacementError(ServiceError):

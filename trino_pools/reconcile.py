@@ -57,7 +57,7 @@ from duckgres_admin.models.trino import (
     clip_status_message,
 )
 from duckgres_admin.models.warehouses import Warehouse, WarehouseState
-from duckgres_admin.orglock import lock_org
+from duckgres_admin.platform.orglock import lock_org
 from trino_pools import authority, catalog_writer, config, operator
 from trino_pools.authority import NotThisReplica, PoolConflict
 from trino_pools.catalog_writer import WriterFenced

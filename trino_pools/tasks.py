@@ -31,8 +31,8 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.db import DatabaseError
 
-from duckgres_admin import beat
-from duckgres_admin.queues import QueueName, TaskName, consumed_queues
+from duckgres_admin.platform import beat
+from duckgres_admin.platform.queues import QueueName, TaskName, consumed_queues
 from trino_pools import audit, catalog_store, config, lease, metrics, operator, reconcile
 
 _log = logging.getLogger("duckgres.trino.worker")
@@ -103,14 +103,15 @@ def worker_start(settings: config.TrinoSettings) -> None:
 
 
 # Every Trino beat row as shipped by migrations 0005 and 0006: the product's one table of beat
-# rows (``duckgres_admin.beat.ROWS``, which beat uses to re-create a deleted row at its start).
+# rows (``duckgres_admin.platform.beat.ROWS``, which beat uses to re-create a deleted row at its
+# start).
 BEAT_ROWS: tuple[beat.BeatRow, ...] = beat.rows_on_queue(TRINO_QUEUE)
 BEAT_INTERVALS: dict[str, int] = {row.task: row.interval_seconds for row in BEAT_ROWS}
 AUDIT_INTERVAL_SECONDS = BEAT_INTERVALS[AUDIT_TASK]
 
 
 def beat_drift_warnings() -> list[str]:
-    """Warnings for the Trino beat rows (none = as in ``duckgres_admin.beat.ROWS``)."""
+    """Warnings for the Trino beat rows (none = as in ``duckgres_admin.platform.beat.ROWS``)."""
     return beat.drift_warnings(BEAT_ROWS)
 
 

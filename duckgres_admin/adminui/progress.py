@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_datetime
 
 from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import TERMINAL_STATES, ReshardOperation, ReshardStepTiming
-from duckgres_admin.names import MILESTONES
+from duckgres_admin.platform.names import MILESTONES
 from reshard.kinds import kind_of
 
 PROGRESS_KEYS = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from duckgres_admin.config import EnvReader
+from duckgres_admin.platform.config import EnvReader
 
 DAY_SECONDS = 86400
 

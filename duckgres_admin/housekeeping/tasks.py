@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from duckgres_admin.housekeeping import prune
-from duckgres_admin.queues import TaskName
+from duckgres_admin.platform.queues import TaskName
 
 
 @shared_task(name=TaskName.HOUSEKEEPING_PRUNE, acks_late=False, ignore_result=True)

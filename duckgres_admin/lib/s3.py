@@ -40,7 +40,7 @@ import botocore.exceptions
 import botocore.session
 from django.conf import settings
 
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 
 # AssumeRole session length; botocore refreshes 15 min (advisory) / 10 min (mandatory) before
 # expiry, so one-hour sessions are renewed well before any call can see an expired token.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-import duckgres_admin.pgtypes  # noqa: F401 - lease rows hold -infinity; see that module
+import duckgres_admin.platform.pgtypes  # noqa: F401 - lease rows hold -infinity; see that module
 
 
 class LeasePurpose(models.TextChoices):
@@ -60,7 +60,8 @@ class ConnectionLease(models.Model):
 
 
 class Lease(models.Model):
-    """A leadership lease row (`janitor`, `trino`); protocol in duckgres_admin.leadership."""
+    """A leadership lease row (`janitor`, `trino`); protocol in
+    duckgres_admin.platform.leadership."""
 
     name = models.TextField(primary_key=True)
     holder = models.TextField(default="", blank=True)

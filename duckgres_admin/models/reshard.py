@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-from duckgres_admin import names
+from duckgres_admin.platform import names
 
 
 class OpState(models.TextChoices):

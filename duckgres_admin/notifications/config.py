@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from duckgres_admin.config import EnvReader
+from duckgres_admin.platform.config import EnvReader
 
 FORMATS = ("json", "slack")
 SECRET_MIN_LENGTH = 32

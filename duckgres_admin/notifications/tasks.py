@@ -19,7 +19,7 @@ from typing import Any
 from celery import shared_task
 
 from duckgres_admin.notifications import services
-from duckgres_admin.queues import TaskName
+from duckgres_admin.platform.queues import TaskName
 
 # Celery's own bound, above the row's (DUCKGRES_WEBHOOK_MAX_ATTEMPTS ≤ 20).
 CELERY_MAX_RETRIES = 25

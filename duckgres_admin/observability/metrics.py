@@ -30,7 +30,7 @@ from django.db.models.functions import Now
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from duckgres_admin.models import Notification, NotificationState
-from duckgres_admin.queues import BROADCAST, QueueName, TaskName
+from duckgres_admin.platform.queues import BROADCAST, QueueName, TaskName
 
 _log = logging.getLogger("duckgres.observability")
 

@@ -11,7 +11,7 @@ from celery import signals
 from django.conf import settings
 
 from duckgres_admin.observability import metrics
-from duckgres_admin.queues import TaskName
+from duckgres_admin.platform.queues import TaskName
 
 
 def _name(sender: Any) -> str | None:

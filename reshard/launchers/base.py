@@ -15,7 +15,9 @@ from typing import Protocol
 from django.conf import settings
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from duckgres_admin.names import runner_name as runner_name  # the one definition, re-exported
+from duckgres_admin.platform.names import (
+    runner_name as runner_name,  # the one definition, re-exported
+)
 
 PHASES = ("absent", "Pending", "Running", "Succeeded", "Failed", "Unknown")
 

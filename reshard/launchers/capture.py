@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardLogEntry
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 from reshard import oplog
 from reshard.launchers.base import RunnerStatus
 

@@ -39,7 +39,7 @@ from django.conf import settings
 from duckgres_admin.base.times import rfc3339_seconds
 from duckgres_admin.lib.s3 import S3Error, SessionCredentials, mint_session
 from duckgres_admin.models import ReshardOperation, Warehouse
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 from reshard.backup import KEY_PREFIX
 from reshard.launchers.base import LauncherError
 

@@ -34,7 +34,7 @@ from psycopg import sql
 
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Interrupted, StepError
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from duckgres_admin.models import ReshardOperation
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.fencing import Fencer
 from reshard.runner.logwriter import OpLogWriter

@@ -36,7 +36,7 @@ import structlog
 from django.conf import settings
 
 from duckgres_admin.base.scrub import Scrubber
-from duckgres_admin.names import runner_name
+from duckgres_admin.platform.names import runner_name
 
 MAX_BUFFERED_LINES = 10_000
 _LEVELS = {"info": "info", "warn": "warning", "error": "error"}

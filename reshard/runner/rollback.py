@@ -35,9 +35,9 @@ from django.db import transaction
 from django.db.models.functions import Now
 from psycopg import sql
 
-from duckgres_admin import orglock as locks
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from duckgres_admin.platform import orglock as locks
 from reshard import copy as catalog_copy
 from reshard import identity, uploads
 from reshard import steps as sequences

@@ -13,9 +13,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from duckgres_admin.base.errors import ServiceError
-from duckgres_admin.config import EnvReader
-from duckgres_admin.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from duckgres_admin.models import ReshardLogEntry
+from duckgres_admin.platform.config import EnvReader
+from duckgres_admin.platform.lockkeys import BACKUP_RETENTION_LOCK_KEY
 from reshard import backup_tasks, backups, retention
 from reshard.backup import KEY_PREFIX, backup_key
 from tests.fixtures.api import error

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import AuditRecord, ConnectionLease, Warehouse
-from duckgres_admin.orglock import lock_org
+from duckgres_admin.platform.orglock import lock_org
 from reshard import leases
 from tests.fixtures.api import error
 from tests.fixtures.leases import block, make_org, post, unblock

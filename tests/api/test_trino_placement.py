@@ -526,7 +526,7 @@ def test_mutations_need_admin_and_are_audited_without_bodies(
 def test_the_ready_check_runs_under_the_per_org_lock(transactional_db, clients, trino):
     """An enable queued behind a holder of the per-org advisory lock (the reshard block step's)
     sees the state that holder commits: the block wins, the enable is 409, the row untouched."""
-    from duckgres_admin.orglock import org_lock_key
+    from duckgres_admin.platform.orglock import org_lock_key
 
     new_warehouse(org_id="lock-org")
     db = connection.settings_dict
@@ -573,7 +573,7 @@ def _reshard_block(org: str) -> str:
     and Trino re-check."""
     from django.db import transaction
 
-    from duckgres_admin.orglock import lock_org
+    from duckgres_admin.platform.orglock import lock_org
     from reshard.runner.steps.blocking import _trino_enabled
 
     try:

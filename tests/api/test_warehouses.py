@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from duckgres_admin.models import AuditRecord, MetadataStore, Warehouse
-from duckgres_admin.orglock import lock_org
+from duckgres_admin.platform.orglock import lock_org
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse
 

@@ -19,8 +19,8 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.lib.s3 import S3Error
-from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
+from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
 from reshard import backups, metrics, restore, restore_test, verify
 from reshard.backup import BackupSource, backup_key
 from reshard.pgclients import PgClient

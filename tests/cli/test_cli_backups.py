@@ -18,8 +18,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from duckgres_admin.lockkeys import RESTORE_TEST_LOCK_KEY
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
+from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
 from reshard import verify
 from reshard.backup import backup_key
 from tests.fixtures.backup import pg_dump_custom

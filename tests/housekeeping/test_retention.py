@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from duckgres_admin.config import EnvReader
 from duckgres_admin.housekeeping import policy
 from duckgres_admin.housekeeping.policy import RetentionDays
 from duckgres_admin.housekeeping.prune import TARGETS, prune
+from duckgres_admin.platform.config import EnvReader
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 pytestmark = [pytest.mark.django_db, pytest.mark.safeguard("reshard-134")]

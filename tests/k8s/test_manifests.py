@@ -310,11 +310,12 @@ def test_processes_and_their_identity():
 
 
 def test_the_worker_manifests_consume_the_queues_the_product_routes_to():
-    """duckgres_admin.queues is the one table of queue and task names: every worker Deployment
+    """duckgres_admin.platform.queues is the one table of queue and task names: every worker
+    Deployment
     consumes queues of that table, every queue a route or a beat row sends to has a consumer,
     and every beat row's task is one of the product's task names."""
-    from duckgres_admin import beat as beat_rows
-    from duckgres_admin.queues import ROUTES, QueueName, TaskName
+    from duckgres_admin.platform import beat as beat_rows
+    from duckgres_admin.platform.queues import ROUTES, QueueName, TaskName
 
     consumed: dict[str, set[str]] = {}
     for dep in deployments():

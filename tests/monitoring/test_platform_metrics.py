@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from duckgres_admin.models import Notification, NotificationKind, NotificationState
 from duckgres_admin.observability import metrics
-from duckgres_admin.queues import QueueName, TaskName
+from duckgres_admin.platform.queues import QueueName, TaskName
 from tests.fixtures.gunicorn import free_port
 from tests.fixtures.processes import process_env
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from duckgres_admin.config import EnvReader
 from duckgres_admin.notifications.config import from_env
+from duckgres_admin.platform.config import EnvReader
 from tests.fixtures.processes import ROOT
 
 SECRET = "w" * 40

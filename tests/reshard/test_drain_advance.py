@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from duckgres_admin.lockkeys import STORE_DRAIN_LOCK_CLASS
 from duckgres_admin.models import ReshardOperation, StoreDrain, StoreDrainItem
+from duckgres_admin.platform.lockkeys import STORE_DRAIN_LOCK_CLASS
 from reshard import drains
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
+from duckgres_admin.platform.leadership import LeaderLease
 from reshard.janitor import MAX_RESPAWNS, force_fail_message
 from reshard.launchers.capture import CAPTURE_HEADER
 from tests.fixtures.janitor import (

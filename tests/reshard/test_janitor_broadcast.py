@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from duckgres_admin.leadership import read_lease
+from duckgres_admin.platform.leadership import read_lease
 from tests.fixtures.janitor import janitor_env, reset_leases, send_tick
 from tests.fixtures.processes import CeleryWorker
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from duckgres_admin.leadership import LeaderLease
+from duckgres_admin.platform.leadership import LeaderLease
 from reshard.janitor import Janitor
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher

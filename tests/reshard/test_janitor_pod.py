@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from duckgres_admin.leadership import LeaderLease
 from duckgres_admin.lib import k8s
+from duckgres_admin.platform.leadership import LeaderLease
 from reshard.janitor import Janitor
 from reshard.launchers.base import SPAWNED_AT_ANNOTATION
 from reshard.launchers.pod import PodLauncher

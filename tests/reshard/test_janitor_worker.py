@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from duckgres_admin.leadership import read_lease
 from duckgres_admin.models import ReshardStepTiming
+from duckgres_admin.platform.leadership import read_lease
 from tests.fixtures.janitor import janitor_env, new_op, refresh, reset_leases, sql
 from tests.fixtures.processes import CeleryWorker
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from duckgres_admin import leadership
-from duckgres_admin.leadership import LeaderLease, holder_identity, read_lease
+from duckgres_admin.platform import leadership
+from duckgres_admin.platform.leadership import LeaderLease, holder_identity, read_lease
 from tests.fixtures.janitor import FakeClock, expire_lease, janitor_env, reset_leases, sql
 
 pytestmark = pytest.mark.usefixtures("janitor_env")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from duckgres_admin import names
 from duckgres_admin.adminui import progress
 from duckgres_admin.models import ReshardOperation
+from duckgres_admin.platform import names
 from reshard import janitor, ownership, recovery
 from reshard.launch import launch_runner
 from reshard.runner import fencing
@@ -140,12 +140,12 @@ def test_the_ownership_predicate_is_spelled_once() -> None:
 
 
 def test_the_runner_name_is_built_in_one_place() -> None:
-    assert _spelled_in(r"duckgres-reshard-op-[{\"']") == ["duckgres_admin/names.py"]
+    assert _spelled_in(r"duckgres-reshard-op-[{\"']") == ["duckgres_admin/platform/names.py"]
     assert names.runner_name(42) == "duckgres-reshard-op-42"
     assert names.runner_name(42, "-pg_dump") == "duckgres-reshard-op-42-pg_dump"
 
 
 def test_the_milestones_are_defined_once() -> None:
-    assert _spelled_in(r"^MILESTONES\s*=") == ["duckgres_admin/names.py"]
+    assert _spelled_in(r"^MILESTONES\s*=") == ["duckgres_admin/platform/names.py"]
     for user in (progress, recovery):
         assert vars(user)["MILESTONES"] is names.MILESTONES, user.__name__

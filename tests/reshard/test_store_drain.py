@@ -19,8 +19,8 @@ from collections.abc import Callable
 import pytest
 from django.utils import timezone
 
-from duckgres_admin.leadership import read_lease
 from duckgres_admin.models import ConnectionLease, ReshardOperation, StoreDrain, Warehouse
+from duckgres_admin.platform.leadership import read_lease
 from reshard import drains
 from tests.fixtures.janitor import janitor_env, reset_leases, send_tick
 from tests.fixtures.processes import CeleryWorker

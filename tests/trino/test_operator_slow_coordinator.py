@@ -15,7 +15,7 @@ import time
 import pytest
 from django.db import connection
 
-from duckgres_admin.leadership import LeaderLease
+from duckgres_admin.platform.leadership import LeaderLease
 from tests.trino.operator_harness import PoolWorld
 
 pytestmark = [pytest.mark.kube, pytest.mark.django_db(transaction=True)]

@@ -56,7 +56,7 @@ def _refusal(fn, *args, **kwargs) -> PlacementError:
 
 
 def test_the_lock_key_is_the_reshard_key():
-    from duckgres_admin.orglock import org_lock_key
+    from duckgres_admin.platform.orglock import org_lock_key
 
     for org in ("org-a", "acme", "Ünïcode-org", "x" * 200, ""):
         assert placement.org_lock_key(org) == org_lock_key(org)
@@ -381,7 +381,7 @@ def test_twenty_concurrent_selections_and_default_enables_leave_one_preserved_ow
 def _reshard_block(org: str) -> str:
     """The reshard block transaction (reshard spec §4.4 A), with the reshard domain's own lock
     and Trino re-check: lock, re-check Trino, CAS ready → resharding."""
-    from duckgres_admin.orglock import lock_org
+    from duckgres_admin.platform.orglock import lock_org
     from reshard.runner.steps.blocking import _trino_enabled
 
     with transaction.atomic():

@@ -161,7 +161,8 @@ def test_reserved_field_names_are_refused(waits):
 
 
 def test_the_json_log_line_carries_the_fields(clock):
-    """With the ExtraAdder the project's JSON formatter uses (duckgres_admin.logs), the extras
+    """With the ExtraAdder the project's JSON formatter uses (duckgres_admin.platform.logs), the
+    extras
     become JSON keys."""
     import io
     import json

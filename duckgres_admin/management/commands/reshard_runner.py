@@ -24,7 +24,7 @@ from django.core.management.base import BaseCommand
 
 from duckgres_admin.base.scrub import Scrubber, process_scrubber
 from duckgres_admin.lib.s3 import describe_aws_context
-from duckgres_admin.logs import configure_logging
+from duckgres_admin.platform.logs import configure_logging
 from reshard.runner.context import RunContext
 from reshard.runner.execute import EXIT_INFRA, run_process, runner_identity
 from reshard.runner.logwriter import OpLogWriter

@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DbError
 from django.db.migrations.executor import MigrationExecutor
 
-from duckgres_admin.logs import configure_logging, get_logger
+from duckgres_admin.platform.logs import configure_logging, get_logger
 
 EXIT_TIMEOUT = 1
 

@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Coalesce, Now
 
-from duckgres_admin import orglock as locks
 from duckgres_admin.models import ReshardOperation, Warehouse
+from duckgres_admin.platform import orglock as locks
 from reshard.runner import waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from duckgres_admin import orglock as locks
 from duckgres_admin.models import ConnectionLease
+from duckgres_admin.platform import orglock as locks
 from reshard.runner import waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError

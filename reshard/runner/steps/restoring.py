@@ -48,8 +48,8 @@ from collections.abc import Callable
 import psycopg
 
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
-from duckgres_admin.lockkeys import COPY_TARGET_LOCK_KEY
 from duckgres_admin.models import Warehouse
+from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
 from reshard import testhooks, verify
 from reshard.backup import BackupSource
 from reshard.pgclients import server_major

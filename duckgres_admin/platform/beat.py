@@ -4,7 +4,7 @@
 by data migrations 0002, 0005 and 0006; the migrations keep their own frozen copies). The drift
 check (:func:`drift_warnings`, run at start by the control worker for its rows and by the trino
 worker for its rows) reads its expected values from it. Task and queue names are the members of
-``duckgres_admin.queues``.
+``duckgres_admin.platform.queues``.
 
 Invariants:
 
@@ -35,7 +35,7 @@ from typing import Any
 from celery.signals import beat_init
 from django.db import DatabaseError, transaction
 
-from duckgres_admin.queues import QueueName, TaskName
+from duckgres_admin.platform.queues import QueueName, TaskName
 
 _log = logging.getLogger("duckgres.beat")
 
@@ -154,7 +154,7 @@ def _check_table(rows: tuple[BeatRow, ...]) -> None:
     names = [row.name for row in rows]
     tasks = [row.task for row in rows]
     if len(set(names)) != len(names) or len(set(tasks)) != len(tasks):
-        raise RuntimeError("duckgres_admin.beat.ROWS: names and tasks must be unique")
+        raise RuntimeError("duckgres_admin.platform.beat.ROWS: names and tasks must be unique")
     for row in rows:
         if row.expire_seconds != row.interval_seconds or row.interval_seconds <= 0:
             raise RuntimeError(f"beat row {row.name!r}: expire_seconds must equal the interval")
@@ -307,4 +307,4 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
         _log.warning("beat: cannot check the product's beat entries: %s", exc)
 
 
-beat_init.connect(on_beat_init, weak=False, dispatch_uid="duckgres_admin.beat-heal")
+beat_init.connect(on_beat_init, weak=False, dispatch_uid="duckgres_admin.platform.beat-heal")

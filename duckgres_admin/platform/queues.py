@@ -2,7 +2,7 @@
 
 Every process that sends or consumes a task reads its names from here: the settings build
 ``CELERY_TASK_QUEUES`` and ``CELERY_TASK_ROUTES`` from :data:`ROUTES`, the beat table
-(``duckgres_admin.beat.ROWS``) names its tasks and queues with these members, the workers'
+(``duckgres_admin.platform.beat.ROWS``) names its tasks and queues with these members, the workers'
 start-up checks (:func:`consumed_queues`) and the API's by-name senders use them, and
 ``tests/k8s/test_manifests.py`` checks that the ``-Q`` of every worker Deployment in ``k8s/``
 is one of :class:`QueueName` and that every queue a task is routed to has a consumer.

@@ -1,6 +1,7 @@
 """The per-org advisory lock: lease grants, the reshard block, warehouse PATCH, Trino enablement.
 
-Key: ``duckgres_admin.lockkeys.org_lock_key`` (the registry of every advisory-lock key; spec
+Key: ``duckgres_admin.platform.lockkeys.org_lock_key`` (the registry of every advisory-lock key;
+spec
 reshard §4.4 A). Taken with ``pg_advisory_xact_lock`` inside the caller's transaction,
 so it is released exactly when that transaction commits or rolls back. It lives below both
 domains (reshard, trino_pools) because both must take the very same lock.
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from django.db import connection
 
-from duckgres_admin.lockkeys import fnv1a_64 as fnv1a_64
-from duckgres_admin.lockkeys import org_lock_key as org_lock_key
+from duckgres_admin.platform.lockkeys import fnv1a_64 as fnv1a_64
+from duckgres_admin.platform.lockkeys import org_lock_key as org_lock_key
 
 
 def lock_org(org_id: str) -> None:

@@ -46,7 +46,8 @@ Derived keys (one key per value, in a space no fixed key is meant to share):
     (a non-negative ``bigint``). Guards: once a reshard's block commits, no connection lease is
     granted for the org and its warehouse/Trino rows do not move under the runner.
     Transaction-scoped ``pg_advisory_xact_lock`` on the **config store**, through
-    ``duckgres_admin.orglock.lock_org``. Taken by: the lease grant (``reshard.leases``), the
+    ``duckgres_admin.platform.orglock.lock_org``. Taken by: the lease grant (``reshard.leases``),
+    the
     warehouse PATCH (``reshard.warehouses``), the runner's block, drain and rollback steps
     (``reshard.runner.steps.blocking``, ``.draining``, ``reshard.runner.rollback``), Trino
     enable, disable and cell move (``trino_pools.placement``, also from the Trino API view),
