@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from duckgres_admin.admin import progress_label
+from duckgres_admin.admin.stores import progress_label
 from duckgres_admin.models import (
     PROGRESS_KEYS,
     AuditRecord,
