@@ -14,8 +14,8 @@ from rest_framework.response import Response
 
 from duckgres_admin.api import validation as v
 from duckgres_admin.api.base import ApiView, BoundedJSONParser
+from duckgres_admin.api.common import BODY_ERRORS, OBJ, READ_ERRORS
 from duckgres_admin.api.serializers import rfc3339
-from duckgres_admin.api.views import BODY_ERRORS, OBJ, READ_ERRORS
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import StoreDrain
 from reshard import drains

@@ -2,31 +2,54 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from duckgres_admin.api import drain_views, trino_views, views
+from duckgres_admin.api import (
+    drain_views,
+    lease_views,
+    reshard_views,
+    store_views,
+    trino_views,
+    warehouse_views,
+)
 
 urlpatterns: list[URLPattern | URLResolver] = [
-    path("reshards", views.ReshardListView.as_view(), name="reshard-list"),
-    path("reshards/targets", views.ReshardTargetsView.as_view(), name="reshard-targets"),
-    path("reshards/<int:op_id>", views.ReshardDetailView.as_view(), name="reshard-detail"),
-    path("reshards/<int:op_id>/log", views.ReshardLogView.as_view(), name="reshard-log"),
-    path("reshards/<int:op_id>/cancel", views.ReshardCancelView.as_view(), name="reshard-cancel"),
+    path("reshards", reshard_views.ReshardListView.as_view(), name="reshard-list"),
+    path("reshards/targets", reshard_views.ReshardTargetsView.as_view(), name="reshard-targets"),
+    path("reshards/<int:op_id>", reshard_views.ReshardDetailView.as_view(), name="reshard-detail"),
+    path("reshards/<int:op_id>/log", reshard_views.ReshardLogView.as_view(), name="reshard-log"),
+    path(
+        "reshards/<int:op_id>/cancel",
+        reshard_views.ReshardCancelView.as_view(),
+        name="reshard-cancel",
+    ),
     path(
         "reshards/<int:op_id>/password",
-        views.ReshardPasswordView.as_view(),
+        reshard_views.ReshardPasswordView.as_view(),
         name="reshard-password",
     ),
-    path("warehouses", views.WarehouseListView.as_view(), name="warehouse-list"),
-    path("warehouses/<str:org>", views.WarehouseDetailView.as_view(), name="warehouse-detail"),
-    path("warehouses/<str:org>/reshards", views.ReshardStartView.as_view(), name="reshard-start"),
-    path("warehouses/<str:org>/restores", views.RestoreStartView.as_view(), name="restore-start"),
+    path("warehouses", warehouse_views.WarehouseListView.as_view(), name="warehouse-list"),
+    path(
+        "warehouses/<str:org>",
+        warehouse_views.WarehouseDetailView.as_view(),
+        name="warehouse-detail",
+    ),
+    path(
+        "warehouses/<str:org>/reshards",
+        reshard_views.ReshardStartView.as_view(),
+        name="reshard-start",
+    ),
+    path(
+        "warehouses/<str:org>/restores",
+        reshard_views.RestoreStartView.as_view(),
+        name="restore-start",
+    ),
     path(
         "warehouses/<str:org>/backups",
-        views.WarehouseBackupsView.as_view(),
+        warehouse_views.WarehouseBackupsView.as_view(),
         name="warehouse-backups",
     ),
     path(
         "warehouses/<str:org>/backups/restore-test",
-        views.RestoreTestView.as_view(),
+        warehouse_views.RestoreTestView.as_view(),
         name="backup-restore-test",
     ),
     path(
@@ -47,21 +70,23 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("trino/cells", trino_views.TrinoCellsView.as_view(), name="trino-cells"),
     path("trino/orgs", trino_views.TrinoOrgsView.as_view(), name="trino-orgs"),
     path("trino/instances", trino_views.TrinoInstancesView.as_view(), name="trino-instances"),
-    path("warehouses/<str:org>/leases", views.LeaseCreateView.as_view(), name="lease-create"),
+    path("warehouses/<str:org>/leases", lease_views.LeaseCreateView.as_view(), name="lease-create"),
     path(
         "warehouses/<str:org>/leases/<int:lease_id>",
-        views.LeaseDetailView.as_view(),
+        lease_views.LeaseDetailView.as_view(),
         name="lease-detail",
     ),
     path(
         "warehouses/<str:org>/leases/<int:lease_id>/renew",
-        views.LeaseRenewView.as_view(),
+        lease_views.LeaseRenewView.as_view(),
         name="lease-renew",
     ),
-    path("metadata-stores", views.MetadataStoreListView.as_view(), name="metadata-store-list"),
+    path(
+        "metadata-stores", store_views.MetadataStoreListView.as_view(), name="metadata-store-list"
+    ),
     path(
         "metadata-stores/<str:name>",
-        views.MetadataStoreDetailView.as_view(),
+        store_views.MetadataStoreDetailView.as_view(),
         name="metadata-store-detail",
     ),
     path(

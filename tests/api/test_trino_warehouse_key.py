@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from duckgres_admin.api import views
+from duckgres_admin.api import warehouse_views as views
 from duckgres_admin.models import AuditRecord, Warehouse, WarehouseTrino
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_warehouse
