@@ -27,7 +27,7 @@ incomplete connection makes room for the new one. A response write gets
 ``RESPONSE_WRITE_SECONDS``, and the graceful close after a response lingers in the poller, not
 in the main loop (gunicorn's own blocks the loop up to 2 s per silent client).
 
-Admission (docs/configuration.md "Request admission", ``duckgres_admin/admission.py``). The head
+Admission (docs/configuration.md "Request admission", ``duckgres_admin/api/admission.py``). The head
 alone decides: a body over the limit is answered 413, ``Transfer-Encoding`` 411, an ``Expect``
 other than ``100-continue`` 417, a head over 32 KiB 431, a malformed length 400, and the
 connection is closed without a byte of the body read; ``100 Continue`` is sent from the main
@@ -58,7 +58,7 @@ from typing import Any
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
 from prometheus_client import Counter
 
-from duckgres_admin import admission
+from duckgres_admin.api import admission
 from duckgres_admin.platform.logs import gunicorn_logconfig_dict
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "duckgres_admin.settings")

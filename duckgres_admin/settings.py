@@ -16,7 +16,7 @@ from typing import Any
 import django_stubs_ext
 from psycopg.conninfo import conninfo_to_dict
 
-from duckgres_admin import admission
+from duckgres_admin.api import admission
 from duckgres_admin.housekeeping import policy as retention_policy
 from duckgres_admin.lib import endpoints, secretrefs
 from duckgres_admin.notifications import config as webhook_config
@@ -512,8 +512,9 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    # 413/411/417 from the headers, before CSRF or a view reads a body (duckgres_admin/admission.py)
-    "duckgres_admin.admission.BodyAdmissionMiddleware",
+    # 413/411/417 from the headers, before CSRF or a view reads a body
+    # (duckgres_admin/api/admission.py)
+    "duckgres_admin.api.admission.BodyAdmissionMiddleware",
     # Before sessions, auth and every view: on the password-pull port only the password route
     # exists, and it exists only there (WhiteNoise above serves only the public /static/ files).
     "duckgres_admin.api.pullport.PullPortMiddleware",

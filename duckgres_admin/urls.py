@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from duckgres_admin.health import livez, readyz
+from duckgres_admin.api.health import livez, readyz
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,5 +1,5 @@
 """Request admission in-process (issue 25 item 4): the head reader, the buffer budget and the
-reserved routes of ``duckgres_admin/admission.py``, the same refusals inside Django before the
+reserved routes of ``duckgres_admin/api/admission.py``, the same refusals inside Django before the
 CSRF middleware reads a body, and the settings that bound them. Against a real gunicorn:
 ``test_request_admission_gunicorn.py``."""
 
@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from duckgres_admin import admission
+from duckgres_admin.api import admission
 from tests.fixtures.settings_probe import settings_printed
 
 MAX = 1024 * 1024

@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 import pytest
 from django.conf import settings
 
-from duckgres_admin import admission
+from duckgres_admin.api import admission
 from tests.fixtures.gunicorn import Gunicorn, free_port, run_gunicorn
 from tests.fixtures.processes import process_env
 from tests.fixtures.rows import new_store, new_warehouse
