@@ -331,7 +331,7 @@ print("GATEWAY-ANSWER " + json.dumps(client.get("/gateway/backend/all")))
 def test_the_default_workers_liveness_probe_answers_and_can_fail(deployed: Deployed) -> None:
     """The probe the manifest ships, run in the worker's container as the kubelet runs it,
     exits 0; aimed at a node that does not exist it exits non-zero (the probe can fail)."""
-    pod = deployed.pods("component=worker")[0]
+    pod = deployed.live_pod("component=worker")
     container = pod["spec"]["containers"][0]
     command = container["livenessProbe"]["exec"]["command"]
     name = pod["metadata"]["name"]
@@ -477,7 +477,7 @@ def test_an_upgrade_applied_as_documented_re_creates_and_re_runs_the_migration(
 def test_the_default_worker_serves_its_childrens_task_outcomes(deployed: Deployed) -> None:
     """Beat sends notifications.scan every 15 s to the default worker: its prefork children's
     outcomes reach the main process's exporter (docs/monitoring.md "Platform metrics")."""
-    name = deployed.pods("component=worker")[0]["metadata"]["name"]
+    name = deployed.live_pod("component=worker")["metadata"]["name"]
 
     def succeeded() -> float:
         out = scrape(name, "worker", 9111)
