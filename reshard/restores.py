@@ -15,7 +15,6 @@ from typing import Any
 from duckgres_admin.models import StoreKind
 from reshard import dryrun, operations
 from reshard.kinds import RESTORE, restore_kind
-from reshard.restore_checks import RestoreStart
 from reshard.start_checks import StartRequest
 
 
@@ -30,7 +29,6 @@ def restore_dry_run(org_id: str, key: str, request: StartRequest) -> dict[str, A
     """The reshard's dry run to the target with the restore's rows first, and the backup's
     facts; creates nothing."""
     start = RESTORE.start(backup_key=key)
-    assert isinstance(start, RestoreStart)
     plan = dryrun.dry_run(org_id, request, start)
     plan["kind"] = RESTORE.event
     plan["cancel_cutoff"] = (

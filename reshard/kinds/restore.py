@@ -16,7 +16,6 @@ from duckgres_admin.models import OpKind, ReshardOperation
 from reshard.kinds.base import BaseKind
 from reshard.restore_checks import RestoreStart
 from reshard.runner.steps import restoring
-from reshard.start_checks import KindStart
 from reshard.steps import CancelCutoff
 
 MANDATORY_PREFIX = "a backup of the current catalog is mandatory before a restore replaces it"
@@ -33,7 +32,7 @@ class RestoreKind(BaseKind):
             "catalog is dropped",
         )
 
-    def start(self, **details: str) -> KindStart:
+    def start(self, **details: str) -> RestoreStart:
         """The restore's rows (target, backup) and fields (``reshard.restore_checks``); the
         in-place one is the same start: the row is in place when its stores are one."""
         return RestoreStart(details["backup_key"])
