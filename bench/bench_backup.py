@@ -78,8 +78,8 @@ import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from duckgres_admin.lib.s3 import S3  # noqa: E402
-from reshard import backup as backup_mod  # noqa: E402
-from reshard.backup import (  # noqa: E402
+from reshard.engines import backup as backup_mod  # noqa: E402
+from reshard.engines.backup import (  # noqa: E402
     BackupDestination,
     BackupSource,
     SourceFacts,
@@ -88,7 +88,7 @@ from reshard.backup import (  # noqa: E402
     read_source_facts,
     run_backup,
 )
-from reshard.pgclients import choose_client  # noqa: E402
+from reshard.engines.clients import choose_client  # noqa: E402
 
 RUNNER_IDLE_RSS = status_kib("VmRSS") * 1024  # after importing what the backup step needs
 
@@ -466,7 +466,7 @@ def main() -> None:
         memory_child(args)
         return
 
-    from reshard.demo_catalog import build_demo_catalog
+    from reshard.engines.demo_catalog import build_demo_catalog
 
     if args.s3 == "rgw":
         moto, endpoint = rgw_server()

@@ -11,7 +11,7 @@ on the source cluster (5433), then, in the same run, times (medians of ``--runs`
 - the baseline ``pg_dump -Fc <source> | pg_restore -d <fresh target database>`` (5433 → 5434);
 - a straightforward single-connection psycopg passthrough (``for block in copy_out:
   copy_in.write(block)``; the issue's reference design) through the same DDL and replay;
-- ``reshard.copy.copy_catalog`` with each ``--parallelism`` value.
+- ``reshard.engines.copy.catalog.copy_catalog`` with each ``--parallelism`` value.
 
 Every copy goes into a freshly created empty target database (creation is not timed), as the
 superuser ``postgres`` with ``sslmode=require``. Each line reads
@@ -38,8 +38,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reshard import copy as catalog_copy
-from reshard.demo_catalog import build_demo_catalog, create_database
+from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.demo_catalog import build_demo_catalog, create_database
 
 HOST = "127.0.0.1"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -3,13 +3,13 @@
     .venv/bin/python bench/bench_restore.py [--catalogs 2000,20000,1024mib] [--levels ...]
         [--build-only] [--drop]
 
-For each catalog (a DuckLake catalog of N tables built with ``reshard.demo_catalog``, or
+For each catalog (a DuckLake catalog of N tables built with ``reshard.engines.demo_catalog``, or
 ``<M>mib``: M MiB of incompressible random ``bytea`` inlined data, as in bench_backup.py) on the
 source cluster (5433, TLS) and each compression level (the values of
 ``DUCKGRES_RESHARD_BACKUP_COMPRESSION``, plus ``stock``: ``pg_dump -Fc`` with no ``--compress``,
 the baseline every ratio is against, measured in the same run), it:
 
-- dumps with the backup's exact argv (``reshard.backup.pg_dump_argv``: client, flags,
+- dumps with the backup's exact argv (``reshard.engines.backup.pg_dump_argv``: client, flags,
   environment; only ``--compress`` differs) into a file: wall time, dump size, pg_dump's CPU;
 - restores that file with stock ``pg_restore --no-owner --no-acl --clean --if-exists
   --exit-on-error --format=custom`` (the logged restore command's flags) into a fresh, empty
@@ -43,9 +43,9 @@ import tests.testenv  # noqa: F401  (test defaults for the settings Django needs
 
 django.setup()
 
-from reshard.backup import BackupSource, pg_dump_argv, pg_dump_env  # noqa: E402
-from reshard.demo_catalog import build_demo_catalog  # noqa: E402
-from reshard.pgclients import choose_client  # noqa: E402
+from reshard.engines.backup import BackupSource, pg_dump_argv, pg_dump_env  # noqa: E402
+from reshard.engines.clients import choose_client  # noqa: E402
+from reshard.engines.demo_catalog import build_demo_catalog  # noqa: E402
 
 MIB = 1 << 20
 HOST = "127.0.0.1"

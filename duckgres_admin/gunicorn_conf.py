@@ -543,7 +543,7 @@ def post_worker_init(worker: Any) -> None:
     from django.conf import settings
     from prometheus_client import start_http_server
 
-    from reshard import stash
+    from reshard.start import stash
 
     stash.start_pruner()
 

@@ -22,7 +22,7 @@ from duckgres_admin.lib import endpoints, secretrefs
 from duckgres_admin.notifications import config as webhook_config
 from duckgres_admin.platform import queues
 from duckgres_admin.platform.config import EnvReader, environ
-from reshard import retention
+from reshard.backups import retention
 
 django_stubs_ext.monkeypatch()
 
@@ -35,9 +35,9 @@ IS_RUNNER = len(sys.argv) > 1 and sys.argv[1] == "reshard_runner"
 # `manage.py collectstatic` runs at image build, where there is no secret, config store or
 # broker: it requires none of them (a value that is set and bad is still refused).
 IS_COLLECTSTATIC = len(sys.argv) > 1 and sys.argv[1] == "collectstatic"
-# The restore test's sandbox (`manage.py restore_stream`, reshard/sandbox.py): streams one
-# backup into pg_restore and nothing else. It gets no config store, no shared secret, no signing
-# key and no broker: only the scratch login and an S3 session for that one object.
+# The restore test's sandbox (`manage.py restore_stream`, reshard/engines/restore/sandbox.py):
+# streams one backup into pg_restore and nothing else. It gets no config store, no shared secret, no
+# signing key and no broker: only the scratch login and an S3 session for that one object.
 IS_SANDBOX = len(sys.argv) > 1 and sys.argv[1] == "restore_stream"
 # The schema commands (the migration Job, the init containers' wait, the first admin's) touch
 # only the config store: they need DJANGO_SECRET_KEY and DUCKGRES_CONFIG_STORE, never a shared
@@ -218,7 +218,7 @@ if DUCKGRES_RESHARD_SIGTERM_BUDGET_SECONDS >= 600:
 DUCKGRES_RESHARD_MAX_PARTS = env.integer(
     "DUCKGRES_RESHARD_MAX_PARTS", 10000, minimum=1, maximum=10000
 )
-# The pre-flip backup's pg_dump compression (reshard.backup.COMPRESSION_LEVELS): gzip (zlib)
+# The pre-flip backup's pg_dump compression (reshard.engines.backup.COMPRESSION_LEVELS): gzip (zlib)
 # levels only, so that every archive stays readable by the stock pg_restore the restore line
 # names (lz4/zstd need a PostgreSQL 16+ pg_dump/pg_restore built with them). Default gzip:1
 # (pg_dump's own default, zlib 6, is CPU-bound; figures in docs/backup.md).
@@ -231,7 +231,8 @@ DUCKGRES_RESHARD_BACKUP_COMPRESSION = env.choice(
 # fenced source) and is joined before anything irreversible; false runs it alone, first, as
 # before (docs/runner.md "The backup beside the copy").
 DUCKGRES_RESHARD_BACKUP_OVERLAP = env.boolean("DUCKGRES_RESHARD_BACKUP_OVERLAP", True)
-# The janitor's sweep of open backup uploads left by lost processes (reshard.uploads); 0 = off.
+# The janitor's sweep of open backup uploads left by lost processes (reshard.engines.uploads); 0 =
+# off.
 DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = env.integer(
     "DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS", 900, minimum=0
 )

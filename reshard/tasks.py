@@ -16,9 +16,10 @@ from celery import shared_task
 from celery.signals import worker_ready
 
 from duckgres_admin.platform.queues import TaskName
-from reshard import backup_tasks, janitor, launch, worker
+from reshard.backups import tasks as backup_tasks
+from reshard.control import janitor, launch, worker
 
-# Celery's autodiscovery imports reshard.tasks only: importing backup_tasks registers
+# Celery's autodiscovery imports reshard.tasks only: importing reshard.backups.tasks registers
 # reshard.backup_retention and reshard.backup_restore_test in every worker and beat.
 assert backup_tasks
 

@@ -41,7 +41,7 @@ def prepare() -> int:
     tenant role, built by the same generator as ``manage.py make_demo_catalog``."""
     from psycopg import sql
 
-    from reshard.demo_catalog import build_demo_catalog
+    from reshard.engines.demo_catalog import build_demo_catalog
 
     for cluster in (SOURCE, TARGET):
         drop_tenant(cluster, TENANT)  # leftovers of an earlier demo run

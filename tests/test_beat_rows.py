@@ -26,7 +26,7 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.platform import beat
-from reshard import worker
+from reshard.control import worker
 from tests.fixtures.processes import process_env
 from trino_pools import tasks
 

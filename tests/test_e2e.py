@@ -28,8 +28,8 @@ from duckgres_admin.models import (
     ReshardStepTiming,
     Warehouse,
 )
-from reshard import restore_test
-from reshard.steps import CNPG_TO_CNPG, CNPG_TO_EXTERNAL
+from reshard.backups import restore_test
+from reshard.operation.sequences import CNPG_TO_CNPG, CNPG_TO_EXTERNAL
 from tests.fixtures.api_client import ApiClient
 from tests.fixtures.secrets_scan import scan, unique_password
 from tests.fixtures.stores import TenantCatalog

@@ -35,13 +35,10 @@ from duckgres_admin.models import (
     ReshardStepTiming,
     Warehouse,
 )
-from reshard import (
-    dryrun,
-    operations,
-    selectors,
-)
 from reshard.kinds import RESHARD
-from reshard.start_checks import StartRequest, TargetRequest
+from reshard.kinds.checks import StartRequest, TargetRequest
+from reshard.start import dryrun, operations
+from reshard.warehouses import selectors
 
 
 class StartForm(forms.Form):

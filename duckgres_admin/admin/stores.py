@@ -30,9 +30,7 @@ from duckgres_admin.models import (
     StoreDrainItem,
     Warehouse,
 )
-from reshard import (
-    drains,
-)
+from reshard.control import drains
 
 
 @admin.register(MetadataStore)
@@ -87,8 +85,8 @@ class MetadataStoreAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}">drained by drain {} ({})</a>', url, drain_id, state)
 
 
-# The progress column: the service's counts (``reshard.drains.progress``) under operator labels;
-# any other non-zero count (``cancelled``) follows, so the parts always add up to the items.
+# The progress column: the service's counts (``reshard.control.drains.progress``) under operator
+# labels; any other non-zero count (``cancelled``) follows, so the parts always add up to the items.
 PROGRESS_LABELS = (
     ("done", "succeeded"),
     ("running", "running"),
@@ -117,8 +115,8 @@ def drain_actions(drain: StoreDrain) -> list[str]:
 
 @admin.register(StoreDrain)
 class StoreDrainAdmin(ReadOnlyAdmin):
-    """Drains (reshard/drains.py): read-only rows; pause, resume and cancel on the drain's page
-    call ``reshard.drains.change_drain`` (admins only, audited)."""
+    """Drains (reshard/control/drains.py): read-only rows; pause, resume and cancel on the drain's
+    page call ``reshard.control.drains.change_drain`` (admins only, audited)."""
 
     list_display = (
         "id",

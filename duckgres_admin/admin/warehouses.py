@@ -27,12 +27,9 @@ from duckgres_admin.models import (
     MetadataStore,
     Warehouse,
 )
-from reshard import (
-    backups,
-    restore_test_requests,
-    restores,
-)
-from reshard.start_checks import StartRequest, TargetRequest
+from reshard.backups import inventory, requests
+from reshard.kinds.checks import StartRequest, TargetRequest
+from reshard.start import restores
 
 
 class RestoreForm(forms.Form):
@@ -132,7 +129,7 @@ class WarehouseAdmin(ReadOnlyAdmin):
         listing: dict[str, Any] | None = None
         error = ""
         try:
-            listing = backups.backups_for_org(org, with_plan=True)
+            listing = inventory.backups_for_org(org, with_plan=True)
         except ServiceError as exc:
             error = exc.message
         context = {
@@ -154,7 +151,7 @@ class WarehouseAdmin(ReadOnlyAdmin):
             return HttpResponseNotAllowed(["POST"])
         key = request.POST.get("key", "").strip()[:1024]
         try:
-            queued = restore_test_requests.queue_restore_test(
+            queued = requests.queue_restore_test(
                 org_id=org, key=key, actor=roles.user_email(request.user)
             )
         except ServiceError as exc:

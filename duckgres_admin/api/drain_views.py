@@ -1,4 +1,5 @@
-"""Store drains (docs/drains.md, docs/api.md "Store drains"): thin views over ``reshard.drains``.
+"""Store drains (docs/drains.md, docs/api.md "Store drains"): thin views over
+``reshard.control.drains``.
 
 ``POST /metadata-stores/<name>/drain`` creates the plan; nothing is launched by the request: the
 janitor's leader launches the children. Viewers read; writes need the admin role (or the
@@ -18,7 +19,7 @@ from duckgres_admin.api.common import BODY_ERRORS, OBJ, READ_ERRORS
 from duckgres_admin.api.serializers import rfc3339
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import StoreDrain
-from reshard import drains
+from reshard.control import drains
 
 DRAIN_FIELDS = ("target_stores", "max_concurrent", "drain_timeout_seconds")
 
@@ -33,7 +34,8 @@ def _targets(body: dict[str, Any]) -> list[str]:
 
 
 def drain_json(drain: StoreDrain, *, with_items: bool = True) -> dict[str, Any]:
-    """``reshard.drains.drain_view`` with its times in RFC 3339 (``Z``), as every API time."""
+    """``reshard.control.drains.drain_view`` with its times in RFC 3339 (``Z``), as every API
+    time."""
     body = drains.drain_view(drain, with_items=with_items)
     return {
         **body,
@@ -125,7 +127,7 @@ class DrainResumeView(DrainActionView):
 
 class DrainCancelView(DrainActionView):
     """``POST /drains/<id>/cancel``: the drain (now ``cancelling``) and ``cancel``: what the
-    cancel's own transaction did (``reshard.drains.cancel_drain``)."""
+    cancel's own transaction did (``reshard.control.drains.cancel_drain``)."""
 
     action = "cancel"
 

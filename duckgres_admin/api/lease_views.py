@@ -14,11 +14,9 @@ from duckgres_admin.api import validation as v
 from duckgres_admin.api.auth import Scope
 from duckgres_admin.api.base import BoundedJSONParser, HotPathView
 from duckgres_admin.api.common import BODY_ERRORS, ERRORS, OBJ
+from duckgres_admin.dataplane import leases
 from duckgres_admin.models import (
     LeasePurpose,
-)
-from reshard import (
-    leases,
 )
 
 

@@ -1,8 +1,8 @@
 """The password-pull port (safeguard reshard-79): one listener for one route.
 
 With ``DUCKGRES_PASSWORD_PULL_PORT`` set, gunicorn listens on it next to the main port
-(``duckgres_admin/gunicorn_conf.py``) and the password URL names it (``reshard/stash.py``). The
-``duckgres-admin-api-ingress`` NetworkPolicy admits only runner pods to it. This middleware
+(``duckgres_admin/gunicorn_conf.py``) and the password URL names it (``reshard/start/stash.py``).
+The ``duckgres-admin-api-ingress`` NetworkPolicy admits only runner pods to it. This middleware
 makes the split hold inside the process: a request that arrived on the pull port may reach the
 password route and nothing else, and the password route answers only requests that arrived on
 the pull port. Both refusals are a plain 404 written nowhere (no identity was proven yet). It

@@ -29,14 +29,10 @@ from duckgres_admin.models import (
     ReshardLogEntry,
     ReshardOperation,
 )
-from reshard import (
-    dryrun,
-    operations,
-    restores,
-    selectors,
-)
 from reshard.kinds import RESHARD
-from reshard.start_checks import StartRequest, TargetRequest
+from reshard.kinds.checks import StartRequest, TargetRequest
+from reshard.start import dryrun, operations, restores
+from reshard.warehouses import selectors
 
 START_FIELDS = ("target", "drain_timeout_seconds", "cutover_timeout_seconds", "dry_run")
 
@@ -110,7 +106,7 @@ class ReshardStartView(_StartView):
         ),
     )
     def post(self, request: Request, org: str) -> Response:
-        from reshard import stash
+        from reshard.start import stash
 
         data = request.data
         self.note_dry_run(data)

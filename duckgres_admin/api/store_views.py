@@ -27,14 +27,12 @@ from duckgres_admin.models import (
     StoreKind,
 )
 from duckgres_admin.models.stores import TlsPolicy
-from reshard import (
-    warehouses,
-)
+from reshard.warehouses import writes
 
 
 def _parse_store(data: Any, *, partial: bool) -> dict[str, Any]:
     body = v.as_object(data)
-    v.reject_unknown(body, warehouses.STORE_FIELDS)
+    v.reject_unknown(body, writes.STORE_FIELDS)
     out: dict[str, Any] = {}
     if partial:
         for key in ("name", "kind"):
@@ -102,7 +100,7 @@ class MetadataStoreListView(ApiView):
     )
     def post(self, request: Request) -> Response:
         values = _parse_store(request.data, partial=False)
-        written = warehouses.metadata_store_create(values=values)
+        written = writes.metadata_store_create(values=values)
         store = written.store
         self.audit_detail = f"metadata store {store.name} ({store.kind}) created with " + ", ".join(
             written.changes
@@ -126,7 +124,7 @@ class MetadataStoreDetailView(ApiView):
     )
     def patch(self, request: Request, name: str) -> Response:
         changes = _parse_store(request.data, partial=True)
-        written = warehouses.metadata_store_update(name=name, changes=changes)
+        written = writes.metadata_store_update(name=name, changes=changes)
         self.audit_detail = f"metadata store {name} updated: " + (
             ", ".join(written.changes) or "no change"
         )

@@ -28,13 +28,10 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import (
-    backups,
-    restore_test_requests,
-    warehouses,
-)
-from reshard.backup import KEY_PREFIX
-from reshard.binding_catalog import FORCE_FLAG
+from reshard.backups import inventory, requests
+from reshard.engines.backup import KEY_PREFIX
+from reshard.warehouses import writes
+from reshard.warehouses.binding_catalog import FORCE_FLAG
 from trino_pools import config
 
 _WAREHOUSE_STRINGS = (
@@ -190,7 +187,7 @@ class WarehouseListView(ApiView):
         # One transaction: a later failure of this request rolls back the warehouse, the
         # Trino enable and its default placement together (trino-pools §4.2).
         with transaction.atomic():
-            written = warehouses.warehouse_create(values=values)
+            written = writes.warehouse_create(values=values)
             warehouse = written.warehouse
             detail = _apply_trino(warehouse.org_id, trino)
             body = warehouse_json(warehouse)
@@ -231,7 +228,7 @@ class WarehouseDetailView(ApiView):
         force = _parse_force(request.data)
         trino = _parse_trino(request.data)
         with transaction.atomic():
-            written = warehouses.warehouse_update(
+            written = writes.warehouse_update(
                 org_id=org, changes=changes, force_empty_binding=force
             )
             detail = _apply_trino(org, trino)
@@ -259,7 +256,7 @@ class WarehouseBackupsView(ApiView):
         retention = request.query_params.get("retention")
         if retention not in (None, "plan"):
             raise ServiceError(400, "invalid query: retention: must be plan")
-        return Response(backups.backups_for_org(org, with_plan=retention == "plan"))
+        return Response(inventory.backups_for_org(org, with_plan=retention == "plan"))
 
 
 class RestoreTestView(ApiView):
@@ -294,8 +291,6 @@ class RestoreTestView(ApiView):
                 "them), or absent for the newest backup",
             )
         assert self.identity is not None
-        queued = restore_test_requests.queue_restore_test(
-            org_id=org, key=key, actor=self.identity.actor
-        )
+        queued = requests.queue_restore_test(org_id=org, key=key, actor=self.identity.actor)
         self.audit_detail = queued.description
         return Response(queued.body(), status=202)

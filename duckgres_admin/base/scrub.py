@@ -51,8 +51,8 @@ def shared_secrets() -> list[str]:
 
 def register_held_secrets(source: Callable[[], Iterable[str]]) -> None:
     """Add a source of the secrets this process holds in memory (the reshard password stash,
-    registered by ``reshard.operations``): every :func:`process_scrubber` masks what it returns
-    at that moment. Registering the same source again is a no-op."""
+    registered by ``reshard.start.operations``): every :func:`process_scrubber` masks what it
+    returns at that moment. Registering the same source again is a no-op."""
     if source not in _held_sources:
         _held_sources.append(source)
 

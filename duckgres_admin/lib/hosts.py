@@ -18,7 +18,7 @@ character, no ``%`` zone id (a link-local address bound to an interface), no emp
 underscore, no non-ASCII (write an internationalised name as its ``xn--`` form).
 
 :func:`syntax_refusal` is pure (no DNS); the API edges call it through
-``reshard.identity.host_refusal``, which then also resolves the name, and ``lib.pgadmin``
+``reshard.engines.identity.host_refusal``, which then also resolves the name, and ``lib.pgadmin``
 calls it before every connection.
 """
 

@@ -1,7 +1,7 @@
 """Read-only views of other tenants' placement, for the server checks (identity.py).
 
-The checks that keep two warehouses off one catalog or one role (``reshard.identity``) must see
-every live binding and every active operation's target, also when a runner asks: a runner's
+The checks that keep two warehouses off one catalog or one role (``reshard.engines.identity``) must
+see every live binding and every active operation's target, also when a runner asks: a runner's
 config-store login sees its own organisation's rows only (migration 0022). These two views,
 owned by the control plane's login, expose to whoever may select them only the coordinates
 those checks compare — organisation, state, store, host, port, database, role — never a

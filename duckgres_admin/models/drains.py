@@ -3,7 +3,7 @@
 A ``StoreDrain`` row is the plan; one ``StoreDrainItem`` per warehouse bound to the store when the
 plan was made. The janitor's leader launches each item as a reshard operation whose
 ``drain_item`` points back at it; that column is unique, so an item is launched at most once
-whatever the number of leaders that try (reshard/drains.py states the protocol).
+whatever the number of leaders that try (reshard/control/drains.py states the protocol).
 """
 
 from __future__ import annotations

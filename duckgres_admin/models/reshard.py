@@ -88,8 +88,8 @@ class ReshardOperation(models.Model):
     target_rendered_at = models.DateTimeField(null=True, blank=True)
     target_login_ready_at = models.DateTimeField(null=True, blank=True)
     # The target database is this operation's: it created it, or found it holding nothing and
-    # adopted it (reshard.identity check 4). Only then does a rollback or recovery drop what is
-    # in it; without it, nothing there is touched (docs/restore.md "What a rollback drops").
+    # adopted it (reshard.engines.identity check 4). Only then does a rollback or recovery drop what
+    # is in it; without it, nothing there is touched (docs/restore.md "What a rollback drops").
     target_claimed_at = models.DateTimeField(null=True, blank=True)
     external_verified_at = models.DateTimeField(null=True, blank=True)
     source_drop_committed_at = models.DateTimeField(null=True, blank=True)
@@ -121,7 +121,8 @@ class ReshardOperation(models.Model):
     restore_backup_version_id = models.TextField(default="", blank=True, db_default="")
     restore_fingerprint = models.JSONField(null=True, blank=True)
     # What the backup holds, read from the fenced source when the copy was verified
-    # (reshard.verify.Verification.fingerprint): the restore test compares a restore against it.
+    # (reshard.engines.verify.Verification.fingerprint): the restore test compares a restore against
+    # it.
     catalog_fingerprint = models.JSONField(null=True, blank=True)
     password_url = models.TextField(default="", blank=True)
     # The password pull's binding (safeguard reshard-79): the pod uid the current runner
@@ -136,7 +137,8 @@ class ReshardOperation(models.Model):
     recovered_at = models.DateTimeField(null=True, blank=True)
     recovery_outcome = models.TextField(default="", blank=True)
     metrics_observed_at = models.DateTimeField(null=True, blank=True)
-    # The store-drain item this operation moves (reshard/drains.py); unique: one launch per item.
+    # The store-drain item this operation moves (reshard/control/drains.py); unique: one launch
+    # per item.
     drain_item = models.OneToOneField(
         "duckgres_admin.StoreDrainItem",
         null=True,

@@ -26,7 +26,7 @@ LIVE = ~models.Q(state__in=NOT_LIVE_STATES)
 
 def normalized_host(field: str = "metadata_store_host") -> models.Func:
     """``rtrim(lower(btrim(host)), '.')``: the external endpoint as the unique index compares
-    it (``reshard.identity.normalize_host`` is the same rule in Python)."""
+    it (``reshard.engines.identity.normalize_host`` is the same rule in Python)."""
     return models.Func(Lower(Trim(field)), models.Value("."), function="RTRIM")
 
 

@@ -16,7 +16,7 @@ from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import ReshardOperation, StoreDrain
 
 SCHEMA_VERSION = 1
-# The janitor's force-fail message starts so (reshard.janitor.force_fail_message).
+# The janitor's force-fail message starts so (reshard.control.janitor.force_fail_message).
 _RUNNER_LOST_PREFIX = "reshard runner could not be kept alive"
 
 

@@ -21,7 +21,7 @@ Invariants:
   bumps django-celery-beat's change marker (``PeriodicTasks.last_update``), so the scheduler
   reloads at its next tick and the row runs from beat's first ticks.
 
-The receiver is connected when this module is imported: ``reshard.worker`` (imported by
+The receiver is connected when this module is imported: ``reshard.control.worker`` (imported by
 ``reshard.tasks``) and ``trino_pools.tasks`` import it, and Celery autodiscovers both task
 modules in every worker and beat process (tests/test_beat_rows.py starts a real beat).
 """

@@ -10,7 +10,8 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     Guards: one catalog copier per target database (docs/copy.md "One copier per target").
     Session-level ``pg_try_advisory_lock`` on the copy's primary target connection, held for
     the whole copy and released when that connection closes; a second copier is refused.
-    Taken by: ``reshard.copy`` (``_fence_target``), in the reshard runner's copy step, on the
+    Taken by: ``reshard.engines.copy.catalog`` (``_fence_target``), in the reshard runner's copy
+    step, on the
     **target metadata store**.
 
 ``BACKUP_RETENTION_LOCK_KEY`` = 824461
@@ -18,8 +19,8 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     delete concurrently. Session-level ``pg_try_advisory_lock`` on the **config store**
     connection of the run, held for the whole run (checked before every deletion) and released
     at its end or when that connection closes; a second run finds it taken and does nothing.
-    Taken by: ``reshard.backups`` (``apply_retention``), in the ``reshard.backup_retention``
-    task on ``duckgres.default``.
+    Taken by: ``reshard.backups.inventory`` (``apply_retention``), in the
+    ``reshard.backup_retention`` task on ``duckgres.default``.
 
 ``STORE_DRAIN_LOCK_CLASS`` = 824462, with the drain's id: ``(824462, <drain id>)``
     Guards: one advance of a store drain at a time (docs/drains.md), so that a janitor leader
@@ -28,7 +29,7 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     ``pg_try_advisory_lock(int4, int4)`` on the **config store** connection of the janitor,
     held while it advances that drain and released right after (or when the connection
     closes: a killed leader frees it); a second advance finds it taken and skips the drain for
-    this tick. Taken by: ``reshard.drains`` (``advance``), in the janitor's tick on
+    this tick. Taken by: ``reshard.control.drains`` (``advance``), in the janitor's tick on
     ``duckgres.control``. The two-int form never meets the fixed keys, which use ``(0, key)``.
 
 ``RESTORE_TEST_LOCK_KEY`` = 824463
@@ -36,8 +37,8 @@ Fixed keys (``FIXED_KEYS``, checked unique when this module is imported):
     never restore into, or sweep, the same scratch database. Session-level
     ``pg_try_advisory_lock`` on the **config store** connection of the run, held for the whole
     run (checked before every restore) and released at its end or when that connection closes.
-    Taken by: ``reshard.restore_test`` (``run``), in the ``reshard.backup_restore_test`` task on
-    ``duckgres.default``.
+    Taken by: ``reshard.backups.restore_test`` (``run``), in the ``reshard.backup_restore_test``
+    task on ``duckgres.default``.
 
 Derived keys (one key per value, in a space no fixed key is meant to share):
 
@@ -46,9 +47,9 @@ Derived keys (one key per value, in a space no fixed key is meant to share):
     (a non-negative ``bigint``). Guards: once a reshard's block commits, no connection lease is
     granted for the org and its warehouse/Trino rows do not move under the runner.
     Transaction-scoped ``pg_advisory_xact_lock`` on the **config store**, through
-    ``duckgres_admin.platform.orglock.lock_org``. Taken by: the lease grant (``reshard.leases``),
-    the
-    warehouse PATCH (``reshard.warehouses``), the runner's block, drain and rollback steps
+    ``duckgres_admin.platform.orglock.lock_org``. Taken by: the lease grant
+    (``duckgres_admin.dataplane.leases``), the
+    warehouse PATCH (``reshard.warehouses.writes``), the runner's block, drain and rollback steps
     (``reshard.runner.steps.blocking``, ``.draining``, ``reshard.runner.rollback``), Trino
     enable, disable and cell move (``trino_pools.placement``, also from the Trino API view),
     and the org reconcile's orphan removal (``trino_pools.reconcile``).

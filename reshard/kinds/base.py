@@ -1,7 +1,7 @@
 """What every kind shares: the reshard's behaviour, which a kind changes by overriding.
 
 ``BaseKind`` implements ``reshard.runner.kind.Kind`` with the reshard's answers: the step
-sequence per direction (``reshard.steps``), the cancel cutoff per target (→external:
+sequence per direction (``reshard.operation.sequences``), the cancel cutoff per target (→external:
 ``orphaning_source``; →cnpg: the target login ready in the cutover), the shared commit point
 (``source_drop_committed_at`` / ``external_verified_at``), the steps before the point of no
 return as the redoable ones, the shared step registry, and the backup gate by direction
@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from duckgres_admin.models import ReshardOperation
-from reshard import backup, steps
+from reshard.engines import backup
+from reshard.kinds.checks import SHARED_ONLY, KindStart
+from reshard.operation import sequences
+from reshard.operation.sequences import CancelCutoff
 from reshard.runner.env import StepEnv, StepFn
 from reshard.runner.steps import REGISTRY
-from reshard.start_checks import SHARED_ONLY, KindStart
-from reshard.steps import CancelCutoff
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class BaseKind:
         return SHARED_ONLY
 
     def sequence(self, source_kind: str, target_kind: str) -> tuple[str, ...]:
-        return steps.sequence(source_kind, target_kind)
+        return sequences.sequence(source_kind, target_kind)
 
     def cancel_cutoff(self, target_kind: str) -> CancelCutoff:
         if target_kind == "external":

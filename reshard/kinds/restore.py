@@ -1,5 +1,5 @@
 """The restore onto another store: a backup object of the org's own replaces the catalog
-(docs/restore.md; its start checks are ``reshard.restores``).
+(docs/restore.md; its start checks are ``reshard.start.restores``).
 
 It runs the reshard's steps but two: ``copying`` streams the backup into the target
 (``reshard.runner.steps.restoring``) and ``verifying`` compares the result with the backup's
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from duckgres_admin.models import OpKind, ReshardOperation
 from reshard.kinds.base import BaseKind
-from reshard.restore_checks import RestoreStart
+from reshard.kinds.restore_checks import RestoreStart
+from reshard.operation.sequences import CancelCutoff
 from reshard.runner.steps import restoring
-from reshard.steps import CancelCutoff
 
 MANDATORY_PREFIX = "a backup of the current catalog is mandatory before a restore replaces it"
 
@@ -33,7 +33,7 @@ class RestoreKind(BaseKind):
         )
 
     def start(self, **details: str) -> RestoreStart:
-        """The restore's rows (target, backup) and fields (``reshard.restore_checks``); the
+        """The restore's rows (target, backup) and fields (``reshard.kinds.restore_checks``); the
         in-place one is the same start: the row is in place when its stores are one."""
         return RestoreStart(details["backup_key"])
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardLogEntry
 from duckgres_admin.platform.names import runner_name
-from reshard import oplog
 from reshard.launchers.base import RunnerStatus
+from reshard.operation import oplog
 
 CAPTURE_LIMIT_BYTES = 5 * 1024 * 1024
 CAPTURE_HEADER = "==== runner pod log (captured before deletion) ===="

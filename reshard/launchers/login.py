@@ -36,9 +36,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from duckgres_admin.models import ReshardOperation, Warehouse
+from reshard.engines.restore.stream import installation_tag
 from reshard.launchers.base import LauncherError
-from reshard.restore import installation_tag
-from reshard.warehouse_rules import GUARDED_WAREHOUSE_FIELDS
+from reshard.warehouses.rules import GUARDED_WAREHOUSE_FIELDS
 
 PREFIX = "duckgres_runner_"
 _NAME = re.compile(r"^duckgres_runner_[0-9a-f]{8,12}_op([0-9]{1,18})$")

@@ -40,7 +40,7 @@ from duckgres_admin.base.times import rfc3339_seconds
 from duckgres_admin.lib.s3 import S3Error, SessionCredentials, mint_session
 from duckgres_admin.models import ReshardOperation, Warehouse
 from duckgres_admin.platform.names import runner_name
-from reshard.backup import KEY_PREFIX
+from reshard.engines.backup import KEY_PREFIX
 from reshard.launchers.base import LauncherError
 
 SESSION_VAR = "DUCKGRES_RESHARD_S3_SESSION"

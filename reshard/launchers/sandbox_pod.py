@@ -1,4 +1,4 @@
-"""The restore test's sandbox in a pod (``reshard.sandbox``; safeguard reshard-139).
+"""The restore test's sandbox in a pod (``reshard.engines.restore.sandbox``; safeguard reshard-139).
 
 One pod per restore test, ``duckgres-restore-test-op<id>`` in the runner namespace (label
 ``app=duckgres-restore-test``, which the janitor's runner listing never selects), run as the
@@ -15,7 +15,8 @@ Invariants:
 - **Nothing is left.** The pod (no grace) and the Secret are deleted when the wait ends,
   whatever the outcome; :func:`sweep` deletes what a killed worker left, at the next run
   (runs hold the restore-test lock, so no live sandbox is swept).
-- **The outcome is the exit code** (``reshard.sandbox``): 0 restored, 3 the archive's fault,
+- **The outcome is the exit code** (``reshard.engines.restore.sandbox``): 0 restored, 3 the
+archive's fault,
   anything else an attempt that failed; the termination message only explains it.
 """
 
@@ -33,11 +34,11 @@ from django.conf import settings
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import Warehouse
-from reshard import sandbox
+from reshard.engines.restore import sandbox
+from reshard.engines.restore.stream import RestoreError
 from reshard.launchers import s3scope
 from reshard.launchers.base import OP_ID_LABEL, LauncherError, runner_namespace
 from reshard.launchers.podspec import S3_SECRET_KEYS, build_sandbox_pod, s3_secret_data
-from reshard.restore import RestoreError
 
 APP_LABEL = "duckgres-restore-test"
 COMMAND = ("python", "manage.py", "restore_stream")

@@ -79,8 +79,8 @@ class RunContext:
     signal_name: str = ""
     progress: Progress = field(default_factory=Progress)
     late_cancel_logged: bool = False
-    # The copy's release handle (``reshard.copy.ReleaseHandle``): the source write fence, held
-    # from ``copying`` until the source drop (cleanup) or the end of the rollback.
+    # The copy's release handle (``reshard.engines.copy.catalog.ReleaseHandle``): the source write
+    # fence, held from ``copying`` until the source drop (cleanup) or the end of the rollback.
     release_handle: Any = None
     # The backup step's preparation (``steps.backup_catalog.prepare``: a Future of its S3 client
     # and source facts), started before the block's propagation wait, taken once by the step.

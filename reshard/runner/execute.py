@@ -47,8 +47,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard import steps as sequences
-from reshard import testhooks
+from reshard.engines import testhooks
+from reshard.operation import sequences
 from reshard.runner import connections, waits
 from reshard.runner.context import Progress, RunContext
 from reshard.runner.errors import (
@@ -75,8 +75,8 @@ from reshard.runner.steps import StepEnv, backup_catalog, finalize
 
 EXIT_OK = 0
 EXIT_INFRA = 1
-# For the log line only: ``reshard.janitor.MAX_RESPAWNS`` (not imported, the runner never loads
-# the janitor); the janitor alone enforces the budget.
+# For the log line only: ``reshard.control.janitor.MAX_RESPAWNS`` (not imported, the runner never
+# loads the janitor); the janitor alone enforces the budget.
 RESPAWN_BUDGET = 3
 
 _plog: Any = structlog.get_logger("duckgres.reshard.runner")

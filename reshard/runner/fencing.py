@@ -3,9 +3,9 @@
 Fencing invariants (each is relied on by the janitor, the API and a takeover runner):
 
 1. **Claim by CAS.** One ``UPDATE … WHERE id=:id AND <needs an owner>`` — the one ownership
-   rule, ``reshard.ownership.NEEDS_OWNER_SQL``: ``pending``, or ``running`` with a null heartbeat
-   or one older than the stale window, the rule the launch task and the janitor judge by too —
-   sets ``state='running'``, ``runner_id``, ``runner_epoch = runner_epoch + 1``,
+   rule, ``reshard.operation.ownership.NEEDS_OWNER_SQL``: ``pending``, or ``running`` with a null
+   heartbeat or one older than the stale window, the rule the launch task and the janitor judge by
+   too — sets ``state='running'``, ``runner_id``, ``runner_epoch = runner_epoch + 1``,
    ``heartbeat_at = now()`` and ``started_at = COALESCE(started_at, now())``. Zero rows: not
    claimable. Nothing else is reset: a takeover inherits every durable field. The same
    transaction closes the previous epochs' open step-timing rows as ``superseded``.
@@ -39,13 +39,13 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome
-from reshard.ownership import NEEDS_OWNER_SQL, needs_owner_params
+from reshard.operation.ownership import NEEDS_OWNER_SQL, needs_owner_params
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Fenced
 
 TERMINAL_OUTCOMES = {"succeeded": StepOutcome.OK, "failed": StepOutcome.FAILED}
 
-# Invariant 1: the claim takes the op exactly when it needs an owner (reshard.ownership).
+# Invariant 1: the claim takes the op exactly when it needs an owner (reshard.operation.ownership).
 _CLAIM_SQL = f"""
 UPDATE duckgres_reshard_operations
    SET state = 'running', runner_id = %s, runner_pod_uid = %s, runner_epoch = runner_epoch + 1,

@@ -1,4 +1,5 @@
-"""The run context seen through the hook protocols of ``reshard.copy`` and ``reshard.backup``."""
+"""The run context seen through the hook protocols of ``reshard.engines.copy.catalog`` and
+``reshard.engines.backup``."""
 
 from __future__ import annotations
 

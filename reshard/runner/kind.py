@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from duckgres_admin.models import ReshardOperation
+from reshard.operation.sequences import CancelCutoff
 from reshard.runner.env import StepEnv, StepFn
-from reshard.steps import CancelCutoff
 
 
 class Kind(Protocol):

@@ -38,9 +38,9 @@ from psycopg import sql
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from duckgres_admin.platform import orglock as locks
-from reshard import copy as catalog_copy
-from reshard import identity, uploads
-from reshard import steps as sequences
+from reshard.engines import identity, uploads
+from reshard.engines.copy import catalog as catalog_copy
+from reshard.operation import sequences
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError

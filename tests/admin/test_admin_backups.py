@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from duckgres_admin.models import AuditRecord, BackupVerification, Operator
-from reshard import retention
-from reshard.backup import backup_key
+from reshard.backups import retention
+from reshard.engines.backup import backup_key
 from tests.fixtures.api import Published, published
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.rows import new_store, unique

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reshard import kinds
-from reshard.backup import backup_key
+from reshard.engines.backup import backup_key
 from tests.fixtures.backups_listing import op_in_state, put_object
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.s3 import S3Bucket

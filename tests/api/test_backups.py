@@ -16,8 +16,8 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ReshardLogEntry
 from duckgres_admin.platform.config import EnvReader
 from duckgres_admin.platform.lockkeys import BACKUP_RETENTION_LOCK_KEY
-from reshard import backup_tasks, backups, retention
-from reshard.backup import KEY_PREFIX, backup_key
+from reshard.backups import inventory, retention, tasks
+from reshard.engines.backup import KEY_PREFIX, backup_key
 from tests.fixtures.api import error
 from tests.fixtures.backups_listing import op_in_state as _op
 from tests.fixtures.backups_listing import put_object as _put
@@ -39,7 +39,7 @@ def _policy(settings: Any, **values: Any) -> None:
 
 def _in_days(monkeypatch: pytest.MonkeyPatch, days: float) -> dt.datetime:
     later = dt.datetime.now(dt.UTC) + dt.timedelta(days=days)
-    monkeypatch.setattr(backups, "_now", lambda: later)
+    monkeypatch.setattr(inventory, "_now", lambda: later)
     return later
 
 
@@ -101,7 +101,7 @@ def test_only_this_orgs_backups_are_listed_even_in_a_shared_bucket(clients, buck
 
 @pytest.mark.safeguard("reshard-93")
 def test_the_listing_is_bounded_and_says_so(clients, bucket, monkeypatch, settings):
-    monkeypatch.setattr(backups, "LIST_MAX_OBJECTS", 3)
+    monkeypatch.setattr(inventory, "LIST_MAX_OBJECTS", 3)
     wh = _wh(bucket.bucket)
     for _ in range(5):
         _put(bucket, backup_key(_op(wh, "succeeded").id))
@@ -113,7 +113,7 @@ def test_the_listing_is_bounded_and_says_so(clients, bucket, monkeypatch, settin
     assert body["retention"]["deletes"] == 0, "a truncated listing deletes nothing"
     assert all(b["retention"]["action"] == "keep" for b in body["backups"])
     assert "the listing stopped at 3 objects" in body["backups"][0]["retention"]["reason"]
-    report = backups.apply_retention()
+    report = inventory.apply_retention()
     assert (report.ran, report.deleted, report.kept_truncated) == (True, [], [wh.org_id])
     assert len(bucket.object_keys()) == 5
 
@@ -209,7 +209,7 @@ def test_the_task_deletes_exactly_the_planned_keys(clients, bucket, settings, mo
     }  # fmt: skip
     assert planned == {f"s3://{bucket.bucket}/{keys[k]}" for k in ("k1", "k2")}
 
-    result = backup_tasks.backup_retention_task()
+    result = tasks.backup_retention_task()
     assert result == {
         "enabled": True, "ran": True, "warehouses": 2, "deleted": 2, "errors": 0, "bounded": False
     }  # fmt: skip
@@ -221,7 +221,7 @@ def test_the_task_deletes_exactly_the_planned_keys(clients, bucket, settings, mo
     assert {line.message.split()[3] for line in lines} == planned
     assert all(line.source == "janitor" for line in lines)
     # A second run finds nothing more to delete.
-    assert backup_tasks.backup_retention_task()["deleted"] == 0
+    assert tasks.backup_retention_task()["deleted"] == 0
 
 
 @pytest.mark.safeguard("reshard-94")
@@ -230,7 +230,7 @@ def test_disabled_or_locked_deletes_nothing(bucket, settings, monkeypatch):
     before = sorted(bucket.object_keys())
     _in_days(monkeypatch, 400)
     _policy(settings, enabled=False, keep_last=1, min_age_days=1)
-    report = backups.apply_retention()
+    report = inventory.apply_retention()
     assert (report.enabled, report.ran, report.deleted) == (False, False, [])
     assert sorted(bucket.object_keys()) == before
 
@@ -239,14 +239,14 @@ def test_disabled_or_locked_deletes_nothing(bucket, settings, monkeypatch):
     params = connection.get_connection_params()
     with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [BACKUP_RETENTION_LOCK_KEY])
-        report = backups.apply_retention()
+        report = inventory.apply_retention()
         assert (report.enabled, report.ran, report.deleted) == (True, False, [])
         assert sorted(bucket.object_keys()) == before
         # Released before the close: a closed client's backend may hold it a moment longer.
         other.execute("SELECT pg_advisory_unlock(%s)", [BACKUP_RETENTION_LOCK_KEY])
     # Released: the run proceeds, and the lock is not left behind.
-    assert len(backups.apply_retention().deleted) == 3
-    assert not backups.lock_held()
+    assert len(inventory.apply_retention().deleted) == 3
+    assert not inventory.lock_held()
     assert fleet["keys"]["active"] in bucket.object_keys()
 
 
@@ -275,7 +275,8 @@ def test_only_recorded_objects_are_backups_an_overwritten_or_planted_one_is_refu
     listing shows only the recorded objects, names the changed one, and the restore start, the
     restore test's candidates and retention never take either."""
     from duckgres_admin.models import Warehouse
-    from reshard import restore_checks, restore_test
+    from reshard.backups import restore_test
+    from reshard.kinds import restore_checks
 
     mine, other = _wh(bucket.bucket), _wh(bucket.bucket)
     genuine, overwritten = _op(mine, "succeeded"), _op(mine, "succeeded")
@@ -319,11 +320,11 @@ def test_only_recorded_objects_are_backups_an_overwritten_or_planted_one_is_refu
     picked = [
         c.backup.key
         for c in restore_test.candidates(
-            dt.datetime.now(dt.UTC), backups.warehouse_client, restore_test.RestoreTestReport()
+            dt.datetime.now(dt.UTC), inventory.warehouse_client, restore_test.RestoreTestReport()
         )
     ]
     assert not {replaced, planted, under_foreign} & set(picked)
     _policy(settings, enabled=True, keep_last=0, min_age_days=0)
-    report = backups.apply_retention()
+    report = inventory.apply_retention()
     assert report.deleted == [f"s3://{bucket.bucket}/{kept}"], "only the recorded one counts"
     assert {replaced, planted, under_foreign} <= set(bucket.object_keys())

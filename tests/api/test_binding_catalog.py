@@ -1,6 +1,7 @@
 """Safeguard 72: a warehouse PATCH repoints the binding only to a database holding a DuckLake
-catalog (``reshard/binding_catalog.py``), unless the caller sends ``"force_empty_binding":
-true``, which is audited with the old and the new binding. Real stores (5433/5434)."""
+catalog (``reshard/warehouses/binding_catalog.py``), unless the caller sends
+``"force_empty_binding": true``, which is audited with the old and the new binding. Real stores
+(5433/5434)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import AuditRecord, MetadataStore, Warehouse
-from reshard import warehouse_rules
+from reshard.warehouses import rules
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, new_warehouse, unique
 from tests.fixtures.stores import StoreClusters, TenantCatalog
@@ -38,7 +39,7 @@ class World:
 
     def binding(self) -> dict[str, Any]:
         warehouse = Warehouse.objects.get(org_id=self.warehouse.org_id)
-        return warehouse_rules._warehouse_values(warehouse)
+        return rules._warehouse_values(warehouse)
 
 
 @pytest.fixture

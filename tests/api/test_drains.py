@@ -19,7 +19,7 @@ from duckgres_admin.models import (
     StoreDrainItem,
     Warehouse,
 )
-from reshard import drains
+from reshard.control import drains
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 

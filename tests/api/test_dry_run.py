@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
-from reshard import pgclients, stash, steps
+from reshard.engines import clients as pgclients
+from reshard.operation import sequences
+from reshard.start import stash
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, unique
 from tests.fixtures.start import Setup, external_target_body
@@ -55,7 +57,7 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
     }
     assert body["dry_run"] is True
     assert body["direction"] == "cnpg_to_cnpg"
-    assert body["steps"] == list(steps.CNPG_TO_CNPG)
+    assert body["steps"] == list(sequences.CNPG_TO_CNPG)
     assert body["cancel_cutoff"] == (
         "a reshard to a cnpg store can be cancelled until the target login is ready in the "
         "cutover (before copying)"
@@ -120,7 +122,7 @@ def test_valid_cnpg_to_external_dry_run(clients, published, cnpg_source, tenant_
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["direction"] == "cnpg_to_external"
-    assert body["steps"] == list(steps.CNPG_TO_EXTERNAL)
+    assert body["steps"] == list(sequences.CNPG_TO_EXTERNAL)
     assert body["backup"]["mandatory"] is True
     assert body["target"] == {
         "kind": "external",
@@ -206,7 +208,7 @@ def test_stopped_cnpg_target_and_unresolvable_reference(clients, published, exte
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["direction"] == "external_to_cnpg"
-    assert body["steps"] == list(steps.EXTERNAL_TO_CNPG)
+    assert body["steps"] == list(sequences.EXTERNAL_TO_CNPG)
     checks = by_check(body)
     assert checks["target_password"]["ok"] is False
     assert "cannot resolve target.password_secret_ref" in checks["target_password"]["detail"]

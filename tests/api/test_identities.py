@@ -166,12 +166,12 @@ def test_session_mutations_need_the_csrf_token(clients):
 
 
 def test_unexpected_errors_are_json_500_and_audited(clients, monkeypatch, settings):
-    from reshard import warehouses
+    from reshard.warehouses import writes
 
     def boom(**kwargs):
         raise RuntimeError(f"exploded near {settings.DUCKGRES_INTERNAL_SECRET}")
 
-    monkeypatch.setattr(warehouses, "warehouse_create", boom)
+    monkeypatch.setattr(writes, "warehouse_create", boom)
     response = clients.internal.post("/api/v1/warehouses", {"org_id": "boom"}, format="json")
     assert response.status_code == 500
     assert response.json() == {"error": "internal error (RuntimeError)"}

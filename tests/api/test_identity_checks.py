@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reshard.identity import ServerIdentity, compare_databases
+from reshard.engines.identity import ServerIdentity, compare_databases
 
 SRC = ("db1.example", 5432)
 TGT = ("db2.example", 5432)

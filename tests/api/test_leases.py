@@ -10,9 +10,9 @@ import pytest
 from django.db import connection, transaction
 
 from duckgres_admin.base.errors import ServiceError
+from duckgres_admin.dataplane import leases
 from duckgres_admin.models import AuditRecord, ConnectionLease, Warehouse
 from duckgres_admin.platform.orglock import lock_org
-from reshard import leases
 from tests.fixtures.api import error
 from tests.fixtures.leases import block, make_org, post, unblock
 from tests.fixtures.rows import new_warehouse

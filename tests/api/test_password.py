@@ -14,8 +14,8 @@ import pytest
 from django.conf import settings
 
 from duckgres_admin.models import ReshardLogEntry
-from reshard import stash
-from reshard.operations import pull_credential_digest
+from reshard.start import stash
+from reshard.start.operations import pull_credential_digest
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 CREDENTIAL = secrets.token_hex(32)

@@ -18,8 +18,8 @@ import pytest
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation
-from reshard import stash
 from reshard.launchers.base import runner_name
+from reshard.start import stash
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 
 pytestmark = [pytest.mark.kube, pytest.mark.safeguard("reshard-79")]

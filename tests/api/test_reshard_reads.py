@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
-from reshard import stash
+from reshard.start import stash
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.stores import TEST_SSLMODE

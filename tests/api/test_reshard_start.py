@@ -10,7 +10,8 @@ import pytest
 from psycopg import sql
 
 from duckgres_admin.models import AuditRecord, ReshardLogEntry, ReshardOperation
-from reshard import operations, start_checks, stash
+from reshard.kinds import checks
+from reshard.start import operations, stash
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.start import assert_nothing_created, external_target_body
@@ -588,14 +589,14 @@ def test_pod_launcher_image_failure_fails_the_op(
     clients, published, cnpg_source, settings, monkeypatch
 ):
     """Step 9: the image cannot be read (no own pod here) → op failed, 500, nothing enqueued."""
-    real_validate = start_checks.validate_start
+    real_validate = checks.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"  # env: refs resolved above with local
         return plan
 
-    monkeypatch.setattr(start_checks, "validate_start", validate_then_switch)
+    monkeypatch.setattr(checks, "validate_start", validate_then_switch)
     settings.POD_NAME = ""
     response = clients.internal.post(
         cnpg_source.path,
@@ -615,14 +616,14 @@ def test_no_advertise_address_fails_the_op(
 ):
     """Step 8: no own address → op failed "control plane could not determine…", 500."""
     target = tenant_catalog(cnpg_source.clusters.target, with_tables=False)
-    real_validate = start_checks.validate_start
+    real_validate = checks.validate_start
 
     def validate_then_switch(*args: Any, **kwargs: Any) -> Any:
         plan = real_validate(*args, **kwargs)
         settings.DUCKGRES_RESHARD_LAUNCHER = "pod"
         return plan
 
-    monkeypatch.setattr(start_checks, "validate_start", validate_then_switch)
+    monkeypatch.setattr(checks, "validate_start", validate_then_switch)
     monkeypatch.setattr(stash, "_first_global_unicast", lambda: "")
     settings.DUCKGRES_ADVERTISE_ADDRESS = ""
     settings.POD_IP = ""

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import AuditRecord, BackupVerification, ReshardLogEntry
-from reshard.backup import backup_key
+from reshard.engines.backup import backup_key
 from tests.fixtures.api import Published, error
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.rows import new_store

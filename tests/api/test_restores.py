@@ -11,7 +11,7 @@ import re
 import pytest
 
 from duckgres_admin.models import AuditRecord, ReshardOperation
-from reshard.backup import backup_key
+from reshard.engines.backup import backup_key
 from tests.fixtures.api import error
 from tests.fixtures.backups_listing import op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.rows import new_op, new_store

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from duckgres_admin.lib.pgadmin import Endpoint
-from reshard import identity
+from reshard.engines import identity
 from tests.fixtures.api import error
 from tests.fixtures.rows import new_store, unique
 from tests.fixtures.start import assert_nothing_created, cnpg_source  # noqa: F401

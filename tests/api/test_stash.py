@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reshard import stash
+from reshard.start import stash
 
 
 def test_url_prefers_the_configured_address(settings):

@@ -10,7 +10,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from duckgres_admin.lib.s3 import S3
-from reshard import pgclients
+from reshard.engines import clients
 from tests.fixtures.backup import MotoS3
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.rgw import rgw
@@ -68,6 +68,6 @@ def hooks() -> RecordingHooks:
 
 @pytest.fixture(autouse=True)
 def _fresh_client_cache() -> Iterator[None]:
-    pgclients.clear_cache()
+    clients.clear_cache()
     yield
-    pgclients.clear_cache()
+    clients.clear_cache()

@@ -19,9 +19,9 @@ import pytest
 from django.conf import settings
 from psycopg.conninfo import conninfo_to_dict
 
-from reshard import backup as backup_mod
-from reshard import pgclients
-from reshard.backup import (
+from reshard.engines import backup as backup_mod
+from reshard.engines import clients
+from reshard.engines.backup import (
     EMPTY_ARCHIVE,
     KEY_PREFIX,
     BackupDestination,
@@ -200,7 +200,7 @@ def test_cnpg_source_adds_role(tenant_catalog: Any) -> None:
         host="h", port=5433, database=catalog.database, user="provisioner", sslmode="require",
         password="pw-secret", role=catalog.role,
     )  # fmt: skip
-    client = pgclients.choose_client(15, PG15_BIN)
+    client = clients.choose_client(15, PG15_BIN)
     argv = backup_mod.pg_dump_argv(client, source)
     assert argv[-1] == f"--role={catalog.role}"
     assert "pw-secret" not in " ".join(argv)

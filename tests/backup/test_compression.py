@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import ReshardOperation
-from reshard import backup as backup_mod
-from reshard.backup import BackupDestination, run_backup
+from reshard.engines import backup as backup_mod
+from reshard.engines.backup import BackupDestination, run_backup
 from reshard.launchers.envcontract import ALLOWLIST
 from reshard.launchers.local import runner_env
 from tests.fixtures.backup import PG15_BIN, MotoS3, catalog_source, restore_into_scratch

@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from reshard.backup import (
+from reshard.engines.backup import (
     BackupDestination,
     BackupSource,
     restored_database_name,

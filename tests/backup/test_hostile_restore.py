@@ -28,8 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import ReshardLogEntry
-from reshard import oplog as direct_oplog
-from reshard.backup import (
+from reshard.engines.backup import (
     BackupDestination,
     Recorded,
     RestoreTarget,
@@ -37,6 +36,7 @@ from reshard.backup import (
     restore_owner_role,
     run_backup,
 )
+from reshard.operation import oplog as direct_oplog
 from reshard.runner.logwriter import OpLogWriter
 from tests.fixtures.backup import MotoS3, catalog_source
 from tests.fixtures.hooks import RecordingHooks

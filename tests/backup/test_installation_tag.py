@@ -20,7 +20,8 @@ from django.db.migrations.executor import MigrationExecutor
 from psycopg import sql
 
 from duckgres_admin.models import Installation, ReshardOperation
-from reshard import restore, restore_test
+from reshard.backups import restore_test
+from reshard.engines.restore import stream
 from tests.fixtures.backups_listing import warehouse_with_bucket
 from tests.fixtures.rows import new_op, new_store
 from tests.fixtures.stores import StoreClusters
@@ -56,7 +57,7 @@ def test_a_new_installation_draws_a_random_tag_that_its_address_does_not_decide(
         assert tag != _address_tag()
     row = Installation.objects.get(pk=1)
     assert row.previous_tag == ""
-    assert restore.installation_tag() == row.tag
+    assert stream.installation_tag() == row.tag
     assert restore_test.installation_prefix() == f"duckgres_restore_test_{row.tag}_"
 
 
@@ -72,9 +73,9 @@ def test_an_upgraded_installation_keeps_its_old_names_for_what_it_made_before(
         created_at=row.created_at - dt.timedelta(minutes=5)
     )
     before.refresh_from_db()
-    assert restore.login_role_name(before) == f"duckgres_restore_{old}_op{before.id}"
+    assert stream.login_role_name(before) == f"duckgres_restore_{old}_op{before.id}"
     after = new_op(warehouse_with_bucket("b"), to_store=new_store())
-    assert restore.login_role_name(after) == f"duckgres_restore_{row.tag}_op{after.id}"
+    assert stream.login_role_name(after) == f"duckgres_restore_{row.tag}_op{after.id}"
     # The sweep recognises a killed run's scratch database named with the old tag, and only
     # this installation's tags: another installation's (same old address, new tag) is left.
     cluster = store_clusters.target

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import Warehouse
-from reshard import backup as backup_mod
+from reshard.engines import backup as backup_mod
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import backup_catalog, blocking, record_source
 from tests.fixtures.runner import CnpgWorld, RunnerS3

@@ -24,7 +24,7 @@ from django.conf import settings
 from psycopg import sql
 
 from duckgres_admin.models import MetadataStore, Warehouse
-from reshard.backup import (
+from reshard.engines.backup import (
     Recorded,
     RestoreTarget,
     restore_command,

@@ -21,9 +21,12 @@ from django.db import connection
 from duckgres_admin.lib.s3 import S3Error
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
 from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
-from reshard import backups, metrics, restore, restore_test, verify
-from reshard.backup import BackupSource, backup_key
-from reshard.pgclients import PgClient
+from reshard.backups import inventory, restore_test
+from reshard.control import metrics
+from reshard.engines import verify
+from reshard.engines.backup import BackupSource, backup_key
+from reshard.engines.clients import PgClient
+from reshard.engines.restore import stream as restore
 from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket, op_in_state, put_backup, warehouse_with_bucket
 from tests.fixtures.rows import new_store, new_warehouse
@@ -72,7 +75,7 @@ def world(
 
 
 def _listed(org_id: str) -> dict[str, Any]:
-    body = backups.backups_for_org(org_id, with_plan=False)
+    body = inventory.backups_for_org(org_id, with_plan=False)
     assert len(body["backups"]) == 1, body
     return dict(body["backups"][0])
 
@@ -151,7 +154,7 @@ def test_an_object_replaced_after_it_was_recorded_is_not_tested(world, bucket) -
     report = restore_test.run()
     assert report.tested == [], report
     assert BackupVerification.objects.count() == 0
-    body = backups.backups_for_org(world["wh"].org_id, with_plan=False)
+    body = inventory.backups_for_org(world["wh"].org_id, with_plan=False)
     assert body["backups"] == []
     assert [c["key"] for c in body["changed_objects"]] == [world["key"]]
 
@@ -237,7 +240,7 @@ def test_off_without_a_store_and_loud_with_a_wrong_one(world, settings) -> None:
 @pytest.mark.safeguard("reshard-101")
 def test_the_stream_holds_one_chunk_at_a_time(world, store_clusters) -> None:
     """The object reaches pg_restore chunk by chunk: never more than one chunk read ahead."""
-    s3 = backups.warehouse_client(world["wh"])
+    s3 = inventory.warehouse_client(world["wh"])
     real = s3.stream_object
     sizes: list[int] = []
 
@@ -450,7 +453,7 @@ def test_the_archive_header_names_its_pg_dump(world) -> None:
 
 def test_a_replaced_object_is_refused(world, bucket: S3Bucket) -> None:
     """The ETag read with the listing must still be the object's when it is restored."""
-    s3 = backups.warehouse_client(world["wh"])
+    s3 = inventory.warehouse_client(world["wh"])
     listed, _ = s3.list_objects(world["wh"].data_bucket, world["key"], limit=1)
     etag = listed[0].etag
     assert etag

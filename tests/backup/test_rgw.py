@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.lib.s3 import S3
-from reshard.backup import KEY_PREFIX, BackupDestination, BackupError, run_backup
+from reshard.engines.backup import KEY_PREFIX, BackupDestination, BackupError, run_backup
 from tests.fixtures.backup import add_blob_table, catalog_source, pid_gone
 from tests.fixtures.hooks import RecordingHooks
 

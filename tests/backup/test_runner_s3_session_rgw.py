@@ -12,7 +12,7 @@ import pytest
 
 from duckgres_admin.lib.s3 import S3, S3Error
 from duckgres_admin.models import ReshardOperation
-from reshard.backup import KEY_PREFIX, BackupDestination, run_backup
+from reshard.engines.backup import KEY_PREFIX, BackupDestination, run_backup
 from reshard.launchers import s3scope
 from tests.fixtures.backup import add_blob_table, catalog_source
 from tests.fixtures.hooks import RecordingHooks

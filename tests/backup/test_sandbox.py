@@ -1,7 +1,7 @@
-"""The restore test's sandbox (``reshard.sandbox``, ``manage.py restore_stream``; safeguard
-reshard-139): a real process, started with nothing but what the sandbox pod gets, streams a real
-custom-format archive from a real S3 server (moto over HTTP) into stock ``pg_restore`` on a real
-metadata-store cluster, as the scratch login."""
+"""The restore test's sandbox (``reshard.engines.restore.sandbox``, ``manage.py restore_stream``;
+safeguard reshard-139): a real process, started with nothing but what the sandbox pod gets, streams
+a real custom-format archive from a real S3 server (moto over HTTP) into stock ``pg_restore`` on a
+real metadata-store cluster, as the scratch login."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from reshard import sandbox
-from reshard.backup import backup_key
+from reshard.engines.backup import backup_key
+from reshard.engines.restore import sandbox
 from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket
 from tests.fixtures.s3 import S3Bucket

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from duckgres_admin.lib.s3 import S3, S3Error
-from reshard import pgclients
-from reshard.backup import (
+from reshard.engines import clients
+from reshard.engines.backup import (
     BackupDestination,
     BackupError,
     BackupResult,
@@ -78,7 +78,7 @@ def fake_dirs(tmp_path: Path, majors: list[str]) -> str:
     ],
 )
 def test_client_selection(tmp_path: Path, have: list[str], server: int, chosen: int) -> None:
-    client = pgclients.choose_client(server, fake_dirs(tmp_path, have))
+    client = clients.choose_client(server, fake_dirs(tmp_path, have))
     assert client.major == chosen
     assert client.pg_dump.endswith(
         f"pg{have[[v.split('.')[0] for v in have].index(str(chosen))]}/bin/pg_dump"
@@ -96,8 +96,8 @@ def test_client_selection(tmp_path: Path, have: list[str], server: int, chosen: 
 )
 def test_no_client(tmp_path: Path, have: list[str], server: int, message: str) -> None:
     dirs = fake_dirs(tmp_path, have) or str(tmp_path / "missing")
-    with pytest.raises(pgclients.NoPgClient) as err:
-        pgclients.choose_client(server, dirs)
+    with pytest.raises(clients.NoPgClient) as err:
+        clients.choose_client(server, dirs)
     assert str(err.value) == message
 
 
@@ -111,15 +111,15 @@ def test_globs_and_version_cache(tmp_path: Path) -> None:
             f'#!/bin/sh\necho x >> {counter}\necho "pg_dump (PostgreSQL) {version} (Debian)"\n'
         )
     spec = f"{tmp_path}/pg*/bin:{tmp_path}/nowhere"
-    majors = [c.major for c in pgclients.available_clients(spec)]
+    majors = [c.major for c in clients.available_clients(spec)]
     assert majors == [18, 15]
-    pgclients.available_clients(spec)
-    pgclients.choose_client(15, spec)
+    clients.available_clients(spec)
+    clients.choose_client(15, spec)
     assert counter.read_text().count("x") == 2  # one --version per directory per process
 
 
 def test_debian_default_dir_is_found() -> None:
-    client = pgclients.choose_client(15, "/usr/lib/postgresql/*/bin")
+    client = clients.choose_client(15, "/usr/lib/postgresql/*/bin")
     assert client.major == 15
     assert client.pg_dump == "/usr/lib/postgresql/15/bin/pg_dump"
 
@@ -127,7 +127,7 @@ def test_debian_default_dir_is_found() -> None:
 def test_no_client_fails_the_backup_before_any_upload(
     moto_s3: MotoS3, hooks: RecordingHooks, tmp_path: Path
 ) -> None:
-    from reshard.backup import SourceFacts
+    from reshard.engines.backup import SourceFacts
 
     with pytest.raises(BackupError, match=r"no pg_dump for PostgreSQL 18 \(have: 15\)"):
         run_backup(

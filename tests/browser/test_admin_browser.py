@@ -29,7 +29,7 @@ from duckgres_admin.models import (
     ReshardStepTiming,
     Warehouse,
 )
-from reshard import operations
+from reshard.start import operations
 from tests.fixtures.processes import ARTIFACTS
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.runner import (

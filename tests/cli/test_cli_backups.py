@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from duckgres_admin.models import BackupVerification, ReshardLogEntry, ReshardOperation
 from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
-from reshard import verify
-from reshard.backup import backup_key
+from reshard.engines import verify
+from reshard.engines.backup import backup_key
 from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket, op_in_state, put_object, warehouse_with_bucket
 from tests.fixtures.cli import Cli

@@ -1,4 +1,5 @@
-"""Fixtures of the catalog copy and verification tests (reshard/copy.py, reshard/verify.py).
+"""Fixtures of the catalog copy and verification tests (reshard/engines/copy/catalog.py,
+reshard/engines/verify.py).
 
 Each test gets a tenant (role + database) on BOTH metadata-store clusters (5433 source, 5434
 target) through the shared ``tenant_catalog`` fixture; the source database is filled with a
@@ -14,7 +15,7 @@ import secrets
 import pytest
 from psycopg import sql
 
-from reshard.demo_catalog import build_demo_catalog
+from reshard.engines.demo_catalog import build_demo_catalog
 from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard import copy as catalog_copy
-from reshard.copy import (
+from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy.catalog import (
     PROGRESS_INTERVAL_SECONDS,
     TARGET_LOCK_KEY,
     Constraint,

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from psycopg import sql
 
-from reshard.demo_catalog import SCHEMA_DDL
+from reshard.engines.demo_catalog import SCHEMA_DDL
 from tests.fixtures.stores import StoreClusters, drop_tenant
 
 DUCKLAKE_TABLES = {

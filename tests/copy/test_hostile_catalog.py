@@ -2,8 +2,8 @@
 on the target, the target's catalog work runs logged in as the tenant, and a tenant's planted
 row-security policy never runs in the copy's or the verification's sessions.
 
-(a) Hostile rows are fed at the introspection seam (``reshard.copy.read_*``: what a hostile
-source server would answer to the catalog queries) into the real copy from 5433 to 5434: the
+(a) Hostile rows are fed at the introspection seam (``reshard.engines.copy.catalog.read_*``: what a
+hostile source server would answer to the catalog queries) into the real copy from 5433 to 5434: the
 copy fails naming the object before its first target statement, and the ``CREATE ROLE`` the
 rows carry never runs anywhere. (b) A real source whose tenant planted a ``FORCE ROW LEVEL
 SECURITY`` policy calling a ``SECURITY INVOKER`` function that runs ``RESET ROLE`` and
@@ -22,9 +22,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard import copy as catalog_copy
-from reshard.copy import ColumnRow, ConstraintRow, CopyError, IndexRow, TableRow, copy_catalog
-from reshard.verify import VerifyError, verify_ducklake
+from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy.catalog import (
+    ColumnRow,
+    ConstraintRow,
+    CopyError,
+    IndexRow,
+    TableRow,
+    copy_catalog,
+)
+from reshard.engines.verify import VerifyError, verify_ducklake
 from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.hostile import evil_calls, plant_policy, role_exists

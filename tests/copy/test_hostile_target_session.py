@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard import copy as catalog_copy
+from reshard.engines.copy import catalog as catalog_copy
 from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import copying, cutover

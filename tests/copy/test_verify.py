@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard.copy import copy_catalog
-from reshard.verify import DuckLakeState, VerifyError, compare, read_state, verify_ducklake
+from reshard.engines.copy.catalog import copy_catalog
+from reshard.engines.verify import DuckLakeState, VerifyError, compare, read_state, verify_ducklake
 from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
 from tests.fixtures.hooks import RecordingHooks
 

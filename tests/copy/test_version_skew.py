@@ -24,9 +24,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard.copy import copy_catalog
-from reshard.demo_catalog import build_demo_catalog
-from reshard.verify import verify_ducklake
+from reshard.engines.copy.catalog import copy_catalog
+from reshard.engines.demo_catalog import build_demo_catalog
+from reshard.engines.verify import verify_ducklake
 from tests.fixtures.catalog_pair import CatalogPair
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.db import DatabaseError
 
-from reshard import janitor as janitor_module
-from reshard import metrics
+from reshard.control import janitor as janitor_module
+from reshard.control import metrics
 from tests.fixtures.janitor import (
     FakeClock,
     FakeLauncher,

@@ -39,7 +39,7 @@ def _product_families() -> dict[str, str]:
 
 def test_the_known_names_come_from_every_product_registry(known: set[str]) -> None:
     assert set(product_metric_modules()) >= {
-        "reshard.metrics",
+        "reshard.control.metrics",
         "trino_pools.metrics",
         "trino_pools.term_metrics",
     }

@@ -307,7 +307,7 @@ def test_off_without_a_url_and_the_beat_row(settings, make_op, make_warehouse, m
 def test_a_drain_that_ended_is_delivered_once_with_its_counts(
     receiver, settings, make_store, transactional_db
 ):
-    from reshard import drains
+    from reshard.control import drains
 
     settings.DUCKGRES_WEBHOOK = _config(receiver.url)
     drain = drains.create_drain(

@@ -23,7 +23,7 @@ class Tenant:
         if tables:
             from psycopg import sql
 
-            from reshard.demo_catalog import build_demo_catalog
+            from reshard.engines.demo_catalog import build_demo_catalog
 
             with deployed.clusters.source.superuser_conn(self.catalog.database) as conn:
                 conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.catalog.role)))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.lib.s3 import S3, mint_session
-from reshard.backup import KEY_PREFIX
+from reshard.engines.backup import KEY_PREFIX
 from reshard.launchers.s3scope import session_policy
 from tests.fixtures.availability import RGW_URL_DEFAULT, rgw_unavailable
 from tests.fixtures.pods import (

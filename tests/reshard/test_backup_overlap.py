@@ -5,7 +5,7 @@ and flip) happens before it ended, the direction gate still fails cnpg→externa
 cancel or rollback stops it without leaving an open upload, and a takeover that resumes at
 ``copying`` starts the backup again.
 
-Real runner processes with the test-only pause and kill points of ``reshard.testhooks``
+Real runner processes with the test-only pause and kill points of ``reshard.engines.testhooks``
 (``backup_part_uploaded``: a part stored, the upload still open), a real S3 server (moto over
 HTTP) and the real store clusters."""
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard import uploads
+from reshard.engines import uploads
 from tests.fixtures.faults import backdate
 from tests.fixtures.runner import (
     CnpgWorld,

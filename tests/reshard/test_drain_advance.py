@@ -1,7 +1,7 @@
-"""The janitor's drain advance on rows (reshard/drains.py; safeguards reshard-98, reshard-99):
-a paused drain launches nothing, a cancel stops launching and cancels the active children and
-ends only when none is active, an operation whose launcher died before marking its item is
-adopted, a finished drain reports its counts, and a drain whose advisory lock another session
+"""The janitor's drain advance on rows (reshard/control/drains.py; safeguards reshard-98,
+reshard-99): a paused drain launches nothing, a cancel stops launching and cancels the active
+children and ends only when none is active, an operation whose launcher died before marking its item
+is adopted, a finished drain reports its counts, and a drain whose advisory lock another session
 holds is left alone (two leaders never advance it together). The end-to-end drain with real
 runners and a killed leader is tests/reshard/test_store_drain.py."""
 
@@ -15,7 +15,7 @@ from django.db import connection
 
 from duckgres_admin.models import ReshardOperation, StoreDrain, StoreDrainItem
 from duckgres_admin.platform.lockkeys import STORE_DRAIN_LOCK_CLASS
-from reshard import drains
+from reshard.control import drains
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 
 pytestmark = pytest.mark.django_db(transaction=True)

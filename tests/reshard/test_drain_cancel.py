@@ -1,4 +1,4 @@
-"""A drain cancel racing the janitor's launch (reshard/drains.py, issue 29 item 2; safeguard
+"""A drain cancel racing the janitor's launch (reshard/control/drains.py, issue 29 item 2; safeguard
 reshard-112). The cancel commits from the API outside the drain's advisory lock, so a child the
 janitor is starting at that moment is not in the cancel's transaction: the janitor marks the
 item launched whatever the cancel wrote on it, and asks that child's cancel at once (not at the
@@ -16,7 +16,7 @@ from django.db import connection
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation, StoreDrain, StoreDrainItem
-from reshard import drains
+from reshard.control import drains
 from tests.fixtures.api import published
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.start import Setup, cnpg_source

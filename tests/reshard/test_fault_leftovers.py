@@ -2,7 +2,7 @@
 on every terminal path and by the janitor's sweep; a rollback or ``reshard_recover --execute``
 drops what a copy killed part-way wrote, decided by re-reading the target.
 
-Real runner processes killed with the test-only hooks of ``reshard.testhooks``
+Real runner processes killed with the test-only hooks of ``reshard.engines.testhooks``
 (``backup_part_uploaded``: a part stored, the upload open; ``copy_table_done``: one table
 committed on the target, the copy unfinished), a real S3 server (moto over HTTP) and the real
 store clusters."""
@@ -19,8 +19,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation, Warehouse
-from reshard import uploads
-from reshard.backup import KEY_PREFIX
+from reshard.engines import uploads
+from reshard.engines.backup import KEY_PREFIX
 from tests.fixtures.janitor import FakeLauncher, janitor_env, make_janitor
 from tests.fixtures.rows import new_op, new_store, new_warehouse, unique
 from tests.fixtures.runner import (
@@ -229,7 +229,7 @@ def test_the_leader_janitor_sweeps_once_per_interval(
     monkeypatch: pytest.MonkeyPatch,
     store_clusters: Any,
 ) -> None:
-    from reshard import janitor
+    from reshard.control import janitor
 
     s3_settings(settings, monkeypatch, runner_s3)
     settings.DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = 3600

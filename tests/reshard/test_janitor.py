@@ -10,7 +10,7 @@ from django.conf import settings
 
 from duckgres_admin.models import ReshardLogEntry, ReshardStepTiming
 from duckgres_admin.platform.leadership import LeaderLease
-from reshard.janitor import MAX_RESPAWNS, force_fail_message
+from reshard.control.janitor import MAX_RESPAWNS, force_fail_message
 from reshard.launchers.capture import CAPTURE_HEADER
 from tests.fixtures.janitor import (
     FakeClock,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from reshard.janitor import TickReport
+from reshard.control.janitor import TickReport
 from tests.fixtures.janitor import (
     FakeLauncher,
     janitor_env,

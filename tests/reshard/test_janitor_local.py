@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from duckgres_admin.platform.leadership import LeaderLease
-from reshard.janitor import Janitor
+from reshard.control.janitor import Janitor
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
 from tests.fixtures.janitor import (
@@ -118,7 +118,7 @@ def test_a_sigkilled_local_runner_is_captured_and_respawned(local_launcher: Loca
 def test_duplicate_launch_delivery_with_the_local_launcher_keeps_one_runner(
     local_launcher: LocalLauncher,
 ) -> None:
-    from reshard.launch import launch_runner
+    from reshard.control.launch import launch_runner
 
     op = new_op("pending")
     assert launch_runner(op.id, launcher_for=lambda kind: local_launcher) == "launched"

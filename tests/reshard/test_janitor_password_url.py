@@ -23,7 +23,7 @@ import pytest
 
 from duckgres_admin.models import ReshardOperation
 from duckgres_admin.platform.leadership import LeaderLease
-from reshard.janitor import Janitor
+from reshard.control.janitor import Janitor
 from reshard.launchers.local import LocalLauncher
 from tests.fixtures.janitor import age_op, janitor_env, op_log, refresh, stale_pending
 

@@ -11,7 +11,7 @@ import pytest
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.platform.leadership import LeaderLease
-from reshard.janitor import Janitor
+from reshard.control.janitor import Janitor
 from reshard.launchers.base import SPAWNED_AT_ANNOTATION
 from reshard.launchers.pod import PodLauncher
 from tests.fixtures.janitor import janitor_env, op_log, refresh, stale_running

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from duckgres_admin.platform.leadership import LeaderLease
-from reshard.janitor import Janitor
+from reshard.control.janitor import Janitor
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.launchers.local import LocalLauncher
 from tests.fixtures.janitor import age_op, janitor_env, op_log, refresh

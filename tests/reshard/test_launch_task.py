@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from reshard import metrics, worker
-from reshard.launch import launch_runner
+from reshard.control import metrics, worker
+from reshard.control.launch import launch_runner
 from reshard.launchers.base import StillTerminating
 from reshard.launchers.capture import CAPTURE_HEADER
 from reshard.tasks import launch_runner_task, reconcile_task

@@ -11,7 +11,7 @@ from django.db import connections
 from prometheus_client import REGISTRY
 
 from duckgres_admin.models import ReshardStepTiming
-from reshard import metrics
+from reshard.control import metrics
 from tests.fixtures.janitor import (
     FakeLauncher,
     age_op,

@@ -1,6 +1,7 @@
 """The one ownership rule (spec reshard §1 inv. 4, §4.1, §4.13, §4.15): the runner's claim, the
 launch task and the janitor agree about which operation needs an owner, because all three compose
-``reshard.ownership``; the runner's name and the milestone columns are spelled in one place."""
+``reshard.operation.ownership``; the runner's name and the milestone columns are spelled in one
+place."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from duckgres_admin.adminui import progress
 from duckgres_admin.models import ReshardOperation
 from duckgres_admin.platform import names
-from reshard import janitor, ownership, recovery
-from reshard.launch import launch_runner
+from reshard.control import janitor, recovery
+from reshard.control.launch import launch_runner
+from reshard.operation import ownership
 from reshard.runner import fencing
 from tests.fixtures.janitor import FakeLauncher, age_op, janitor_env, make_janitor, new_op
 
@@ -135,8 +137,8 @@ def _spelled_in(pattern: str) -> list[str]:
 
 
 def test_the_ownership_predicate_is_spelled_once() -> None:
-    assert _spelled_in(r"heartbeat_at IS NULL") == ["reshard/ownership.py"]
-    assert _spelled_in(r"heartbeat_at < now\(\)") == ["reshard/ownership.py"]
+    assert _spelled_in(r"heartbeat_at IS NULL") == ["reshard/operation/ownership.py"]
+    assert _spelled_in(r"heartbeat_at < now\(\)") == ["reshard/operation/ownership.py"]
 
 
 def test_the_runner_name_is_built_in_one_place() -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from duckgres_admin.models import ReshardOperation
-from reshard import stash
 from reshard.launchers.local import LocalLauncher
-from reshard.operations import pull_credential_digest
+from reshard.start import stash
+from reshard.start.operations import pull_credential_digest
 from tests.fixtures.processes import stop_local_runners
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 

@@ -14,7 +14,7 @@ from psycopg import sql
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import ReshardLogEntry, ReshardOperation, Warehouse
-from reshard import recovery
+from reshard.control import recovery
 from reshard.launchers.base import RunnerStatus
 from reshard.runner import rollback as rb
 from reshard.runner.context import RunContext

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard import restores
-from reshard.restore import login_role_name
+from reshard.engines.restore.stream import login_role_name
+from reshard.start import restores
 from tests.fixtures.backups_listing import put_backup
 from tests.fixtures.faults import backdate
 from tests.fixtures.restores import moved, restore_request, snapshots, start_restore

@@ -17,7 +17,7 @@ import pytest
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import BackupVerification, ReshardOperation, Warehouse
-from reshard import restores
+from reshard.start import restores
 from tests.fixtures.admin import admin_client
 from tests.fixtures.backups_listing import warehouse_with_bucket
 from tests.fixtures.faults import backdate
@@ -199,7 +199,7 @@ def test_a_cancel_of_a_restore_onto_another_store_during_copying_rolls_back(
     binding names B again with B's catalog intact, the partial restore on A is dropped."""
     import time
 
-    from reshard import operations
+    from reshard.start import operations
 
     world = moved["world"]
     op = _start(moved)

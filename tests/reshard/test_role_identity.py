@@ -4,7 +4,7 @@ A reshard acts on two roles: the source role it fences (NOLOGIN), un-fences (LOG
 as, and the target role it creates or adopts (``ALTER ROLE … LOGIN PASSWORD``) and may set
 NOLOGIN on rollback. Neither may be the provisioner, ``postgres``, a ``pg_*`` or privileged
 role, a member of another role, a role another warehouse uses, or one owning other databases.
-One function (``reshard.identity.tenant_role_message``) decides, at submit and again in the
+One function (``reshard.engines.identity.tenant_role_message``) decides, at submit and again in the
 runner right before each role statement.
 """
 
@@ -20,7 +20,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from reshard import identity
+from reshard.engines import identity
 from reshard.runner import connections
 from reshard.runner.errors import StepError
 from reshard.runner.execute import reconstruct

@@ -18,8 +18,8 @@ from django.db.models.functions import Now
 from psycopg import errors
 
 from duckgres_admin.models import ReshardOperation, Warehouse
+from reshard.engines.restore.stream import installation_tag
 from reshard.launchers import login
-from reshard.restore import installation_tag
 from tests.fixtures.janitor import FakeLauncher, janitor_env, make_janitor
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 

@@ -9,7 +9,7 @@ from django.db import connection
 
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from reshard import steps as sequences
+from reshard.operation import sequences
 from reshard.runner import logwriter as oplog_module
 from reshard.runner.errors import StepError
 from reshard.runner.execute import before_cancel_cutoff, reconstruct

@@ -15,9 +15,9 @@ import pytest
 
 from duckgres_admin.lib import k8s
 from duckgres_admin.models import Warehouse
-from reshard import sandbox
+from reshard.engines.restore import sandbox
+from reshard.engines.restore.stream import RestoreError
 from reshard.launchers import sandbox_pod
-from reshard.restore import RestoreError
 
 pytestmark = [pytest.mark.kube, pytest.mark.django_db]
 PASSWORD = "scratch-pw-" + "x" * 20

@@ -1,5 +1,5 @@
 """Kills, takeovers and cancels of real runner processes (spec §4.5-§4.8; safeguards 2, 10, 16,
-18, 19, 22, 44, 45, 52). Kills use the test-only hooks of ``reshard.testhooks``; a
+18, 19, 22, 44, 45, 52). Kills use the test-only hooks of ``reshard.engines.testhooks``; a
 takeover backdates ``heartbeat_at`` past the stale window and starts a new runner."""
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from duckgres_admin.lib import pgadmin
-from reshard import identity
-from reshard.backup import BackupSource, source_conninfo
+from reshard.engines import identity
+from reshard.engines.backup import BackupSource, source_conninfo
 from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-80")

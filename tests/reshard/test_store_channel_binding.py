@@ -24,7 +24,13 @@ import pytest
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.endpoints import EndpointPattern
-from reshard.backup import BackupDestination, BackupError, BackupSource, SourceFacts, run_backup
+from reshard.engines.backup import (
+    BackupDestination,
+    BackupError,
+    BackupSource,
+    SourceFacts,
+    run_backup,
+)
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3

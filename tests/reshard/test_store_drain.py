@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from duckgres_admin.models import ConnectionLease, ReshardOperation, StoreDrain, Warehouse
 from duckgres_admin.platform.leadership import read_lease
-from reshard import drains
+from reshard.control import drains
 from tests.fixtures.janitor import janitor_env, reset_leases, send_tick
 from tests.fixtures.processes import CeleryWorker
 from tests.fixtures.rows import new_store, new_warehouse

@@ -27,7 +27,7 @@ import pytest
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation
-from reshard.backup import (
+from reshard.engines.backup import (
     BackupDestination,
     BackupError,
     BackupSource,

@@ -1,7 +1,7 @@
 """Safeguard reshard-73: before the point of no return a relaunched runner redoes the steps.
 
 A real runner is SIGKILLed right after stamping a pre-cutover step (the test hooks of
-``reshard.testhooks``); its heartbeat is backdated past the stale window (what the
+``reshard.engines.testhooks``); its heartbeat is backdated past the stale window (what the
 janitor's relaunch sees) and a new runner takes over. It must redo the sequence from
 ``blocking`` and end ``succeeded`` with the catalog identical on the target, the compaction
 setting back to the original prior (not the paused value) and no open multipart upload of the
@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from reshard import backup
+from reshard.engines import backup
 from reshard.runner.errors import StepError
 from reshard.runner.steps import access, blocking, compaction, record_source
 from tests.fixtures.faults import backdate, killed_at, lines_of_epoch, with_bucket

@@ -26,7 +26,7 @@ from psycopg import sql
 
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard import restores
+from reshard.start import restores
 from tests.fixtures.faults import backdate
 from tests.fixtures.restores import moved, restore_request, snapshots, start_restore
 from tests.fixtures.runner import (

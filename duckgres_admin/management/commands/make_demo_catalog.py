@@ -4,7 +4,7 @@ Used by tests, benchmarks and ``make demo``. The password comes only from ``PGPA
 environment (never an argument, so it never shows in ``ps``); ``--create-db`` first creates the
 database (connecting to ``postgres`` on the same server), owned by ``--owner`` when given, and
 the catalog tables are then created as ``--owner`` (``SET ROLE``) so the tenant owns them.
-See ``reshard/demo_catalog.py`` for the shape.
+See ``reshard/engines/demo_catalog.py`` for the shape.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from psycopg import sql
 
-from reshard.demo_catalog import build_demo_catalog, create_database
+from reshard.engines.demo_catalog import build_demo_catalog, create_database
 
 
 class Command(BaseCommand):

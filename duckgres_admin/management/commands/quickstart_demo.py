@@ -27,7 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from psycopg import sql
 
 from duckgres_admin.lib import http
-from reshard.demo_catalog import build_demo_catalog, create_database
+from reshard.engines.demo_catalog import build_demo_catalog, create_database
 
 ORG = "quickstart"
 TENANT = "quickstart"

@@ -1,9 +1,9 @@
 """``python manage.py reshard_recover <id> [--execute] [--force]`` (spec reshard §4.16).
 
-Thin: the logic is in ``reshard.recovery``. Without ``--execute`` it prints the durable progress
-and the plan and changes nothing. Exit codes: 0 done (or plan printed), 1 refused (the message
-says what to do), 2 the recovery claim was lost to a ``--force`` takeover, 3 the recovery ended
-``left_blocked`` (the warehouse stays ``resharding``; fix the cause and run it again).
+Thin: the logic is in ``reshard.control.recovery``. Without ``--execute`` it prints the durable
+progress and the plan and changes nothing. Exit codes: 0 done (or plan printed), 1 refused (the
+message says what to do), 2 the recovery claim was lost to a ``--force`` takeover, 3 the recovery
+ended ``left_blocked`` (the warehouse stays ``resharding``; fix the cause and run it again).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from reshard import recovery
+from reshard.control import recovery
 from reshard.runner.errors import Fenced
 
 EXIT_REFUSED = 1

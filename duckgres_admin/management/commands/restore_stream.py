@@ -1,4 +1,5 @@
-"""``python manage.py restore_stream``: the restore test's sandbox (``reshard.sandbox``).
+"""``python manage.py restore_stream``: the restore test's sandbox
+(``reshard.engines.restore.sandbox``).
 
 Thin: run the job named in the environment, print its one-line result, write it to the pod's
 termination message (``/dev/termination-log``, when it exists), exit with the outcome's code.
@@ -14,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from reshard import sandbox
+from reshard.engines.restore import sandbox
 
 TERMINATION_LOG = Path("/dev/termination-log")
 

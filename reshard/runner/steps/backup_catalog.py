@@ -39,7 +39,7 @@ read-only source. Invariants:
 
 With the overlap off, :func:`run_backup_step` runs the backup alone inside the step, as before.
 
-The op log gets the restore line of :func:`reshard.backup.restore_line`: it creates
+The op log gets the restore line of :func:`reshard.engines.backup.restore_line`: it creates
 ``<source database>_restored_op<id>`` on the source server as the operator's ``PGUSER`` and
 restores into it, so it works after the move too (the source database is gone, its tenant role
 ``NOLOGIN``; safeguard reshard-71).
@@ -59,7 +59,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard import backup
+from reshard.engines import backup
 from reshard.runner import connections, waits
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv

@@ -20,7 +20,7 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
-from reshard import identity, testhooks
+from reshard.engines import identity, testhooks
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError

@@ -24,8 +24,8 @@ import psycopg
 from django.conf import settings
 from django.db.models.functions import Now
 
-from reshard import copy as catalog_copy
-from reshard import identity, verify
+from reshard.engines import identity, verify
+from reshard.engines.copy import catalog as catalog_copy
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError

@@ -3,7 +3,7 @@
 H2 renders the tenant on the target store (role with LOGIN and the password as a
 client-computed SCRAM-SHA-256 verifier — the cleartext never appears in SQL, so server
 statement logs cannot capture it; database owned by the tenant, never adopted; the role only
-after :func:`reshard.identity.tenant_role_message` allows it: never the provisioner,
+after :func:`reshard.engines.identity.tenant_role_message` allows it: never the provisioner,
 ``postgres``, a ``pg_*`` or privileged role, or a role another warehouse uses), observes both
 (``target_rendered_at``), reads the cancel flag one last time, flips the binding and waits,
 cancel-aware, for ``rolcanlogin`` and a tenant ``SELECT 1`` through the tenant endpoint
@@ -28,7 +28,7 @@ from psycopg import sql
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import Warehouse
-from reshard import identity, testhooks
+from reshard.engines import identity, testhooks
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, StepError

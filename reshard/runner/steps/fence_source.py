@@ -8,8 +8,8 @@ after ``pg_roles`` shows NOLOGIN and zero tenant backends remain (positive obser
 
 Before anything is recorded or sent, on the same connection: the source catalog is no other
 live warehouse's (fencing would end that warehouse's sessions) and the tenant role passes
-:func:`reshard.identity.tenant_role_message` (never the provisioner, ``postgres``, a ``pg_*``
-or privileged role, or a role another warehouse uses); a refusal fails the op pre-flip with
+:func:`reshard.engines.identity.tenant_role_message` (never the provisioner, ``postgres``, a
+``pg_*`` or privileged role, or a role another warehouse uses); a refusal fails the op pre-flip with
 nothing sent.
 
 Idempotent for a takeover redoing the steps (safeguard reshard-73): ``COALESCE`` keeps the first
@@ -25,7 +25,7 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
-from reshard import identity, testhooks
+from reshard.engines import identity, testhooks
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError

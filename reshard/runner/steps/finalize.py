@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from duckgres_admin.models import ReshardOperation, ReshardStepTiming, StepOutcome, Warehouse
-from reshard import uploads
+from reshard.engines import uploads
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 

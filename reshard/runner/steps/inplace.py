@@ -6,8 +6,8 @@ reshard's own way — render the role with LOGIN on the target, keep the source'
 not apply. An in-place restore instead:
 
 1. ``cutover`` (:func:`run_cutover`): creates the **login role** of this operation
-   (``reshard.restore.login_role_name``: ``duckgres_restore_<installation>_op<id>``, NOLOGIN,
-   ``CONNECTION LIMIT 2``, a member of the tenant role and nothing else, granted to the
+   (``reshard.engines.restore.stream.login_role_name``: ``duckgres_restore_<installation>_op<id>``,
+   NOLOGIN, ``CONNECTION LIMIT 2``, a member of the tenant role and nothing else, granted to the
    provisioner so that it can administer it on every version) and the sibling database
    (``target_database``, owned by the tenant), then flips the binding to the sibling. The
    tenant role stays NOLOGIN: the fence holds on both databases.
@@ -56,8 +56,8 @@ import psycopg
 from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
-from reshard import identity, testhooks
-from reshard.restore import login_role_name
+from reshard.engines import identity, testhooks
+from reshard.engines.restore.stream import login_role_name
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError

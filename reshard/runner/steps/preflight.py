@@ -2,14 +2,14 @@
 
 Within 8 s the target store's provisioner runs ``SELECT 1`` on ``postgres`` at its direct
 endpoint; then the target identity checks, the tenant role identity of the target role
-included (``reshard.identity.tenant_role_message``). Every failure is pre-flip.
+included (``reshard.engines.identity.tenant_role_message``). Every failure is pre-flip.
 """
 
 from __future__ import annotations
 
 import psycopg
 
-from reshard import identity
+from reshard.engines import identity
 from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError

@@ -4,7 +4,7 @@ Reads the live binding, requires it complete, checks it against the op's submit-
 (drift → pre-flip failure: the kind, the store or endpoint, the database and the user), refuses
 a catalog another live warehouse is bound to as well, observes the tenant database and role on
 a cnpg store with the provisioner on the **direct** endpoint (and the tenant role identity,
-``reshard.identity.tenant_role_message``), then persists the ``source_*`` fields and copies
+``reshard.engines.identity.tenant_role_message``), then persists the ``source_*`` fields and copies
 them onto the in-memory op (a missing in-memory copy once produced ``DROP DATABASE ""``).
 Never run after ``cutover``: the binding names the target by then.
 """
@@ -17,7 +17,7 @@ import psycopg
 
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.models import MetadataStore, Warehouse
-from reshard import identity
+from reshard.engines import identity
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 

@@ -11,12 +11,13 @@ every rule that reads them (cancel cutoff, rollback, takeover, recovery) exactly
 Invariants:
 
 - **Only the org's own backup, exactly as recorded.** The key was checked at the start against
-  the warehouse's listing (``reshard.backups.belonging``: only objects their operation wrote
-  and recorded), and its bucket, ETag, SHA-256, size and VersionId copied onto the operation;
+  the warehouse's listing (``reshard.backups.inventory.belonging``: only objects their operation
+  wrote and recorded), and its bucket, ETag, SHA-256, size and VersionId copied onto the operation;
   here it is read from that bucket only while it is still the warehouse's ``data_bucket``,
   that version only, only while its ETag is the recorded one (``IfMatch``), and its digest and
   size are checked while it streams, the archive's last chunk held back until they match
-  (``reshard.restore.Expected``): an object replaced since is refused, naming both digests.
+  (``reshard.engines.restore.stream.Expected``): an object replaced since is refused, naming both
+  digests.
 - **Into the target the cutover made, as the tenant.** ``pg_restore`` logs in as the tenant role
   on the target store (``connections.target_side``), with ``--no-owner --no-acl``: every object
   belongs to the tenant, and nothing outside its own database is touched. The copy's one-writer
@@ -50,10 +51,10 @@ import psycopg
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import Warehouse
 from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
-from reshard import testhooks, verify
-from reshard.backup import BackupSource
-from reshard.pgclients import server_major
-from reshard.restore import (
+from reshard.engines import testhooks, verify
+from reshard.engines.backup import BackupSource
+from reshard.engines.clients import server_major
+from reshard.engines.restore.stream import (
     APPLICATION_NAME,
     Expected,
     Restored,

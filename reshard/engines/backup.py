@@ -72,8 +72,8 @@ from duckgres_admin.lib.pgadmin import (
 )
 from duckgres_admin.lib.s3 import S3, ObjectHead, S3Error, Uploaded, session_name_for_op
 from duckgres_admin.platform.names import runner_name
-from reshard import testhooks
-from reshard.pgclients import (
+from reshard.engines import testhooks
+from reshard.engines.clients import (
     NoPgClient,
     PgClient,
     choose_client,
@@ -562,7 +562,8 @@ class _PartReader:
 
 class StderrTail:
     """Drains a child's pipe in a thread (a full stderr pipe would block the child), keeping
-    the last ``limit`` bytes (``pg_dump`` here, ``pg_restore`` in ``reshard.restore``)."""
+    the last ``limit`` bytes (``pg_dump`` here, ``pg_restore`` in
+    ``reshard.engines.restore.stream``)."""
 
     def __init__(self, pipe: Any, limit: int = STDERR_TAIL_BYTES, name: str = "pg_dump") -> None:
         self._pipe = pipe

@@ -4,10 +4,10 @@
 A ``PATCH /warehouses/<org>`` that changes where the binding points (kind, cnpg store, external
 host or port, database: :data:`LOCATION_FIELDS`) is applied only when the new binding holds a
 DuckLake catalog: the database exists on that server and its ``public`` schema has
-``ducklake_*`` base tables (what the copy calls a catalog, ``reshard/copy.py``). Otherwise the
-answer is 409 ``binding_without_catalog``; a server that cannot be reached (or logged into) is
-503 ``catalog_check_unavailable``: a binding is never repointed blind. The caller who knows the
-catalog will be created or restored there sends ``"force_empty_binding": true`` (never stored);
+``ducklake_*`` base tables (what the copy calls a catalog, ``reshard/engines/copy/catalog.py``).
+Otherwise the answer is 409 ``binding_without_catalog``; a server that cannot be reached (or logged
+into) is 503 ``catalog_check_unavailable``: a binding is never repointed blind. The caller who knows
+the catalog will be created or restored there sends ``"force_empty_binding": true`` (never stored);
 the override is audited with the old and the new binding.
 
 The check connects through ``lib.pgadmin`` (TLS rules, SCRAM only, pinned session, the 8 s
@@ -30,7 +30,7 @@ from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
 from duckgres_admin.lib.pgadmin import Endpoint
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse, WarehouseState
-from reshard import vetting, warehouse_rules
+from reshard.warehouses import rules, vetting
 
 FORCE_FLAG = "force_empty_binding"
 WITHOUT_CATALOG = "binding_without_catalog"
@@ -81,7 +81,7 @@ def moves(changed: dict[str, Any], merged: dict[str, Any]) -> bool:
 
 def binding_key(values: dict[str, Any]) -> tuple[Any, ...]:
     """Everything the check depends on (location and the credentials it may log in with)."""
-    return tuple(values.get(f) for f in warehouse_rules.BINDING_FIELDS)
+    return tuple(values.get(f) for f in rules.BINDING_FIELDS)
 
 
 def describe(values: dict[str, Any]) -> str:
@@ -205,17 +205,15 @@ def precheck(*, org_id: str, changes: dict[str, Any], force: bool) -> CatalogFou
     warehouse = Warehouse.objects.filter(org_id=org_id).first()
     if warehouse is None:
         return None  # the locked update answers 404
-    current = warehouse_rules._warehouse_values(warehouse)
+    current = rules._warehouse_values(warehouse)
     changed = {k: v for k, v in changes.items() if current.get(k) != v}
     merged = {**current, **changes}
     if not moves(changed, merged):
         return None
-    guarded = bool(warehouse_rules.GUARDED_WAREHOUSE_FIELDS & changed.keys())
+    guarded = bool(rules.GUARDED_WAREHOUSE_FIELDS & changed.keys())
     if guarded and warehouse.state == WarehouseState.RESHARDING:
-        raise warehouse_rules.WAREHOUSE_RESHARDING
-    warehouse_rules.validate_warehouse(
-        merged, check_state=False, org_id=org_id, written=frozenset(changed)
-    )
+        raise rules.WAREHOUSE_RESHARDING
+    rules.validate_warehouse(merged, check_state=False, org_id=org_id, written=frozenset(changed))
     if force:
         return None
     return check(merged)

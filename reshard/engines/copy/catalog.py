@@ -7,7 +7,7 @@ Entry points:
   the target inside ONE ``REPEATABLE READ`` snapshot whose ``SHARE`` locks (the write fence)
   stay held after it returns, through the :class:`ReleaseHandle` it returns. The caller (the
   runner's ``copying`` step) keeps the handle until the source database is dropped or the
-  rollback ends, verifies through ``handle.connection`` (``reshard.verify``), and calls
+  rollback ends, verifies through ``handle.connection`` (``reshard.engines.verify``), and calls
   ``handle.release()`` (idempotent).
 - :func:`drop_ducklake_tables` drops every ``ducklake_*`` table on a target (rollback, §4.6
   step 3).
@@ -58,7 +58,7 @@ from psycopg import pq, sql
 
 from duckgres_admin.lib.pgadmin import pin_session
 from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
-from reshard import testhooks
+from reshard.engines import testhooks
 
 # One copier per target: the registry's key (``duckgres_admin.platform.lockkeys``), under its old
 # name.

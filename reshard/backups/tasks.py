@@ -1,20 +1,20 @@
 """The backup tasks (docs/backup.md "Retention", "Restore tests"). Thin: no input, service out.
 
 ``reshard.backup_retention()`` on ``duckgres.default`` (beat every hour, expires after an
-hour): one fleet-wide run of :func:`reshard.backups.apply_retention`. Not ``acks_late``: a run
-lost with its worker is simply the next run; two at once are excluded by the run's advisory
+hour): one fleet-wide run of :func:`reshard.backups.inventory.apply_retention`. Not ``acks_late``: a
+run lost with its worker is simply the next run; two at once are excluded by the run's advisory
 lock (``duckgres_admin.platform.lockkeys.BACKUP_RETENTION_LOCK_KEY``). A no-op while
 ``DUCKGRES_BACKUP_RETENTION_ENABLED`` is false (the default).
 
 ``reshard.backup_restore_test()`` on ``duckgres.default`` (beat every 6 hours, expires after 6
-hours): one fleet-wide run of :func:`reshard.restore_test.run`, same rules (its own advisory
+hours): one fleet-wide run of :func:`reshard.backups.restore_test.run`, same rules (its own advisory
 lock, a no-op until ``DUCKGRES_RESTORE_TEST_STORE`` names a store). The restore itself is
 ``pg_restore`` in a child process fed chunk by chunk; the task holds no operation state and is
 safe to lose: the next run sweeps the scratch database a lost run left. Its time limits follow
 ``DUCKGRES_RESTORE_TEST_TIMEOUT_SECONDS`` times the per-run bound.
 
 The same task **on demand** (docs/backup.md "On demand"): queued by
-``reshard.restore_test_requests`` with ``org_id``, ``backup_key`` and ``op_id`` as keyword
+``reshard.backups.requests`` with ``org_id``, ``backup_key`` and ``op_id`` as keyword
 arguments, it tests that one backup (``restore_test.Only``: again, even when it has a result).
 Its outcome that a beat run leaves only in the worker's log — no store in the worker, an
 inconclusive attempt, the backup gone — is also written to the backup's operation log, where
@@ -23,7 +23,7 @@ the operator who asked reads it. While another run holds the lock it is retried 
 has passed, then gives up with a note: it never waits inside a worker slot.
 
 Registration: Celery's autodiscovery imports ``reshard.tasks``; that module must import this one
-(``from reshard import backup_tasks  # noqa: F401``) for workers to know the task.
+(``from reshard.backups import tasks as backup_tasks``) for workers to know the task.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ from celery import Task, shared_task
 from django.conf import settings
 
 from duckgres_admin.platform.queues import TaskName
-from reshard import backups, oplog, restore_test
+from reshard.backups import inventory, restore_test
+from reshard.operation import oplog
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
 
 
 @shared_task(name=TaskName.BACKUP_RETENTION, acks_late=False, ignore_result=True)
 def backup_retention_task() -> dict[str, object]:
-    report = backups.apply_retention()
+    report = inventory.apply_retention()
     return {
         "enabled": report.enabled,
         "ran": report.ran,

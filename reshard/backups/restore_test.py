@@ -2,9 +2,9 @@
 
 A beat-scheduled run (``reshard.backup_restore_test``) takes, for each warehouse with a data
 bucket, its newest backup that no restore test has checked yet, streams it from S3 into stock
-``pg_restore`` (``reshard.restore``: bounded memory, no temp file) into a scratch database on
-the store named by ``DUCKGRES_RESTORE_TEST_STORE``, reads the restored DuckLake state and
-compares it with the fingerprint its operation recorded when it verified the copy
+``pg_restore`` (``reshard.engines.restore.stream``: bounded memory, no temp file) into a scratch
+database on the store named by ``DUCKGRES_RESTORE_TEST_STORE``, reads the restored DuckLake state
+and compares it with the fingerprint its operation recorded when it verified the copy
 (``catalog_fingerprint``). The result is one ``BackupVerification`` row per object; the
 listing's ``verified`` and the metric of the newest verified backup's age read those rows.
 
@@ -42,8 +42,9 @@ Invariants:
   server (host and port) with any store or external binding that a warehouse is bound to is
   refused (:func:`serving_refusal`) unless ``DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE``.
 - **The archive never reaches ``pg_restore`` in this process with the pod launcher.** The stream
-  runs in the sandbox pod (``reshard.sandbox``, ``reshard.launchers.sandbox_pod``), which holds
-  the job, the scratch login and an S3 session for the one object; everything else stays here.
+  runs in the sandbox pod (``reshard.engines.restore.sandbox``, ``reshard.launchers.sandbox_pod``),
+  which holds the job, the scratch login and an S3 session for the one object; everything else stays
+  here.
 - **A backup without a fingerprint** (made before operations recorded one, or by a run whose
   verification never finished) passes on a weaker check: it restores, and the three DuckLake
   tables are there; ``detail`` says the fingerprint was missing.
@@ -78,18 +79,21 @@ from duckgres_admin.models import (
     Warehouse,
 )
 from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
-from reshard import backups, oplog, sandbox, verify
-from reshard.backup import KEY_PREFIX, BackupSource
-from reshard.launchers import sandbox_pod
-from reshard.launchers.base import LauncherError
-from reshard.pgclients import server_major
-from reshard.restore import (
+from reshard.backups import inventory
+from reshard.engines import verify
+from reshard.engines.backup import KEY_PREFIX, BackupSource
+from reshard.engines.clients import server_major
+from reshard.engines.restore import sandbox
+from reshard.engines.restore.stream import (
     Expected,
     RestoreError,
     installation_tag,
     installation_tags,
     stream_restore,
 )
+from reshard.launchers import sandbox_pod
+from reshard.launchers.base import LauncherError
+from reshard.operation import oplog
 
 _log = logging.getLogger("duckgres.reshard.restore_test")
 
@@ -115,7 +119,7 @@ class RestoreTestReport:
 @dataclass(frozen=True)
 class Candidate:
     warehouse: Warehouse
-    backup: backups.Backup
+    backup: inventory.Backup
     op: ReshardOperation
 
 
@@ -130,8 +134,9 @@ class Only:
 
 def installation_prefix() -> str:
     """``duckgres_restore_test_<tag>_``: the tag is this installation's random one
-    (``reshard.restore.installation_tag``), so installations sharing a scratch store — or test
-    processes sharing one server — never take, or sweep, each other's scratch databases."""
+    (``reshard.engines.restore.stream.installation_tag``), so installations sharing a
+    scratch store — or test processes sharing one server — never take, or sweep, each other's
+    scratch databases."""
     return f"{SCRATCH_PREFIX}{installation_tag()}_"
 
 
@@ -418,12 +423,12 @@ def candidates(
     for wh in warehouses:
         try:
             objects, truncated = client_for(wh).list_objects(
-                wh.data_bucket, KEY_PREFIX, limit=backups.LIST_MAX_OBJECTS
+                wh.data_bucket, KEY_PREFIX, limit=inventory.LIST_MAX_OBJECTS
             )
         except S3Error as exc:
             report.errors.append(f"{wh.org_id}: s3://{wh.data_bucket}/{KEY_PREFIX}: {exc}")
             continue
-        listing = backups.belonging(wh, objects, truncated, now)
+        listing = inventory.belonging(wh, objects, truncated, now)
         # A backup of an active operation may still lack its fingerprint: tested once it ended.
         untested = [
             b
@@ -509,8 +514,8 @@ def _in_sandbox(
     timeout: float,
     should_stop: Callable[[], bool],
 ) -> None:
-    """The stream in the sandbox pod (``reshard.sandbox``): the archive never reaches
-    ``pg_restore`` inside this process."""
+    """The stream in the sandbox pod (``reshard.engines.restore.sandbox``): the archive never
+    reaches ``pg_restore`` inside this process."""
     backup = candidate.backup
     job = sandbox.Job(
         bucket=candidate.warehouse.data_bucket,
@@ -608,7 +613,7 @@ def _test_each(
 ) -> None:
     limit: int = settings.DUCKGRES_RESTORE_TEST_MAX_PER_RUN
     for candidate in candidates(now, make_client, report, only):
-        if len(report.tested) >= limit or not backups.lock_held(RESTORE_TEST_LOCK_KEY):
+        if len(report.tested) >= limit or not inventory.lock_held(RESTORE_TEST_LOCK_KEY):
             report.bounded = True
             return
         uri = f"s3://{candidate.warehouse.data_bucket}/{candidate.backup.key}"
@@ -634,8 +639,8 @@ def run(
     store = _store(report)
     if store is None:
         return report
-    make_client = client_for or backups.warehouse_client
-    with backups.run_lock(RESTORE_TEST_LOCK_KEY) as taken:
+    make_client = client_for or inventory.warehouse_client
+    with inventory.run_lock(RESTORE_TEST_LOCK_KEY) as taken:
         if not taken:
             _log.info("restore test: another run holds the lock; this run does nothing")
             return report

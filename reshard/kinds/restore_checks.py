@@ -10,8 +10,8 @@ other check — and the restore's fields on the passed plan:
   warehouse's own; the shared rows then refuse a target database another warehouse binds, or
   one that exists.
 - ``restore_backup``: the backup is **one of the org's own, as recorded** — the key must be in
-  the warehouse's listing (``reshard.backups.belonging``: an object its operation of this org
-  wrote and recorded, unchanged since), so another warehouse's backup in a shared bucket, a
+  the warehouse's listing (``reshard.backups.inventory.belonging``: an object its operation of this
+  org wrote and recorded, unchanged since), so another warehouse's backup in a shared bucket, a
   planted key or an overwritten object is refused; its operation is terminal (a backup still
   being written is not restored); a backup whose restore test failed is refused (the reason is
   quoted). The recorded SHA-256, size and VersionId, and the fingerprint its operation recorded
@@ -39,9 +39,9 @@ from duckgres_admin.models import (
     VerificationResult,
     Warehouse,
 )
-from reshard import backups
-from reshard.backup import KEY_PREFIX
-from reshard.start_checks import Check, Plan, Preflight
+from reshard.backups import inventory
+from reshard.engines.backup import KEY_PREFIX
+from reshard.kinds.checks import Check, Plan, Preflight
 
 SIBLING_MARK = "_restored_"
 _SIBLING_SUFFIX = re.compile(re.escape(SIBLING_MARK) + "[0-9a-f]{8}$")
@@ -56,7 +56,7 @@ def sibling_database(current: str) -> str:
     return f"{base}{SIBLING_MARK}{secrets.token_hex(4)}"
 
 
-def resolve_backup(wh: Warehouse, key: str) -> tuple[backups.Backup, ReshardOperation]:
+def resolve_backup(wh: Warehouse, key: str) -> tuple[inventory.Backup, ReshardOperation]:
     """The org's own backup ``key`` and the operation that made it, or a clear refusal."""
     if not key.startswith(KEY_PREFIX):
         raise ServiceError(
@@ -65,14 +65,14 @@ def resolve_backup(wh: Warehouse, key: str) -> tuple[backups.Backup, ReshardOper
     if not wh.data_bucket:
         raise ServiceError(409, "the warehouse has no data bucket: it has no backups")
     try:
-        objects, truncated = backups.warehouse_client(wh).list_objects(
-            wh.data_bucket, KEY_PREFIX, limit=backups.LIST_MAX_OBJECTS
+        objects, truncated = inventory.warehouse_client(wh).list_objects(
+            wh.data_bucket, KEY_PREFIX, limit=inventory.LIST_MAX_OBJECTS
         )
     except S3Error as exc:
         raise ServiceError(
             503, f"cannot list the backups in s3://{wh.data_bucket}/{KEY_PREFIX}: {exc}"
         ) from None
-    listing = backups.belonging(wh, objects, truncated, dt.datetime.now(dt.UTC))
+    listing = inventory.belonging(wh, objects, truncated, dt.datetime.now(dt.UTC))
     found = next((b for b in listing.backups if b.key == key), None)
     changed = next((why for changed_key, why in listing.changed if changed_key == key), "")
     if changed:
@@ -120,7 +120,7 @@ class RestoreStart:
 
     key: str
     in_place_database: str = ""
-    found: backups.Backup | None = None
+    found: inventory.Backup | None = None
     made_by: ReshardOperation | None = None
     bucket: str = ""
     checks: tuple[Check, ...] = field(init=False)

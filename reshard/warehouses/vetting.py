@@ -16,7 +16,7 @@ import re
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.lib import secretrefs
 from duckgres_admin.models import MetadataStore
-from reshard import identity
+from reshard.engines import identity
 
 PROBE_TIMEOUT_SECONDS = 8
 

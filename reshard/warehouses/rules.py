@@ -1,7 +1,8 @@
 """The rules of a warehouse row (spec reshard §2.3, §5.5), below every writer: the guarded
 columns a running reshard owns, the binding fields, the validation of a binding (server, TLS,
-one warehouse per catalog). ``reshard.warehouses`` (the writes) and ``reshard.binding_catalog``
-(the repoint's catalog check) both import it; it imports neither.
+one warehouse per catalog). ``reshard.warehouses.writes`` (the writes) and
+``reshard.warehouses.binding_catalog`` (the repoint's catalog check) both import it; it imports
+neither.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from duckgres_admin.models import (
     Warehouse,
     WarehouseState,
 )
-from reshard import identity, store_tls
-from reshard.drain_guard import draining_refusal
-from reshard.selectors import LIVE_WAREHOUSE_EXCLUDED
-from reshard.vetting import check_host, hostport
+from reshard.engines import identity
+from reshard.warehouses import store_tls
+from reshard.warehouses.drain_guard import draining_refusal
+from reshard.warehouses.selectors import LIVE_WAREHOUSE_EXCLUDED
+from reshard.warehouses.vetting import check_host, hostport
 
 BINDING_FIELDS = (
     "metadata_store_kind",

@@ -1,6 +1,6 @@
 """The start API's dry run (spec reshard §5.1 "Dry run", §6 ``pg_dump_client``).
 
-Walks the start's whole preflight (``reshard.start_checks.CHECKS``: every check of start steps
+Walks the start's whole preflight (``reshard.kinds.checks.CHECKS``: every check of start steps
 2-6, the target identity checks included, the pg_dump client choice and a read of the source
 catalog's size), then stops. Unlike the start, a failed check does not stop the others (a check
 whose inputs are missing is reported ``not run: <reason>``). Nothing is created: no op row, no
@@ -11,8 +11,8 @@ pass it.
 A failed entry's ``detail`` is the start's message followed by ``(start would answer <status>
 [<code>])``; details pass through the scrubber (no password ever appears).
 
-``source.tls`` / ``target.tls`` (``reshard.store_tls.summary``) say what the connections really
-use: the effective sslmode (never a default guessed here: an empty one is verify-full), the
+``source.tls`` / ``target.tls`` (``reshard.warehouses.store_tls.summary``) say what the connections
+really use: the effective sslmode (never a default guessed here: an empty one is verify-full), the
 configured one, whether a weaker mode is in effect and which store's ``tls_policy`` allowed it
 with which reason, the channel binding and ``require_auth``. ``sslmode`` is that effective mode.
 """
@@ -25,10 +25,12 @@ from django.conf import settings
 
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse
-from reshard import backup, start_checks, steps, store_tls
-from reshard.kinds import RESHARD
-from reshard.start_checks import CnpgTarget, ExternalTarget, StartRequest
-from reshard.vetting import hostport
+from reshard.engines import backup
+from reshard.kinds import RESHARD, checks
+from reshard.kinds.checks import CnpgTarget, ExternalTarget, StartRequest
+from reshard.operation import sequences
+from reshard.warehouses import store_tls
+from reshard.warehouses.vetting import hostport
 
 
 def _source_json(warehouse: Warehouse, store: MetadataStore | None) -> dict[str, Any]:
@@ -104,20 +106,20 @@ def _target_json(
 
 def _direction(source_kind: str, target_type: str) -> str | None:
     try:
-        steps.sequence(source_kind, target_type)
+        sequences.sequence(source_kind, target_type)
     except ValueError:
         return None
     return f"{source_kind}_to_{target_type}"
 
 
 def dry_run(
-    org_id: str, request: StartRequest, start: start_checks.KindStart = start_checks.SHARED_ONLY
+    org_id: str, request: StartRequest, start: checks.KindStart = checks.SHARED_ONLY
 ) -> dict[str, Any]:
     """The §5.1 dry-run answer (200 body), the kind's rows (``start``) reported first. 404 when
     the org has no warehouse."""
     target = request.target
-    with start_checks.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
-        entries = start_checks.report(pf, start)
+    with checks.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
+        entries = checks.report(pf, start)
         request = pf.request  # as the kind's rows refined it (an in-place restore's sibling)
     direction = _direction(pf.source_kind, target.type)
     size = pf.catalog["database_size_bytes"]

@@ -3,9 +3,10 @@
 ``POST /api/v1/warehouses/<org>/backups/restore-test``, ``duckgres backups test`` and the
 admin's backups page call :func:`queue_restore_test`: it checks the request and queues the
 existing task ``reshard.backup_restore_test`` on ``duckgres.default`` with the backup as its
-arguments; the default worker restores it exactly as a beat run would (``reshard.restore_test``
-with :class:`reshard.restore_test.Only`), and writes the result where a beat run does (the
-``backup_verification`` row, the listing's ``verified``, the backup's operation log).
+arguments; the default worker restores it exactly as a beat run would
+(``reshard.backups.restore_test`` with :class:`reshard.backups.restore_test.Only`), and writes the
+result where a beat run does (the ``backup_verification`` row, the listing's ``verified``, the
+backup's operation log).
 
 Invariants:
 
@@ -17,8 +18,8 @@ Invariants:
   cnpg store (409 ``restore_test_store_invalid``), or one whose server serves warehouses
   without ``DUCKGRES_RESTORE_TEST_ALLOW_SERVING_STORE`` (409 ``restore_test_store_serving``),
   nothing is sent.
-- **Only one of the org's own backups**, by the listing's rules (``reshard.backups``), of an
-  operation that has ended (409 otherwise: its fingerprint may not be recorded yet). Without a
+- **Only one of the org's own backups**, by the listing's rules (``reshard.backups.inventory``), of
+  an operation that has ended (409 otherwise: its fingerprint may not be recorded yet). Without a
   key: the org's newest such backup.
 - **An asked-for test replaces the backup's earlier result**, whatever it was: that is how a
   failed backup is retried (before this, only by deleting its ``backup_verification`` row).
@@ -38,7 +39,8 @@ from django.conf import settings
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.models import ACTIVE_STATES, MetadataStore
 from duckgres_admin.platform.queues import QueueName, TaskName
-from reshard import backups, oplog, restore_test
+from reshard.backups import inventory, restore_test
+from reshard.operation import oplog
 
 TASK = TaskName.BACKUP_RESTORE_TEST
 QUEUE = QueueName.DEFAULT
@@ -167,7 +169,7 @@ def _send(task_id: str, org_id: str, key: str, op_id: int) -> None:
 def queue_restore_test(*, org_id: str, key: str, actor: str) -> Queued:
     """Check, then queue the restore test of ``key`` (``""``: the newest backup); module doc."""
     store = scratch_store()
-    listing = backups.backups_for_org(org_id, with_plan=False)  # 404, 502, 503
+    listing = inventory.backups_for_org(org_id, with_plan=False)  # 404, 502, 503
     found = _pick(listing, key)
     task_id = str(uuid.uuid4())
     _send(task_id, org_id, str(found["key"]), int(found["op_id"]))

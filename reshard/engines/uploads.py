@@ -39,8 +39,8 @@ from django.db.models import Q
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import ReshardOperation, Warehouse
 from duckgres_admin.models.reshard import ACTIVE_STATES
-from reshard import oplog, steps
-from reshard.backup import KEY_PREFIX
+from reshard.engines.backup import KEY_PREFIX
+from reshard.operation import oplog, sequences
 
 _log = logging.getLogger("duckgres.reshard.uploads")
 
@@ -59,7 +59,7 @@ def op_prefix(op_id: int) -> str:
 
 def reached_backup(op: ReshardOperation) -> bool:
     """True when the op's stamped step is ``backup_catalog`` or later (an upload may exist)."""
-    return steps.at_or_past(op.step or "", "backup_catalog", op.target_kind)
+    return sequences.at_or_past(op.step or "", "backup_catalog", op.target_kind)
 
 
 def _client(wh: Warehouse, session_name: str) -> S3:

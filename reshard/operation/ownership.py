@@ -11,8 +11,8 @@ Three parties decide on this rule, and they must never disagree about who owns a
 
 - the runner's claim (``reshard.runner.fencing.claim``): its compare-and-set takes the op
   exactly when :data:`NEEDS_OWNER_SQL` holds;
-- the launch task (``reshard.launch``) starts a runner only for an op it holds for;
-- the janitor (``reshard.janitor``) lists, respawns and force-fails only ops for which
+- the launch task (``reshard.control.launch``) starts a runner only for an op it holds for;
+- the janitor (``reshard.control.janitor``) lists, respawns and force-fails only ops for which
   :data:`NEEDS_RUNNER_SQL` holds — the same rule, except that a ``pending`` op is left to the
   launch task for the pending grace (``DUCKGRES_RESHARD_PENDING_GRACE_SECONDS``) — and every
   one of its compare-and-sets re-checks that predicate, so each write re-checks exactly what

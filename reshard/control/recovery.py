@@ -46,11 +46,11 @@ from duckgres_admin.base.scrub import Scrubber, process_scrubber
 from duckgres_admin.base.times import rfc3339
 from duckgres_admin.models import ACTIVE_STATES, ReshardOperation, Warehouse
 from duckgres_admin.platform.names import MILESTONES, runner_name
-from reshard import steps as sequences
-from reshard import uploads
+from reshard.engines import uploads
+from reshard.engines.restore.stream import login_role_name
 from reshard.launchers import LauncherError, get_launcher
 from reshard.launchers.base import runner_namespace
-from reshard.restore import login_role_name
+from reshard.operation import sequences
 from reshard.runner import connections
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv

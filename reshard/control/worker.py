@@ -20,7 +20,7 @@ from django.db import Error as DbError
 
 from duckgres_admin.platform import beat
 from duckgres_admin.platform.queues import QueueName, TaskName, consumed_queues
-from reshard import metrics
+from reshard.control import metrics
 
 _log = logging.getLogger("duckgres.reshard.worker")
 

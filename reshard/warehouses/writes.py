@@ -20,9 +20,8 @@ from duckgres_admin.models import (
     WarehouseState,
 )
 from duckgres_admin.platform.orglock import lock_org
-from reshard import binding_catalog, store_tls
-from reshard.vetting import check_host
-from reshard.warehouse_rules import (
+from reshard.warehouses import binding_catalog, store_tls
+from reshard.warehouses.rules import (
     BINDING_FIELDS,
     BINDING_IN_USE,
     GUARDED_WAREHOUSE_FIELDS,
@@ -34,6 +33,7 @@ from reshard.warehouse_rules import (
     audit_changes,
     validate_warehouse,
 )
+from reshard.warehouses.vetting import check_host
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def warehouse_update(
     """PATCH under the per-org lock; guarded columns change only while not ``resharding``.
 
     A repoint of the binding is applied only when the new binding holds a DuckLake catalog,
-    checked before the lock (``reshard.binding_catalog``, safeguard reshard-72), unless
+    checked before the lock (``reshard.warehouses.binding_catalog``, safeguard reshard-72), unless
     ``force_empty_binding`` (then the write carries the override for the audit record)."""
     if changes.get("state") == WarehouseState.RESHARDING:
         raise ServiceError(400, "state resharding is set only by a reshard")

@@ -17,12 +17,12 @@ operations (a planted one, a killed attempt's complete object) is counted in
 ``unrecorded_objects``; a recorded key whose size or ETag changed since is never listed, and
 ``changed_objects`` names it with what differs. So the restore start, the restore test and
 retention, which all read this listing, never see such an object, and the readers check the
-digest again while they stream (``reshard.restore``).
+digest again while they stream (``reshard.engines.restore.stream``).
 
 The S3 listing is bounded (:data:`LIST_MAX_OBJECTS` objects per bucket);
 a listing that stops there says so (``truncated``). ``verified`` is the latest restore test's
 result for the object (``true`` passed, ``false`` failed, ``null`` never tested;
-``reshard.restore_test``).
+``reshard.backups.restore_test``).
 
 Retention (:func:`plan`, :func:`apply_retention`): an object is deleted only when it is **not**
 among the newest ``keep_last`` of its warehouse (by ``LastModified``), **and** older than
@@ -60,9 +60,9 @@ from duckgres_admin.models import (
 )
 from duckgres_admin.models.reshard import ACTIVE_STATES
 from duckgres_admin.platform.lockkeys import BACKUP_RETENTION_LOCK_KEY
-from reshard import oplog
-from reshard.backup import KEY_PREFIX
-from reshard.retention import ENABLED_VAR, RetentionPolicy
+from reshard.backups.retention import ENABLED_VAR, RetentionPolicy
+from reshard.engines.backup import KEY_PREFIX
+from reshard.operation import oplog
 
 _log = logging.getLogger("duckgres.reshard.backups")
 

@@ -45,9 +45,10 @@ from duckgres_admin.models import (
     WarehouseState,
     WarehouseTrino,
 )
-from reshard import identity, pgclients, store_tls
-from reshard.drain_guard import draining_refusal
-from reshard.vetting import (
+from reshard.engines import clients, identity
+from reshard.warehouses import store_tls
+from reshard.warehouses.drain_guard import draining_refusal
+from reshard.warehouses.vetting import (
     PROBE_TIMEOUT_SECONDS,
     check_host,
     constant_time_equal,
@@ -83,7 +84,7 @@ class StartRequest:
     cutover_timeout_seconds: int = 0
     dry_run: bool = False
     # A restore onto the store the warehouse is on: the sibling database it restores into
-    # (reshard.restores; never set by a request body).
+    # (reshard.start.restores; never set by a request body).
     in_place_database: str = ""
 
 
@@ -631,15 +632,15 @@ def source_connection(
 
 def read_server_major(conn: identity.PgConnection) -> int:
     row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
-    return pgclients.server_major(int(str(row[0]))) if row else 0
+    return clients.server_major(int(str(row[0]))) if row else 0
 
 
-def pg_dump_client_check(major: int, *, require_auth: bool = False) -> pgclients.PgClient:
+def pg_dump_client_check(major: int, *, require_auth: bool = False) -> clients.PgClient:
     """§6: a client for the source major, else 400 ``no pg_dump for PostgreSQL <major> …``.
-    ``require_auth``: the source is exempt from channel binding (``reshard.pgclients``)."""
+    ``require_auth``: the source is exempt from channel binding (``reshard.engines.clients``)."""
     try:
-        return pgclients.choose_client(major, require_auth=require_auth)
-    except pgclients.NoPgClient as exc:
+        return clients.choose_client(major, require_auth=require_auth)
+    except clients.NoPgClient as exc:
         raise ServiceError(400, str(exc)) from None
 
 
@@ -1004,7 +1005,7 @@ def _pg_dump_client(pf: Preflight) -> str:
     if major is None:
         raise NotRun("the source server version could not be read")
     source = _source_configured(pf.warehouse, pf.source_store)
-    client = pg_dump_client_check(major, require_auth=pgclients.needs_require_auth(*source))
+    client = pg_dump_client_check(major, require_auth=clients.needs_require_auth(*source))
     return f"pg_dump {client.version} ({client.pg_dump}) for PostgreSQL {major}"
 
 

@@ -1,7 +1,7 @@
 """Reshard operations called by the API and the admin: start (spec reshard §5.1), cancel
 (§5.2) and the password handoff (§5.3).
 
-Start runs the preflight fail-fast (``reshard.start_checks``: first failure wins, and every
+Start runs the preflight fail-fast (``reshard.kinds.checks``: first failure wins, and every
 rejection before the insert creates nothing: no op row, no stash entry, no Celery message).
 After the insert, failures mark the op ``failed`` by a CAS on ``pending``. The runner launch is
 enqueued on commit with the op id as its only argument; the password never leaves this process
@@ -23,9 +23,10 @@ from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber, process_scrubber, register_held_secrets
 from duckgres_admin.models import TERMINAL_STATES, OpState, ReshardOperation, StoreKind
 from duckgres_admin.platform.queues import QueueName, TaskName
-from reshard import oplog, start_checks, stash, steps
-from reshard.kinds import kind_of
-from reshard.start_checks import ACTIVE_OP_MESSAGE, StartRequest
+from reshard.kinds import checks, kind_of
+from reshard.kinds.checks import ACTIVE_OP_MESSAGE, StartRequest
+from reshard.operation import oplog, sequences
+from reshard.start import stash
 
 LAUNCH_TASK = TaskName.LAUNCH_RUNNER
 LAUNCH_QUEUE = QueueName.DEFAULT
@@ -89,7 +90,7 @@ def _insert_pending(
 
 
 def op_start(
-    start: start_checks.KindStart,
+    start: checks.KindStart,
     *,
     org_id: str,
     request: StartRequest,
@@ -101,12 +102,12 @@ def op_start(
     nothing). The body was parsed by the caller. Raises ``ServiceError``.
 
     ``drain_item_id``: the store-drain item this operation moves (the janitor's drain advance,
-    ``reshard.drains``); the column is unique, so a second start for the item is refused with
-    code ``drain_item_launched``."""
+    ``reshard.control.drains``); the column is unique, so a second start for the item is refused
+    with code ``drain_item_launched``."""
     stash.prune()
     scrubber = process_scrubber(request.target.password)
     try:
-        plan = start_checks.validate_start(org_id, request, scrubber, start)
+        plan = checks.validate_start(org_id, request, scrubber, start)
     except ServiceError as exc:
         raise exc.scrubbed(scrubber) from None
     launcher = str(settings.DUCKGRES_RESHARD_LAUNCHER)
@@ -201,7 +202,7 @@ def past_cutoff(op: ReshardOperation) -> str:
     answer logs the late cancel and completes (docs/runner.md "Cancel cutoffs")."""
     cutoff = kind_of(op).cancel_cutoff(op.target_kind)
     ready = op.target_login_ready_at is not None
-    if steps.before_cutoff(cutoff, op.step, op.target_kind, ready):
+    if sequences.before_cutoff(cutoff, op.step, op.target_kind, ready):
         return ""
     where = "the target login was ready" if ready and cutoff.login_ready_ends_it else op.step
     return (

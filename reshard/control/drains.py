@@ -35,7 +35,8 @@ Invariants:
 - **An org that cannot move now is skipped with the start's own refusal** (Trino-enabled, not
   ready, already moving, a target identity conflict): any 4xx refusal. A 5xx refusal (a store
   unreachable) leaves the item waiting for the next tick.
-- **A store being drained accepts no new warehouses**: ``reshard.drain_guard`` is checked by
+- **A store being drained accepts no new warehouses**: ``reshard.warehouses.drain_guard`` is checked
+by
   the reshard start's target validation and the warehouse binding writes.
 """
 
@@ -67,11 +68,11 @@ from duckgres_admin.models import (
     progress_of,
 )
 from duckgres_admin.platform.lockkeys import STORE_DRAIN_LOCK_CLASS
-from reshard import operations
-from reshard.drain_guard import draining_refusal
 from reshard.kinds import RESHARD
+from reshard.kinds.checks import StartRequest, TargetRequest
 from reshard.runner.execute import before_cancel_cutoff
-from reshard.start_checks import StartRequest, TargetRequest
+from reshard.start import operations
+from reshard.warehouses.drain_guard import draining_refusal
 
 _log = logging.getLogger("duckgres.reshard.drains")
 

@@ -4,7 +4,7 @@ A restore is an operation of kind ``restore`` (``reshard.kinds.restore``) run by
 machinery (the same launch, claim, fencing, heartbeats, janitor, cancel and rollback): its
 catalog comes from a backup object instead of the live source
 (``reshard.runner.steps.restoring``). Its own checks are two rows walked before the reshard's
-table (``reshard.restore_checks``): the start refuses at the first that fails, the dry run
+table (``reshard.kinds.restore_checks``): the start refuses at the first that fails, the dry run
 reports every row, the restore's and the shared ones alike, and creates nothing.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from duckgres_admin.models import StoreKind
-from reshard import dryrun, operations
 from reshard.kinds import RESTORE, restore_kind
-from reshard.start_checks import StartRequest
+from reshard.kinds.checks import StartRequest
+from reshard.start import dryrun, operations
 
 
 def restore_start(

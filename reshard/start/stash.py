@@ -11,8 +11,8 @@ Invariants of the handoff:
   concurrent pulls at most one gets the value and every later pull (a replay, a relaunched
   runner after a takeover) gets 404. There is no second pull.
 - It is handed out only to the op's current runner, proven by what that runner alone holds
-  (``reshard.operations.reshard_password_fetch``): a runner pod's projected ServiceAccount token
-  (audience ``DUCKGRES_PASSWORD_PULL_AUDIENCE``), checked by TokenReview against the op's
+  (``reshard.start.operations.reshard_password_fetch``): a runner pod's projected ServiceAccount
+  token (audience ``DUCKGRES_PASSWORD_PULL_AUDIENCE``), checked by TokenReview against the op's
   runner pod name and the pod uid the claim recorded; a local runner's one-time credential,
   checked against the digest its launcher stored. The runner id and epoch are checked too, but
   they are not secrets. A refused pull leaves the entry in place.

@@ -1,8 +1,8 @@
 """The backup retention policy and its settings (docs/backup.md "Retention").
 
 Imports nothing of Django or of the project's models, so that ``duckgres_admin.settings`` parses
-the policy at start (a bad value refuses to start, naming the variable) and ``reshard.backups``
-applies it.
+the policy at start (a bad value refuses to start, naming the variable) and
+``reshard.backups.inventory`` applies it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Idempotent by construction, because the task is ``acks_late`` and may be delivered twice:
 
 - it acts only when the op row says a runner is wanted: the op needs an owner by the one
-  ownership rule (``reshard.ownership``: ``pending``, or ``running`` with a null or stale
+  ownership rule (``reshard.operation.ownership``: ``pending``, or ``running`` with a null or stale
   heartbeat, judged by the database clock), exactly what the runner's claim requires;
 - a runner object that exists and has not exited is left alone (a duplicate delivery must
   never kill a live runner), and ``create(op, replace=False)`` repeats that rule inside the
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from duckgres_admin.models import ReshardOperation
-from reshard import oplog, ownership
 from reshard.launchers import get_launcher
 from reshard.launchers.base import Launcher, RunnerStatus, StillTerminating
+from reshard.operation import oplog, ownership
 
 _log = logging.getLogger("duckgres.reshard.launch")
 

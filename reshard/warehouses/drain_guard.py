@@ -1,7 +1,7 @@
 """A metadata store being drained accepts no new warehouses (docs/drains.md).
 
 Below the reshard start's checks and the warehouse writes, which both refuse a store being
-drained as the place for a warehouse; ``reshard.drains`` (the plan) sits above them."""
+drained as the place for a warehouse; ``reshard.control.drains`` (the plan) sits above them."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ return.
    epoch and the very heartbeat read, so a live or newer runner is never touched). It then needs a
    runner like a stale op, in this same tick, within the same bounded respawn budget; the epoch
    still fences a survivor. One launcher listing per launcher kind per tick, not one per op.
-   For each op that **needs a runner** (``reshard.ownership.NEEDS_RUNNER_SQL``: the one ownership
-   rule the claim and the launch task use too — ``pending``, here past the pending grace, or
-   ``running`` with a null heartbeat or one older than the stale window; always judged by the
+   For each op that **needs a runner** (``reshard.operation.ownership.NEEDS_RUNNER_SQL``: the one
+   ownership rule the claim and the launch task use too — ``pending``, here past the pending grace,
+   or ``running`` with a null heartbeat or one older than the stale window; always judged by the
    database clock), read its runner's phase. A live runner spawned within the spawn grace is
    left alone; a *terminating* one gets a (rate-limited) warning and ``delete`` again, without
    consuming an attempt.
@@ -30,9 +30,9 @@ return.
 7. Reap runner objects of terminal ops (after the launcher has captured their log, unless the
    runner's own marker is in the op log: ``Launcher.capture_log``) and exited orphans.
 8. At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS``: the bounded sweep of open backup
-   uploads of terminal operations (``reshard.uploads``; leadership checked before each abort).
-   A force-fail (step 5) aborts that op's own uploads at once.
-9. Store drains (``reshard.drains``): each active drain's children are launched as ordinary
+   uploads of terminal operations (``reshard.engines.uploads``; leadership checked before each
+   abort). A force-fail (step 5) aborts that op's own uploads at once.
+9. Store drains (``reshard.control.drains``): each active drain's children are launched as ordinary
    reshards, at most ``max_concurrent`` active, under the drain's advisory lock; a cancelling
    drain requests cancel of its children; a drain with nothing left ends.
 10. The tick is *completed*: ``duckgres_janitor_last_reconcile_timestamp_seconds`` = now. Only a
@@ -64,7 +64,8 @@ from duckgres_admin.models.reshard import ACTIVE_STATES
 from duckgres_admin.platform.leadership import LeaderLease
 from duckgres_admin.platform.leadership import lease as process_lease
 from duckgres_admin.platform.names import runner_name
-from reshard import drains, metrics, oplog, uploads
+from reshard.control import drains, metrics
+from reshard.engines import uploads
 from reshard.launchers import get_launcher, login
 from reshard.launchers.base import (
     DEFAULT_GRACE_SECONDS,
@@ -72,7 +73,8 @@ from reshard.launchers.base import (
     RunnerStatus,
     StillTerminating,
 )
-from reshard.ownership import NEEDS_RUNNER_SQL, needs_runner, needs_runner_params
+from reshard.operation import oplog
+from reshard.operation.ownership import NEEDS_RUNNER_SQL, needs_runner, needs_runner_params
 
 _log = logging.getLogger("duckgres.reshard.janitor")
 
@@ -86,7 +88,7 @@ _LISTED_FIELDS = ("id", "state", "launcher", "runner_epoch", "heartbeat_at")
 
 
 def _annotated(ops: QuerySet[ReshardOperation]) -> QuerySet[ReshardOperation]:
-    # needs_runner: the one ownership rule (reshard.ownership), as the janitor applies it.
+    # needs_runner: the one ownership rule (reshard.operation.ownership), as the janitor applies it.
     return ops.annotate(
         needs_runner=needs_runner(), db_now=RawSQL("now()", [], output_field=DateTimeField())
     )
@@ -323,7 +325,8 @@ class Janitor:
                 continue
             report.add(f"drop-login {op_id}")
 
-    # --- step 9: store drains (reshard.drains) -----------------------------------------------
+    # --- step 9: store drains (reshard.control.drains)
+    # -----------------------------------------------
     def _advance_drains(self, report: TickReport) -> None:
         """Launch, cancel and end the store drains' children; leadership is renewed before
         every launch and cancel. A failure is logged and never fails the tick."""
@@ -338,7 +341,7 @@ class Janitor:
         for action in result.actions:
             report.add(action)
 
-    # --- step 8: the upload sweep (reshard.uploads) ------------------------------------------
+    # --- step 8: the upload sweep (reshard.engines.uploads) -----------------------------------
     def _sweep_uploads(self, report: TickReport) -> None:
         """At most once per ``DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS`` per leader process (0 turns
         it off); a failure is logged and never fails the tick."""

@@ -8,8 +8,8 @@ Invariants:
   disk and at most one chunk is held, whatever the object's size. ``pg_restore`` reads a
   custom-format archive from a pipe sequentially.
 - **The password only in the child's environment.** ``pg_restore`` gets ``PATH``, the locale
-  and ``PGPASSWORD`` (``reshard.backup.pg_dump_env``); every connection parameter is one quoted
-  conninfo value (``--dbname``), the host pinned to the address that was checked.
+  and ``PGPASSWORD`` (``reshard.engines.backup.pg_dump_env``); every connection parameter is one
+  quoted conninfo value (``--dbname``), the host pinned to the address that was checked.
 - **A deadline and a stop, whatever the child does.** A watchdog thread kills ``pg_restore``
   at the deadline or when ``should_stop`` turns true, independent of the feeding loop (a write
   into a full pipe blocks while a statement runs; the archive's own preamble sets
@@ -43,14 +43,14 @@ from dataclasses import dataclass
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib.s3 import S3, S3Error
 from duckgres_admin.models import Installation, ReshardOperation
-from reshard.backup import (
+from reshard.engines.backup import (
     BackupSource,
     StderrTail,
     pg_dump_env,
     skips_transaction_timeout,
     source_conninfo,
 )
-from reshard.pgclients import (
+from reshard.engines.clients import (
     NoPgClient,
     PgClient,
     choose_client,
