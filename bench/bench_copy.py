@@ -38,7 +38,9 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from reshard.engines.copy import base as base_mod
 from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy import pump
 from reshard.engines.demo_catalog import build_demo_catalog, create_database
 
 HOST = "127.0.0.1"
@@ -169,7 +171,7 @@ def naive_stream(
     tgt: psycopg.Connection[Any],
     table: str,
     on_block: Callable[[int], None] | None = None,
-) -> catalog_copy.TableCopy:
+) -> base_mod.TableCopy:
     """The straightforward passthrough: one Python iteration per COPY message (row)."""
     ident = sql.Identifier(table)
     total = 0
@@ -182,17 +184,17 @@ def naive_stream(
                 inp.write(block)
                 total += len(block)
         rows = tcur.rowcount
-    return catalog_copy.TableCopy(table, rows, total)
+    return base_mod.TableCopy(table, rows, total)
 
 
 @contextmanager
 def patched_stream(fn: Any) -> Iterator[None]:
-    real = catalog_copy.stream_table
-    catalog_copy.stream_table = fn
+    real = pump.stream_table
+    pump.stream_table = fn
     try:
         yield
     finally:
-        catalog_copy.stream_table = real
+        pump.stream_table = real
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -40,6 +40,7 @@ from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
 from duckgres_admin.platform import orglock as locks
 from reshard.engines import identity, uploads
 from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy.base import CopyError
 from reshard.operation import sequences
 from reshard.runner import binding, connections, waits
 from reshard.runner.env import StepEnv
@@ -263,7 +264,7 @@ def _drop_target_tables(env: StepEnv, where: str) -> str:
             remaining = identity.database_contents(conn)
     except Fenced:
         raise
-    except (psycopg.Error, StepError, catalog_copy.CopyError) as exc:
+    except (psycopg.Error, StepError, CopyError) as exc:
         log.error(
             f"rollback: dropping the partial target's tables on {where} failed: {exc}; they "
             "are kept — drop them by hand or run reshard_recover"

@@ -12,19 +12,12 @@ import pytest
 from psycopg import sql
 
 from reshard.engines.copy import catalog as catalog_copy
-from reshard.engines.copy.catalog import (
-    PROGRESS_INTERVAL_SECONDS,
-    TARGET_LOCK_KEY,
-    Constraint,
-    CopyError,
-    IndexDef,
-    apply_index,
-    copy_catalog,
-    drop_ducklake_tables,
-    order_constraints,
-    read_catalog,
-    read_constraints,
-)
+from reshard.engines.copy import introspection, parallel, pump
+from reshard.engines.copy.base import PROGRESS_INTERVAL_SECONDS, CopyError
+from reshard.engines.copy.catalog import TARGET_LOCK_KEY, copy_catalog, drop_ducklake_tables
+from reshard.engines.copy.introspection import read_constraints
+from reshard.engines.copy.replay import apply_index
+from reshard.engines.copy.shape import Constraint, IndexDef, order_constraints, read_catalog
 from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
 from tests.fixtures.hooks import RecordingHooks
 
@@ -102,7 +95,7 @@ def test_command_tag_row_counts_are_cursor_rowcount(catalog_pair: CatalogPairFac
                 inp.write(data)
             assert cur.rowcount == 1234
         tgt.execute("CREATE TABLE ducklake_pin2 (a int, b text)")
-        done = catalog_copy.stream_table(src, tgt, "ducklake_pin2")
+        done = pump.stream_table(src, tgt, "ducklake_pin2")
         assert (done.rows, done.bytes) == (1234, len(data))
     finally:
         src.close()
@@ -262,7 +255,7 @@ def test_contype_is_read_as_text(catalog_pair: CatalogPairFactory) -> None:
             "CREATE TABLE ducklake_fk_child (id bigint PRIMARY KEY, "
             "snap bigint REFERENCES ducklake_snapshot (snapshot_id), UNIQUE (snap))"
         )
-        cur = conn.execute(catalog_copy._CONSTRAINTS, (["ducklake_fk_child"],))
+        cur = conn.execute(introspection._CONSTRAINTS, (["ducklake_fk_child"],))
         assert cur.description is not None
         assert cur.description[2].type_code == 25
         rows = read_constraints(conn, ["ducklake_fk_child"])
@@ -415,7 +408,7 @@ def test_table_set_change_during_the_fence_is_refused(
     catalog_pair: CatalogPairFactory, hooks: RecordingHooks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pair = catalog_pair(tables=2, inlined_every=0)
-    real = catalog_copy.discover_tables
+    real = introspection.discover_tables
     calls: list[int] = []
 
     def discover(conn: Any) -> list[str]:
@@ -423,7 +416,7 @@ def test_table_set_change_during_the_fence_is_refused(
         found = real(conn)
         return found if len(calls) == 1 else found[1:]
 
-    monkeypatch.setattr(catalog_copy, "discover_tables", discover)
+    monkeypatch.setattr(introspection, "discover_tables", discover)
     with pytest.raises(
         CopyError, match="source catalog table set changed while acquiring the write fence"
     ):
@@ -601,13 +594,13 @@ def test_progress_is_rate_limited_and_monotonic(
 ) -> None:
     assert PROGRESS_INTERVAL_SECONDS == 2.0
     pair = catalog_pair(tables=30, inlined_every=2)
-    slow = catalog_copy.stream_table
+    slow = pump.stream_table
 
     def throttled(*args: Any, **kwargs: Any) -> Any:
         time.sleep(0.03)
         return slow(*args, **kwargs)
 
-    monkeypatch.setattr(catalog_copy, "stream_table", throttled)
+    monkeypatch.setattr(pump, "stream_table", throttled)
     result = _run(pair, hooks, progress_interval=0.2)
     result.release.release()
     calls = hooks.progress_calls
@@ -659,10 +652,10 @@ def test_parallel_copy_splits_large_tables_into_page_ranges(
     """Tables above 2 x CHUNK_BYTES are streamed by several helpers as TID ranges; the rows
     arrive exactly once and the table is logged once with its total."""
     pair = catalog_pair(tables=40, inlined_every=0, files=8, columns=6)
-    monkeypatch.setattr(catalog_copy, "CHUNK_BYTES", 8 * 8192)
+    monkeypatch.setattr(parallel, "CHUNK_BYTES", 8 * 8192)
     src = pair.source_factory()()
     try:
-        plan = catalog_copy.plan_chunks(src, list(pair.source_tables), 8 * 8192)
+        plan = parallel.plan_chunks(src, list(pair.source_tables), 8 * 8192)
     finally:
         src.close()
     stats = plan["ducklake_file_column_stats"]
@@ -671,7 +664,7 @@ def test_parallel_copy_splits_large_tables_into_page_ranges(
     assert stats[0].pages[0] == 0
     assert stats[-1].pages is not None
     assert stats[-1].pages[1] is None
-    assert plan["ducklake_metadata"] == [catalog_copy._Chunk("ducklake_metadata", None)]
+    assert plan["ducklake_metadata"] == [parallel.Chunk("ducklake_metadata", None)]
     result = _run(pair, hooks, parallelism=3)
     result.release.release()
     assert pair.checksums("target") == pair.checksums("source")

@@ -22,15 +22,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard.engines.copy import catalog as catalog_copy
-from reshard.engines.copy.catalog import (
-    ColumnRow,
-    ConstraintRow,
-    CopyError,
-    IndexRow,
-    TableRow,
-    copy_catalog,
-)
+from reshard.engines.copy import introspection, pump
+from reshard.engines.copy.base import CopyError
+from reshard.engines.copy.catalog import copy_catalog
+from reshard.engines.copy.introspection import ColumnRow, ConstraintRow, IndexRow, TableRow
 from reshard.engines.verify import VerifyError, verify_ducklake
 from tests.fixtures.catalog_pair import CatalogPair, CatalogPairFactory
 from tests.fixtures.hooks import RecordingHooks
@@ -189,13 +184,13 @@ def test_hostile_catalog_rows_fail_the_copy_before_any_target_statement(
 ) -> None:
     pair = catalog_pair(tables=3, inlined_every=0)
     backdoor = f"backdoor_{secrets.token_hex(4)}"
-    real = getattr(catalog_copy, seam)
+    real = getattr(introspection, seam)
     change = make(backdoor)
     if seam == "discover_tables":
-        monkeypatch.setattr(catalog_copy, seam, lambda conn: change(list(real(conn))))
+        monkeypatch.setattr(introspection, seam, lambda conn: change(list(real(conn))))
     else:
         monkeypatch.setattr(
-            catalog_copy, seam, lambda conn, tables: change(list(real(conn, tables)))
+            introspection, seam, lambda conn, tables: change(list(real(conn, tables)))
         )
     with pytest.raises(CopyError) as info:
         copy_catalog(pair.source_factory(), pair.target_factory(), hooks, parallelism=2)
@@ -222,13 +217,13 @@ def test_hostile_names_are_only_ever_identifiers(
     pair = catalog_pair(tables=2, inlined_every=0)
     backdoor = f"backdoor_{secrets.token_hex(4)}"
     name = f'x" ON public.ducklake_snapshot (snapshot_id); CREATE ROLE {backdoor}; --'
-    real = catalog_copy.read_indexes
+    real = introspection.read_indexes
 
     def hostile(conn: Any, tables: Any) -> list[IndexRow]:
         return [*real(conn, tables),
                 IndexRow("ducklake_snapshot", name, False, "btree", (1,), (0,), True)]  # fmt: skip
 
-    monkeypatch.setattr(catalog_copy, "read_indexes", hostile)
+    monkeypatch.setattr(introspection, "read_indexes", hostile)
     copy_catalog(pair.source_factory(), pair.target_factory(), hooks).release.release()
     with pair.su("target") as conn:
         row = conn.execute(
@@ -321,7 +316,7 @@ def test_a_planted_row_security_policy_never_runs_in_the_verification(
 def test_copy_sessions_pin_search_path_and_row_security(catalog_pair: CatalogPairFactory) -> None:
     pair = catalog_pair(tables=2, inlined_every=0)
     seen: list[tuple[str, str]] = []
-    real = catalog_copy.stream_table
+    real = pump.stream_table
 
     def spy(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *a: Any, **k: Any) -> Any:
         for conn in (src, tgt):
@@ -334,7 +329,7 @@ def test_copy_sessions_pin_search_path_and_row_security(catalog_pair: CatalogPai
 
     import unittest.mock
 
-    with unittest.mock.patch.object(catalog_copy, "stream_table", spy):
+    with unittest.mock.patch.object(pump, "stream_table", spy):
         copy_catalog(
             pair.source_factory(), pair.target_factory(), RecordingHooks()
         ).release.release()

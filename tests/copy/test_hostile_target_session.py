@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy import pump
 from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import copying, cutover
@@ -64,14 +64,14 @@ def test_the_copying_step_uses_a_tenant_login_on_the_target(
         assert _sessions(conn)[:2] == (tenant, tenant)
 
     seen: dict[str, set[tuple[str, str, str, str]]] = {"source": set(), "target": set()}
-    real = catalog_copy.stream_table
+    real = pump.stream_table
 
     def spy(src: psycopg.Connection[Any], tgt: psycopg.Connection[Any], *a: Any, **k: Any) -> Any:
         seen["source"].add(_sessions(src))
         seen["target"].add(_sessions(tgt))
         return real(src, tgt, *a, **k)
 
-    monkeypatch.setattr(catalog_copy, "stream_table", spy)
+    monkeypatch.setattr(pump, "stream_table", spy)
     try:
         copying.run(env)
         copying.run_verify(env)

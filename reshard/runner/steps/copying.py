@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 
 from reshard.engines import identity, verify
 from reshard.engines.copy import catalog as catalog_copy
+from reshard.engines.copy.base import CopyError
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
@@ -88,7 +89,7 @@ def run(env: StepEnv) -> None:
                 hooks,
                 parallelism=int(settings.DUCKGRES_RESHARD_COPY_PARALLELISM),
             )
-        except catalog_copy.CopyError as exc:
+        except CopyError as exc:
             if ctx.stop.is_set():
                 raise Interrupted() from None
             if cancelled.is_set():
