@@ -81,14 +81,16 @@ from duckgres_admin.lib.s3 import S3  # noqa: E402
 from reshard.engines import backup as backup_mod  # noqa: E402
 from reshard.engines.backup import (  # noqa: E402
     BackupDestination,
-    BackupSource,
     SourceFacts,
     pg_dump_argv,
-    pg_dump_env,
     read_source_facts,
     run_backup,
 )
-from reshard.engines.clients import choose_client  # noqa: E402
+from reshard.engines.clients import (  # noqa: E402
+    BackupSource,
+    choose_client,
+    pg_dump_env,
+)
 
 RUNNER_IDLE_RSS = status_kib("VmRSS") * 1024  # after importing what the backup step needs
 

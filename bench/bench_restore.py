@@ -43,8 +43,12 @@ import tests.testenv  # noqa: F401  (test defaults for the settings Django needs
 
 django.setup()
 
-from reshard.engines.backup import BackupSource, pg_dump_argv, pg_dump_env  # noqa: E402
-from reshard.engines.clients import choose_client  # noqa: E402
+from reshard.engines.backup import pg_dump_argv  # noqa: E402
+from reshard.engines.clients import (  # noqa: E402
+    BackupSource,
+    choose_client,
+    pg_dump_env,
+)
 from reshard.engines.demo_catalog import build_demo_catalog  # noqa: E402
 
 MIB = 1 << 20

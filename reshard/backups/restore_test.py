@@ -81,8 +81,8 @@ from duckgres_admin.models import (
 from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
 from reshard.backups import inventory
 from reshard.engines import verify
-from reshard.engines.backup import KEY_PREFIX, BackupSource
-from reshard.engines.clients import server_major
+from reshard.engines.backup import KEY_PREFIX
+from reshard.engines.clients import BackupSource, server_major
 from reshard.engines.restore import sandbox
 from reshard.engines.restore.stream import (
     Expected,

@@ -51,7 +51,7 @@ from reshard.engines.restore.stream import login_role_name
 from reshard.launchers import LauncherError, get_launcher
 from reshard.launchers.base import runner_namespace
 from reshard.operation import sequences
-from reshard.runner import connections
+from reshard.runner import binding, connections
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
@@ -180,23 +180,6 @@ def _binding_line(org_id: str) -> str:
         f"{wh.metadata_store_user} (warehouse state {wh.state}, compaction_enabled "
         f"{wh.compaction_enabled})"
     )
-
-
-def _binding_names(op: ReshardOperation) -> str:
-    if connections.binding_names_source(op):
-        return "the source"
-    wh = Warehouse.objects.filter(org_id=op.org_id).first()
-    if wh is None:
-        return "nothing"
-    if (
-        op.target_kind == "cnpg"
-        and wh.metadata_store_kind == "cnpg"
-        and (wh.metadata_store_id or "") == op.to_shard
-    ):
-        return "the target"
-    if op.target_kind == "external" and wh.metadata_store_host == op.target_endpoint:
-        return "the target"
-    return "neither the source nor the target"
 
 
 def fence_state(op: ReshardOperation, scrubber: Scrubber) -> str:
@@ -340,7 +323,7 @@ def describe(op: ReshardOperation) -> list[str]:
             if op.compaction_prior is not None
             else "NULL (never paused)"
         ),
-        _binding_line(op.org_id) + f" — names {_binding_names(op)}",
+        _binding_line(op.org_id) + f" — names {binding.named_side(op)}",
         f"source fence: {fence_state(op, scrubber)}",
         f"backup: {op.backup_s3_uri or '<none>'}"
         + (f" ({op.backup_bytes} bytes)" if op.backup_s3_uri else ""),

@@ -48,38 +48,42 @@ import fcntl
 import hashlib
 import math
 import mmap
-import os
 import queue
-import shlex
 import subprocess
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.conf import settings
-from psycopg.conninfo import make_conninfo
 
 from duckgres_admin.lib.pgadmin import (
     Endpoint,
-    check_secret_endpoint,
     connect,
-    pinned_host,
-    socket_params,
-    tls_params,
 )
 from duckgres_admin.lib.s3 import S3, ObjectHead, S3Error, Uploaded, session_name_for_op
 from duckgres_admin.platform.names import runner_name
 from reshard.engines import testhooks
 from reshard.engines.clients import (
+    BackupSource,
     NoPgClient,
     PgClient,
+    StderrTail,
     choose_client,
     knows_require_auth,
     needs_require_auth,
+    pg_dump_env,
     server_major,
+    source_conninfo,
+)
+from reshard.engines.restore.command import (
+    Recorded,
+    RestoreTarget,
+    restore_command,
+    restore_line,
+    restore_prerequisites,
+    restored_database_name,
 )
 
 __all__ = [
@@ -87,9 +91,6 @@ __all__ = [
     "BackupError",
     "BackupHooks",
     "BackupResult",
-    "BackupSource",
-    "Recorded",
-    "RestoreTarget",
     "SourceFacts",
     "abort_stale_uploads",
     "backup_key",
@@ -97,15 +98,8 @@ __all__ = [
     "gated_failure",
     "part_size_for",
     "pg_dump_argv",
-    "pg_dump_env",
     "read_source_facts",
-    "restore_command",
-    "restore_line",
-    "restore_owner_role",
-    "restore_prerequisites",
-    "restored_database_name",
     "run_backup",
-    "source_conninfo",
 ]
 
 MIB = 1 << 20
@@ -115,7 +109,6 @@ UNREADABLE_SIZE_PART = 64 * MIB
 KEY_PREFIX = "_reshard_catalog_backups/"
 CONCURRENCY = 2  # parts in flight; plus one filling → at most 3 buffers
 PROGRESS_INTERVAL_SECONDS = 2.0
-STDERR_TAIL_BYTES = 16 * 1024
 STOP_POLL_SECONDS = 0.2
 PIPE_SIZE = 1 * MIB  # best effort F_SETPIPE_SZ: fewer wakeups per part
 _F_SETPIPE_SZ = 1031
@@ -125,14 +118,6 @@ PREPARE_WAIT_SECONDS = 120.0  # the S3 client + CreateMultipartUpload (botocore 
 STALE_WAIT_SECONDS = 15.0
 # pg_dump's lock wait when the caller passes none (the runner passes its step's deadline).
 DEFAULT_LOCK_WAIT_SECONDS = 900.0
-CONNECT_TIMEOUT_SECONDS = 10
-# The only variables of the runner's environment pg_dump inherits (besides PGPASSWORD).
-INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
-# The restore command (safeguard reshard-71): the file it downloads to, the database it creates.
-DUMP_FILE = "./catalog.dump"
-RESTORED_SUFFIX = "_restored_op{op_id}"
-MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: a longer name would be truncated by the server
-RESTORE_LINE_PREFIX = "restore command"
 
 # DUCKGRES_RESHARD_BACKUP_COMPRESSION → pg_dump's --compress. The integer form means zlib at
 # that level (0 = none) for every pg_dump from 15 (which knows no other) to 18, and every stock
@@ -167,42 +152,12 @@ class BackupHooks(Protocol):
 
 
 @dataclass(frozen=True)
-class BackupSource:
-    """Where ``pg_dump`` connects. ``role``: ``--role=<tenant>`` (cnpg sources, §4.10 step 4)."""
-
-    host: str
-    port: int
-    database: str
-    user: str
-    sslmode: str
-    password: str = field(default="", repr=False)
-    role: str = ""
-
-    def redacted(self) -> str:
-        text = Endpoint(self.host, self.port, self.sslmode).redacted(self.database, self.user)
-        return f"{text} as role {self.role}" if self.role else text
-
-
-@dataclass(frozen=True)
 class BackupDestination:
     """The warehouse's ``data_bucket`` / ``data_region`` / ``data_role_arn``."""
 
     bucket: str
     region: str = ""
     role_arn: str = ""
-
-
-@dataclass(frozen=True)
-class RestoreTarget:
-    """Where the logged restore command creates and fills a NEW database (default: on the
-    server the backup came from, named :func:`restored_database_name`). No user: the operator's
-    login comes from ``PGUSER``/``PGPASSWORD`` (after a move the source database is gone and its
-    tenant role is ``NOLOGIN``)."""
-
-    host: str
-    port: int
-    database: str  # the database the command creates: it must not exist yet
-    sslmode: str = ""
 
 
 @dataclass(frozen=True)
@@ -279,29 +234,6 @@ def pg_dump_application_name(op_id: int) -> str:
     return runner_name(op_id, "-pg_dump")
 
 
-def source_conninfo(
-    source: BackupSource, *, require_auth: bool, application_name: str = "pg_dump"
-) -> str:
-    """Every connection parameter of ``pg_dump`` as one conninfo string (no password): the
-    database name is a quoted value there, never parsed as connection settings."""
-    endpoint = Endpoint(source.host, source.port, source.sslmode)
-    check_secret_endpoint(source.password, source.host, source.port)  # reshard-124
-    return make_conninfo(
-        "",
-        **pinned_host(source.host, source.port),  # the checked address is the one dumped
-        port=str(source.port),
-        user=source.user,
-        dbname=source.database,
-        connect_timeout=str(CONNECT_TIMEOUT_SECONDS),
-        application_name=application_name,
-        # A server that stops answering mid-dump or mid-restore is detected by the client's
-        # kernel (keepalives, tcp_user_timeout) as on every other store connection (reshard-127):
-        # pg_dump and pg_restore then fail instead of waiting for ever.
-        **{name: str(value) for name, value in socket_params().items()},
-        **tls_params(endpoint, libpq16=require_auth),
-    )
-
-
 def compression_flag(compression: str | None = None) -> str:
     """``--compress=<0-9>`` for a ``DUCKGRES_RESHARD_BACKUP_COMPRESSION`` value (default: the
     setting, validated when the settings load)."""
@@ -340,170 +272,6 @@ def pg_dump_argv(
     if source.role:
         argv.append(f"--role={source.role}")
     return argv
-
-
-def pg_dump_env(source: BackupSource) -> dict[str, str]:
-    """``PATH``, the locale and ``PGPASSWORD``: nothing else of the runner's environment."""
-    env = {name: os.environ[name] for name in INHERITED_ENV if os.environ.get(name)}
-    env.setdefault("PATH", "/usr/bin:/bin")
-    if not any(name.startswith(("LANG", "LC_")) for name in env):
-        env["LANG"] = "C.UTF-8"
-    env["PGPASSWORD"] = source.password
-    return env
-
-
-def restored_database_name(source_database: str, op_id: int) -> str:
-    """``<source database>_restored_op<id>``, the source part shortened (whole characters) so
-    that the name fits PostgreSQL's 63 bytes: the server would truncate a longer one."""
-    suffix = RESTORED_SUFFIX.format(op_id=op_id)
-    base = source_database
-    while base and len((base + suffix).encode()) > MAX_IDENTIFIER_BYTES:
-        base = base[:-1]
-    return base + suffix
-
-
-def _quote_identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def skips_transaction_timeout(client_major: int, server_major: int) -> bool:
-    """A ``pg_restore`` 17+ sends ``SET transaction_timeout``, unknown to servers before 17."""
-    return client_major >= 17 and 0 < server_major < 17
-
-
-def restore_prerequisites(
-    target: RestoreTarget, client_major: int, *, server_major: int = 0
-) -> str:
-    """What the operator's shell needs for :func:`restore_command` to work as printed."""
-    needs = [
-        f"PGUSER and PGPASSWORD of a login with CREATEDB and CREATEROLE on "
-        f"{target.host}:{target.port}"
-    ]
-    if (target.sslmode or "verify-full") in ("verify-ca", "verify-full"):
-        needs.append("PGSSLROOTCERT = the CA file of that server")
-    needs.append("AWS credentials with s3:GetObject (and s3:GetObjectVersion) on the backup")
-    # An older pg_restore cannot read the archive; a 17+ one fails on an older server
-    # (--exit-on-error and its SET transaction_timeout).
-    if server_major and server_major < 17 and client_major < 17:
-        majors = f"{client_major}" if client_major >= 16 else f"{client_major} to 16"
-    else:
-        majors = f"{client_major} or newer"
-    needs.append(f"psql and pg_restore of PostgreSQL {majors}, sha256sum and openssl on PATH")
-    if skips_transaction_timeout(client_major, server_major):
-        needs.append(
-            'one error, unrecognized configuration parameter "transaction_timeout", is expected '
-            f"from that pg_restore on this PostgreSQL {server_major} server"
-        )
-    return "; ".join(needs)
-
-
-def restore_line(command: str, prerequisites: str) -> str:
-    """The op-log line: ``restore command (needs …): <command>``; everything after the first
-    ``): `` runs as printed."""
-    if not prerequisites:
-        return f"{RESTORE_LINE_PREFIX}: {command}"
-    return f"{RESTORE_LINE_PREFIX} (needs {prerequisites}): {command}"
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """The backup object as its operation recorded it (docs/backup.md "Authenticated
-    backups"): the restore line fetches exactly this version and checks this digest."""
-
-    bucket: str
-    key: str
-    sha256: str
-    version_id: str = ""
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-
-RESTORE_PASSWORD_VAR = "DUCKGRES_RESTORE_PASSWORD"  # made fresh by the printed line itself
-
-
-def restore_owner_role(database: str) -> str:
-    """The fresh rightless role the printed line restores as (``<database>_owner``, within
-    PostgreSQL's 63 bytes)."""
-    suffix = "_owner"
-    base = database
-    while base and len((base + suffix).encode()) > MAX_IDENTIFIER_BYTES:
-        base = base[:-1]
-    return base + suffix
-
-
-def restore_command(
-    recorded: Recorded,
-    target: RestoreTarget,
-    client_major: int,
-    endpoint_url: str = "",
-    *,
-    region: str = "",
-    server_major: int = 0,
-) -> str:
-    """Spec §4.10 step 7, safe to paste (safeguards reshard-71, reshard-110): download exactly
-    the recorded object (its VersionId where the bucket versions), **check its SHA-256 before
-    anything reads it**, create a fresh role with no rights and a password made by the line
-    itself (``openssl rand``, kept in the shell's environment, never in argv or the line),
-    create ``target.database`` owned by that role (it must not exist: a second run stops
-    there and overwrites nothing), and restore into it **logged in as that role**: a hostile
-    function, check or ``RESET ROLE`` in the archive runs with no more rights than that role.
-    The operator's own login (``PGUSER``/``PGPASSWORD``, CREATEDB and CREATEROLE) only creates
-    the role and the database. Plain ``psql``/``pg_restore`` from ``PATH``; every part quoted
-    for a POSIX shell, each connection one conninfo value (``--dbname``) with ``target.sslmode``
-    (default ``verify-full``) and ``require_auth=scram-sha-256`` for a client of 16 or newer."""
-
-    def conninfo(dbname: str) -> str:
-        return make_conninfo(
-            "",
-            host=target.host,
-            port=str(target.port),
-            dbname=dbname,
-            sslmode=target.sslmode or "verify-full",
-            **({"require_auth": "scram-sha-256"} if client_major >= 16 else {}),
-        )
-
-    download = ["aws", "s3api", "get-object", "--bucket", recorded.bucket, "--key", recorded.key]
-    if recorded.version_id:
-        download += ["--version-id", recorded.version_id]
-    if endpoint_url:
-        download += ["--endpoint-url", endpoint_url]
-    if region:
-        download += ["--region", region]
-    download.append(DUMP_FILE)
-    check = ["printf", "%s  %s\\n", recorded.sha256, DUMP_FILE]
-    owner = _quote_identifier(restore_owner_role(target.database))
-    database = _quote_identifier(target.database)
-    script = "\n".join(
-        (
-            f"\\getenv pw {RESTORE_PASSWORD_VAR}",
-            f"CREATE ROLE {owner} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-            "NOREPLICATION NOBYPASSRLS PASSWORD :'pw';",
-            f"GRANT {owner} TO CURRENT_USER;",
-            f"CREATE DATABASE {database} OWNER {owner} TEMPLATE template0;",
-            f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;",
-        )
-    )
-    create = [
-        "psql", "--no-psqlrc", "-v", "ON_ERROR_STOP=1", f"--dbname={conninfo('postgres')}",
-        "--file=-",
-    ]  # fmt: skip
-    # --clean --if-exists: the archive creates schema public, which the new database has.
-    restore = ["pg_restore", "--no-owner", "--no-acl", "--clean", "--if-exists"]
-    if not skips_transaction_timeout(client_major, server_major):
-        restore.append("--exit-on-error")
-    restore += ["--format=custom", f"--dbname={conninfo(target.database)}", DUMP_FILE]
-    login = shlex.quote(restore_owner_role(target.database))
-    return " && ".join(
-        (
-            f"{shlex.join(download)} >/dev/null",
-            f"{shlex.join(check)} | sha256sum --check --strict -",
-            f'export {RESTORE_PASSWORD_VAR}="$(openssl rand -hex 24)"',
-            f"printf '%s\\n' {shlex.quote(script)} | {shlex.join(create)}",
-            f'PGUSER={login} PGPASSWORD="${RESTORE_PASSWORD_VAR}" {shlex.join(restore)}',
-        )
-    )
 
 
 def read_source_facts(source: BackupSource) -> SourceFacts:
@@ -558,41 +326,6 @@ class _PartReader:
 
     def tell(self) -> int:
         return self._pos
-
-
-class StderrTail:
-    """Drains a child's pipe in a thread (a full stderr pipe would block the child), keeping
-    the last ``limit`` bytes (``pg_dump`` here, ``pg_restore`` in
-    ``reshard.engines.restore.stream``)."""
-
-    def __init__(self, pipe: Any, limit: int = STDERR_TAIL_BYTES, name: str = "pg_dump") -> None:
-        self._pipe = pipe
-        self._limit = limit
-        self._tail: deque[bytes] = deque()
-        self._size = 0
-        self._thread = threading.Thread(target=self._run, name=f"{name}-stderr", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                chunk = self._pipe.read(4096)
-                if not chunk:
-                    return
-                self._tail.append(chunk)
-                self._size += len(chunk)
-                while self._size > self._limit and len(self._tail) > 1:
-                    self._size -= len(self._tail.popleft())
-        except (OSError, ValueError):
-            return
-
-    def raw(self, timeout: float = 5.0) -> bytes:
-        """The tail once the pipe is drained (or ``timeout`` passed)."""
-        self._thread.join(timeout)
-        return b"".join(self._tail)[-self._limit :]
-
-    def text(self, timeout: float = 5.0) -> str:
-        return self.raw(timeout).decode("utf-8", "replace").strip()
 
 
 @dataclass(frozen=True)

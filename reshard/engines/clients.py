@@ -1,4 +1,6 @@
-"""Choosing the ``pg_dump``/``pg_restore`` client for a source server (spec reshard §6).
+"""The PostgreSQL client programs the engines run (spec reshard §6): which ``pg_dump``/
+``pg_restore`` serves a server, the server it connects to (``BackupSource``: the backup's source,
+the restore's target), its one conninfo string and its environment, and the tail of its stderr.
 
 ``DUCKGRES_PG_BIN_DIRS`` is a colon-separated list of directories (globs allowed, default
 ``/usr/lib/postgresql/*/bin``), each holding the clients of one PostgreSQL major. The client
@@ -29,11 +31,21 @@ import os
 import re
 import subprocess
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
+from psycopg.conninfo import make_conninfo
 
 from duckgres_admin.lib import pgadmin
+from duckgres_admin.lib.pgadmin import (
+    Endpoint,
+    check_secret_endpoint,
+    pinned_host,
+    socket_params,
+    tls_params,
+)
 
 _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 _cache: dict[str, PgClient | None] = {}
@@ -199,3 +211,98 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
         _require_auth.clear()
+
+
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+# The only variables of the runner's environment pg_dump inherits (besides PGPASSWORD).
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES")
+
+
+@dataclass(frozen=True)
+class BackupSource:
+    """Where ``pg_dump`` connects. ``role``: ``--role=<tenant>`` (cnpg sources, §4.10 step 4)."""
+
+    host: str
+    port: int
+    database: str
+    user: str
+    sslmode: str
+    password: str = field(default="", repr=False)
+    role: str = ""
+
+    def redacted(self) -> str:
+        text = Endpoint(self.host, self.port, self.sslmode).redacted(self.database, self.user)
+        return f"{text} as role {self.role}" if self.role else text
+
+
+def source_conninfo(
+    source: BackupSource, *, require_auth: bool, application_name: str = "pg_dump"
+) -> str:
+    """Every connection parameter of ``pg_dump`` as one conninfo string (no password): the
+    database name is a quoted value there, never parsed as connection settings."""
+    endpoint = Endpoint(source.host, source.port, source.sslmode)
+    check_secret_endpoint(source.password, source.host, source.port)  # reshard-124
+    return make_conninfo(
+        "",
+        **pinned_host(source.host, source.port),  # the checked address is the one dumped
+        port=str(source.port),
+        user=source.user,
+        dbname=source.database,
+        connect_timeout=str(CONNECT_TIMEOUT_SECONDS),
+        application_name=application_name,
+        # A server that stops answering mid-dump or mid-restore is detected by the client's
+        # kernel (keepalives, tcp_user_timeout) as on every other store connection (reshard-127):
+        # pg_dump and pg_restore then fail instead of waiting for ever.
+        **{name: str(value) for name, value in socket_params().items()},
+        **tls_params(endpoint, libpq16=require_auth),
+    )
+
+
+def pg_dump_env(source: BackupSource) -> dict[str, str]:
+    """``PATH``, the locale and ``PGPASSWORD``: nothing else of the runner's environment."""
+    env = {name: os.environ[name] for name in INHERITED_ENV if os.environ.get(name)}
+    env.setdefault("PATH", "/usr/bin:/bin")
+    if not any(name.startswith(("LANG", "LC_")) for name in env):
+        env["LANG"] = "C.UTF-8"
+    env["PGPASSWORD"] = source.password
+    return env
+
+
+STDERR_TAIL_BYTES = 16 * 1024
+
+
+class StderrTail:
+    """Drains a child's pipe in a thread (a full stderr pipe would block the child), keeping
+    the last ``limit`` bytes (``pg_dump`` here, ``pg_restore`` in
+    ``reshard.engines.restore.stream``)."""
+
+    def __init__(self, pipe: Any, limit: int = STDERR_TAIL_BYTES, name: str = "pg_dump") -> None:
+        self._pipe = pipe
+        self._limit = limit
+        self._tail: deque[bytes] = deque()
+        self._size = 0
+        self._thread = threading.Thread(target=self._run, name=f"{name}-stderr", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                chunk = self._pipe.read(4096)
+                if not chunk:
+                    return
+                self._tail.append(chunk)
+                self._size += len(chunk)
+                while self._size > self._limit and len(self._tail) > 1:
+                    self._size -= len(self._tail.popleft())
+        except (OSError, ValueError):
+            return
+
+    def raw(self, timeout: float = 5.0) -> bytes:
+        """The tail once the pipe is drained (or ``timeout`` passed)."""
+        self._thread.join(timeout)
+        return b"".join(self._tail)[-self._limit :]
+
+    def text(self, timeout: float = 5.0) -> str:
+        return self.raw(timeout).decode("utf-8", "replace").strip()

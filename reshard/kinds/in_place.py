@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from duckgres_admin.models import OpKind
 from reshard.kinds.restore import RestoreKind
-from reshard.runner import connections
+from reshard.runner import binding
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import inplace, restoring
 
@@ -27,7 +27,7 @@ class InPlaceRestoreKind(RestoreKind):
 
     def may_give_source_login(self, env: StepEnv) -> bool:
         # One role, two catalogs: never LOGIN while the binding may name the sibling.
-        return connections.binding_names_source(env.op)
+        return binding.names_source(env.op)
 
 
 IN_PLACE_RESTORE = InPlaceRestoreKind(

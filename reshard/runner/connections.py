@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from duckgres_admin.lib import pgadmin, secretrefs
-from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
+from duckgres_admin.models import MetadataStore, ReshardOperation
 from duckgres_admin.platform.names import runner_name
 from reshard.runner.context import RunContext
 from reshard.runner.errors import Interrupted, StepError
@@ -391,41 +391,6 @@ def target_side(ctx: RunContext, op: ReshardOperation) -> Side:
         op.target_database,
         op.target_user,
         ctx.target_password,
-    )
-
-
-def binding_names_source(op: ReshardOperation) -> bool:
-    """Fresh read-back: does the binding name the op's source?"""
-    wh = Warehouse.objects.filter(org_id=op.org_id).first()
-    if wh is None:
-        return False
-    if op.source_kind == "cnpg":
-        return (
-            wh.metadata_store_kind == "cnpg"
-            and (wh.metadata_store_id or "") == op.from_shard
-            and wh.metadata_store_database == op.source_database
-            and wh.metadata_store_user == op.source_user
-        )
-    return (
-        wh.metadata_store_kind == "external"
-        and wh.metadata_store_host == op.source_endpoint
-        and int(wh.metadata_store_port or 0) == int(op.source_port or 0)
-        and wh.metadata_store_database == op.source_database
-        and wh.metadata_store_user == op.source_user
-    )
-
-
-def binding_names_cnpg_target(op: ReshardOperation) -> bool:
-    """Fresh read-back: is the warehouse still blocked, never unblocked by this op, and bound
-    to the op's cnpg target? (A takeover resumes forward only then, §4.8.)"""
-    wh = Warehouse.objects.filter(org_id=op.org_id).first()
-    return (
-        wh is not None
-        and wh.state == "resharding"
-        and wh.metadata_store_kind == "cnpg"
-        and (wh.metadata_store_id or "") == op.to_shard
-        and wh.metadata_store_database == op.target_database
-        and wh.metadata_store_user == op.target_user
     )
 
 

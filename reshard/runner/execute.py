@@ -49,7 +49,7 @@ from django.db import DatabaseError, connection
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.engines import testhooks
 from reshard.operation import sequences
-from reshard.runner import connections, waits
+from reshard.runner import binding, waits
 from reshard.runner.context import Progress, RunContext
 from reshard.runner.errors import (
     Cancelled,
@@ -70,7 +70,7 @@ from reshard.runner.password import (
     take_inherited_credential,
 )
 from reshard.runner.report import describe_source, describe_target, write_report
-from reshard.runner.rollback import describe_binding, roll_forward, rollback
+from reshard.runner.rollback import roll_forward, rollback
 from reshard.runner.steps import StepEnv, backup_catalog, finalize
 
 EXIT_OK = 0
@@ -450,8 +450,8 @@ def _redo_refusal(env: StepEnv) -> str:
         return "this operation already unblocked the warehouse (a rollback was under way)"
     if op.target_rendered_at is not None or op.target_login_ready_at is not None:
         return "the target tenant was already rendered"
-    if not connections.binding_names_source(op):
-        return f"the binding no longer names the source ({describe_binding(op.org_id)})"
+    if not binding.names_source(op):
+        return f"the binding no longer names the source ({binding.describe(op.org_id)})"
     state = Warehouse.objects.filter(org_id=op.org_id).values_list("state", flat=True).first()
     if op.blocked_at is not None and state != "resharding":
         return f"the warehouse is {state or 'gone'}, no longer blocked by this operation"
@@ -510,10 +510,10 @@ def _takeover(env: StepEnv) -> None:
         # the binding at the source (and maybe unblocked) leaves ``step`` unchanged, and
         # resuming then would copy from, and drop, the catalog the binding names.
         op.refresh_from_db(fields=["unblocked_at"])
-        if op.unblocked_at is not None or not connections.binding_names_cnpg_target(op):
+        if op.unblocked_at is not None or not binding.names_cnpg_target(op):
             log.warn(
                 f"takeover at step {step}: the binding no longer names the target "
-                f"({describe_binding(op.org_id)}) or the warehouse was unblocked; not resuming"
+                f"({binding.describe(op.org_id)}) or the warehouse was unblocked; not resuming"
             )
             raise unsafe
     if step in ("copying", "verifying"):

@@ -108,7 +108,7 @@ def rollback(env: StepEnv) -> RollbackOutcome:
                     raise
                 except Exception as exc:  # noqa: BLE001 - reported; never unblock then
                     recovered = False
-                    where = describe_binding(op.org_id)
+                    where = binding.describe(op.org_id)
                     reasons.append(f"binding still points at {where}; fix manually")
                     log.error(
                         f"rollback: flip-back failed ({exc}); binding still points at {where}"
@@ -138,17 +138,6 @@ def rollback(env: StepEnv) -> RollbackOutcome:
         f"{op.id} after fixing it"
     )
     return RollbackOutcome(recovered=False, left_blocked=True, reason=reason)
-
-
-def describe_binding(org_id: str) -> str:
-    wh = Warehouse.objects.filter(org_id=org_id).first()
-    if wh is None:
-        return "no warehouse row"
-    if wh.metadata_store_kind == "cnpg":
-        return f"cnpg {wh.metadata_store_id}/{wh.metadata_store_database}"
-    return (
-        f"external {wh.metadata_store_host}:{wh.metadata_store_port}/{wh.metadata_store_database}"
-    )
 
 
 def _release(env: StepEnv) -> None:
@@ -181,7 +170,7 @@ def _drop_partial_target(env: StepEnv) -> bool:
     if op.target_kind == "cnpg" and op.target_rendered_at is None:
         log.info(f"rollback: the target {where} was never rendered; nothing to drop on it")
         return True
-    if ctx.progress.flipped and not connections.binding_names_source(op):
+    if ctx.progress.flipped and not binding.names_source(op):
         log.error("rollback: binding may still point at the target — its tables are kept")
         return True
     if sequences.at_or_past(op.step or "", "copying", op.target_kind) and (
@@ -313,7 +302,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         _log_binding_not_source(env)
         return False
     if op.source_kind == "external" and not ctx.progress.flipped:
-        if connections.binding_names_source(op):
+        if binding.names_source(op):
             return True
         _log_binding_not_source(env)
         return False
@@ -338,7 +327,7 @@ def _restore_source_access(env: StepEnv) -> bool:
         )
         observe = _external_source_observer(env, endpoint, source_password)
         where = f"on external source {op.source_endpoint}:{op.source_port}"
-    if not connections.binding_names_source(op):
+    if not binding.names_source(op):
         # A login that works against the target is never source recovery: no point waiting.
         _log_binding_not_source(env)
         return False
@@ -349,7 +338,7 @@ def _log_binding_not_source(env: StepEnv) -> None:
     """Log that source access recovery failed because the binding does not name the source."""
     env.log.error(
         "source tenant access recovery failed: the binding names "
-        f"{describe_binding(env.op.org_id)}, not the source; warehouse remains blocked"
+        f"{binding.describe(env.op.org_id)}, not the source; warehouse remains blocked"
     )
 
 
@@ -382,8 +371,8 @@ def _cnpg_source_observer(
 
     def observe() -> tuple[bool, str]:
         """One observation: (source usable, what was seen)."""
-        if not connections.binding_names_source(op):
-            return False, f"binding names {describe_binding(op.org_id)}, not the source"
+        if not binding.names_source(op):
+            return False, f"binding names {binding.describe(op.org_id)}, not the source"
         try:
             with connections.provisioner_conn(ctx, prov, connect_timeout=8) as conn:
                 login = connections.role_state(conn, op.source_user)
@@ -420,8 +409,8 @@ def _external_source_observer(
 
     def observe() -> tuple[bool, str]:
         """One observation: (source usable, what was seen)."""
-        if not connections.binding_names_source(op):
-            return False, f"binding names {describe_binding(op.org_id)}, not the source"
+        if not binding.names_source(op):
+            return False, f"binding names {binding.describe(op.org_id)}, not the source"
         return _tenant_probe(
             env,
             endpoint,

@@ -26,10 +26,11 @@ from reshard.engines.backup import (
     KEY_PREFIX,
     BackupDestination,
     BackupError,
-    RestoreTarget,
     SourceFacts,
     run_backup,
 )
+from reshard.engines.restore import command
+from reshard.engines.restore.command import RestoreTarget
 from tests.fixtures.backup import (
     PG15_BIN,
     MotoS3,
@@ -139,7 +140,7 @@ def test_success_restorable_untagged_no_password_in_argv(
     server = f"host={catalog.cluster.host} port={catalog.cluster.port}"
     restored = f"{catalog.database}_restored_op41"
     bucket, _, key = result.uri.removeprefix("s3://").partition("/")
-    owner = backup_mod.restore_owner_role(restored)
+    owner = command.restore_owner_role(restored)
     mode = catalog.cluster.sslmode or "verify-full"
     script = (
         "\\getenv pw DUCKGRES_RESTORE_PASSWORD\n"
@@ -177,8 +178,8 @@ def test_success_restorable_untagged_no_password_in_argv(
 @pytest.mark.safeguard("reshard-37")
 def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
     target = RestoreTarget("db.example.com", 6543, "catalog_a_restored_op3")
-    cmd = backup_mod.restore_command(
-        backup_mod.Recorded("b", "k.dump", "0" * 64), target, 15, server_major=15
+    cmd = command.restore_command(
+        command.Recorded("b", "k.dump", "0" * 64), target, 15, server_major=15
     )
     for dbname in ("postgres", "catalog_a_restored_op3"):
         assert (
@@ -189,14 +190,14 @@ def test_restore_command_honours_a_non_default_port(moto_s3: MotoS3) -> None:
     # The only password is the one the line makes, by reference: none is printed.
     assert cmd.count("PGPASSWORD") == 1
     assert 'PGPASSWORD="$DUCKGRES_RESTORE_PASSWORD"' in cmd
-    needs = backup_mod.restore_prerequisites(target, 15, server_major=15)
+    needs = command.restore_prerequisites(target, 15, server_major=15)
     assert "CREATEDB and CREATEROLE on db.example.com:6543;" in needs
     assert "PGSSLROOTCERT" in needs  # verify-full (the default) needs the CA
 
 
 def test_cnpg_source_adds_role(tenant_catalog: Any) -> None:
     catalog = tenant_catalog()
-    source = backup_mod.BackupSource(
+    source = clients.BackupSource(
         host="h", port=5433, database=catalog.database, user="provisioner", sslmode="require",
         password="pw-secret", role=catalog.role,
     )  # fmt: skip
@@ -438,7 +439,7 @@ def test_no_bucket_is_an_error(hooks: RecordingHooks) -> None:
     with pytest.raises(BackupError, match="no data bucket"):
         run_backup(
             52,
-            backup_mod.BackupSource("h", 5432, "d", "u", "require", "pw"),
+            clients.BackupSource("h", 5432, "d", "u", "require", "pw"),
             BackupDestination(""),
             hooks,
         )
@@ -462,7 +463,7 @@ def test_leftover_upload_of_an_earlier_attempt_is_aborted(
 def test_connection_refused_source_fails_before_pg_dump(
     moto_s3: MotoS3, hooks: RecordingHooks
 ) -> None:
-    source = backup_mod.BackupSource("127.0.0.1", 1, "d", "u", "require", "secret-pw-123")
+    source = clients.BackupSource("127.0.0.1", 1, "d", "u", "require", "secret-pw-123")
     with pytest.raises(BackupError, match="cannot read the server version") as err:
         run_backup(54, source, BackupDestination(moto_s3.bucket), hooks)
     assert "secret-pw-123" not in str(err.value)

@@ -17,12 +17,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from reshard.engines.backup import (
-    BackupDestination,
-    BackupSource,
-    restored_database_name,
-    run_backup,
-)
+from reshard.engines.backup import BackupDestination, run_backup
+from reshard.engines.clients import BackupSource
+from reshard.engines.restore.command import restored_database_name
 from tests.fixtures.backup import MotoS3, restore_into_scratch
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.store_tls import PgWireStub

@@ -28,13 +28,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.models import ReshardLogEntry
-from reshard.engines.backup import (
-    BackupDestination,
+from reshard.engines.backup import BackupDestination, run_backup
+from reshard.engines.restore.command import (
     Recorded,
     RestoreTarget,
     restore_command,
     restore_owner_role,
-    run_backup,
 )
 from reshard.operation import oplog as direct_oplog
 from reshard.runner.logwriter import OpLogWriter

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from reshard.engines.backup import BackupDestination, BackupError, BackupSource, run_backup
+from reshard.engines.backup import BackupDestination, BackupError, run_backup
+from reshard.engines.clients import BackupSource
 from tests.fixtures.backup import MotoS3, assert_nothing_left
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.hostile import evil_calls, plant_policy, role_exists

@@ -12,6 +12,7 @@ import pytest
 
 from duckgres_admin.models import Warehouse
 from reshard.engines import backup as backup_mod
+from reshard.engines import clients
 from reshard.runner.env import StepEnv
 from reshard.runner.steps import backup_catalog, blocking, record_source
 from tests.fixtures.runner import CnpgWorld, RunnerS3
@@ -91,7 +92,7 @@ def test_a_preparation_for_another_region_role_or_source_is_not_used(
         role_arn="",
         s3=real.s3,
         # Same server, another login: facts about it are never taken for the dumped source.
-        source=backup_mod.BackupSource(**{**source.__dict__, "password": "another-password"}),
+        source=clients.BackupSource(**{**source.__dict__, "password": "another-password"}),
         facts=backup_mod.SourceFacts(server_major=99, db_size=1),
     )
     future: Future[backup_catalog.PreparedBackup] = Future()

@@ -24,7 +24,7 @@ from django.conf import settings
 from psycopg import sql
 
 from duckgres_admin.models import MetadataStore, Warehouse
-from reshard.engines.backup import (
+from reshard.engines.restore.command import (
     Recorded,
     RestoreTarget,
     restore_command,

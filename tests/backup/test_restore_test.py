@@ -24,8 +24,8 @@ from duckgres_admin.platform.lockkeys import RESTORE_TEST_LOCK_KEY
 from reshard.backups import inventory, restore_test
 from reshard.control import metrics
 from reshard.engines import verify
-from reshard.engines.backup import BackupSource, backup_key
-from reshard.engines.clients import PgClient
+from reshard.engines.backup import backup_key
+from reshard.engines.clients import BackupSource, PgClient
 from reshard.engines.restore import stream as restore
 from tests.fixtures.backup import pg_dump_custom
 from tests.fixtures.backups_listing import bucket, op_in_state, put_backup, warehouse_with_bucket

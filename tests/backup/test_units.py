@@ -17,12 +17,12 @@ from reshard.engines.backup import (
     BackupDestination,
     BackupError,
     BackupResult,
-    BackupSource,
     backup_key,
     gated_failure,
     part_size_for,
     run_backup,
 )
+from reshard.engines.clients import BackupSource
 from tests.fixtures.backup import MotoS3
 from tests.fixtures.hooks import RecordingHooks
 

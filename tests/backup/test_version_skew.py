@@ -24,13 +24,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reshard.engines.backup import (
-    BackupDestination,
-    BackupError,
-    BackupSource,
-    SourceFacts,
-    run_backup,
-)
+from reshard.engines.backup import BackupDestination, BackupError, SourceFacts, run_backup
+from reshard.engines.clients import BackupSource
 from tests.fixtures.backup import MotoS3, assert_nothing_left
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import Pg18, pg18

@@ -16,7 +16,7 @@ import pytest
 
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
-from reshard.engines.backup import BackupSource, source_conninfo
+from reshard.engines.clients import BackupSource, source_conninfo
 from reshard.runner import connections
 from reshard.runner.context import RunContext
 from tests.fixtures.rows import new_store, unique

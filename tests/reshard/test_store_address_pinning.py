@@ -20,7 +20,7 @@ import pytest
 
 from duckgres_admin.lib import pgadmin
 from reshard.engines import identity
-from reshard.engines.backup import BackupSource, source_conninfo
+from reshard.engines.clients import BackupSource, source_conninfo
 from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-80")

@@ -24,13 +24,8 @@ import pytest
 
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.endpoints import EndpointPattern
-from reshard.engines.backup import (
-    BackupDestination,
-    BackupError,
-    BackupSource,
-    SourceFacts,
-    run_backup,
-)
+from reshard.engines.backup import BackupDestination, BackupError, SourceFacts, run_backup
+from reshard.engines.clients import BackupSource
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.pg18 import pg18_bin
 from tests.fixtures.runner import RunnerS3, runner_moto_server, runner_s3

@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from duckgres_admin.lib import pgadmin
-from reshard.engines.backup import BackupSource, source_conninfo
+from reshard.engines.clients import BackupSource, source_conninfo
 from tests.fixtures.stores import StoreClusters
 
 pytestmark = pytest.mark.safeguard("reshard-127")

@@ -27,14 +27,8 @@ import pytest
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.models import MetadataStore, ReshardOperation
-from reshard.engines.backup import (
-    BackupDestination,
-    BackupError,
-    BackupSource,
-    SourceFacts,
-    run_backup,
-    source_conninfo,
-)
+from reshard.engines.backup import BackupDestination, BackupError, SourceFacts, run_backup
+from reshard.engines.clients import BackupSource, source_conninfo
 from reshard.runner import connections
 from reshard.runner.context import RunContext
 from tests.fixtures.hooks import RecordingHooks

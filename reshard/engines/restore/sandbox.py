@@ -100,7 +100,7 @@ def run(environ: Mapping[str, str]) -> tuple[int, str]:
     """The sandbox's work: ``(exit code, message)``. Never raises."""
     from duckgres_admin.base.scrub import process_scrubber
     from duckgres_admin.lib.s3 import S3, S3Error
-    from reshard.engines.backup import BackupSource
+    from reshard.engines.clients import BackupSource
     from reshard.engines.restore.stream import Expected, RestoreError, stream_restore
 
     password = environ.get(PASSWORD_VAR, "")

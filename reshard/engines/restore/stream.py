@@ -43,20 +43,18 @@ from dataclasses import dataclass
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.lib.s3 import S3, S3Error
 from duckgres_admin.models import Installation, ReshardOperation
-from reshard.engines.backup import (
-    BackupSource,
-    StderrTail,
-    pg_dump_env,
-    skips_transaction_timeout,
-    source_conninfo,
-)
 from reshard.engines.clients import (
+    BackupSource,
     NoPgClient,
     PgClient,
+    StderrTail,
     choose_client,
     knows_require_auth,
     needs_require_auth,
+    pg_dump_env,
+    source_conninfo,
 )
+from reshard.engines.restore.command import skips_transaction_timeout
 
 CHUNK_BYTES = 1024 * 1024
 STDERR_TAIL_BYTES = 8192

@@ -59,7 +59,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from duckgres_admin.lib import pgadmin
 from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import ReshardOperation, Warehouse
-from reshard.engines import backup
+from reshard.engines import backup, clients
 from reshard.runner import connections, waits
 from reshard.runner.context import RunContext
 from reshard.runner.env import StepEnv
@@ -76,18 +76,18 @@ class PreparedBackup:
     region: str = ""
     role_arn: str = ""
     s3: S3 | None = None
-    source: backup.BackupSource | None = field(default=None, repr=False)
+    source: clients.BackupSource | None = field(default=None, repr=False)
     facts: backup.SourceFacts | None = None
 
 
-def _submitted_source(ctx: RunContext, op: ReshardOperation) -> backup.BackupSource | None:
+def _submitted_source(ctx: RunContext, op: ReshardOperation) -> clients.BackupSource | None:
     """The source as the op was submitted for it (recordSource has not run yet): what
     :func:`_source` will return when the binding has not drifted. None: not knowable yet."""
     if op.source_kind == "cnpg":
         if not (op.from_shard and op.source_database and op.source_user):
             return None
         prov = connections.provisioner(ctx, op.from_shard)
-        return backup.BackupSource(
+        return clients.BackupSource(
             host=prov.store.host,
             port=prov.store.port,
             database=op.source_database,
@@ -103,7 +103,7 @@ def _submitted_source(ctx: RunContext, op: ReshardOperation) -> backup.BackupSou
         )
     if not (op.source_endpoint and op.source_database and op.source_user and password):
         return None
-    return backup.BackupSource(
+    return clients.BackupSource(
         host=op.source_endpoint,
         port=op.source_port or 5432,
         database=op.source_database,
@@ -127,7 +127,7 @@ def _prepare(ctx: RunContext, op: ReshardOperation) -> PreparedBackup:
                 client = S3(
                     region=region, role_arn=role_arn, session_name=session_name_for_op(op.id)
                 )
-        source: backup.BackupSource | None = None
+        source: clients.BackupSource | None = None
         facts: backup.SourceFacts | None = None
         try:
             source = _submitted_source(ctx, op)
@@ -167,9 +167,9 @@ def take_prepared(ctx: RunContext) -> PreparedBackup | None:
     return result if isinstance(result, PreparedBackup) else None
 
 
-def _source(env: StepEnv) -> backup.BackupSource:
+def _source(env: StepEnv) -> clients.BackupSource:
     side = connections.source_side(env.ctx, env.op)
-    return backup.BackupSource(
+    return clients.BackupSource(
         host=side.endpoint.host,
         port=side.endpoint.port,
         database=side.database,
@@ -210,7 +210,7 @@ def _mandatory(op: ReshardOperation) -> bool:
 class _Dump:
     """What one backup dumps, where to, and with what the preparation already built."""
 
-    source: backup.BackupSource
+    source: clients.BackupSource
     destination: backup.BackupDestination
     s3: S3 | None
     facts: backup.SourceFacts | None

@@ -334,7 +334,7 @@ def drop_sibling(env: StepEnv) -> bool:
     blocked for ``reshard_recover``."""
     op, ctx, log = env.op, env.ctx, env.log
     sibling = op.target_database
-    if not connections.binding_names_source(op):
+    if not binding.names_source(op):
         log.error(
             f"rollback: the binding may still name the sibling database {sibling}; it is kept"
         )

@@ -52,8 +52,7 @@ from duckgres_admin.lib.s3 import S3, S3Error, session_name_for_op
 from duckgres_admin.models import Warehouse
 from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
 from reshard.engines import testhooks, verify
-from reshard.engines.backup import BackupSource
-from reshard.engines.clients import server_major
+from reshard.engines.clients import BackupSource, server_major
 from reshard.engines.restore.stream import (
     APPLICATION_NAME,
     Expected,
