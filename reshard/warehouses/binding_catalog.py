@@ -4,7 +4,7 @@
 A ``PATCH /warehouses/<org>`` that changes where the binding points (kind, cnpg store, external
 host or port, database: :data:`LOCATION_FIELDS`) is applied only when the new binding holds a
 DuckLake catalog: the database exists on that server and its ``public`` schema has
-``ducklake_*`` base tables (what the copy calls a catalog, ``reshard/engines/copy/catalog.py``).
+``ducklake_*`` base tables (what the copy calls a catalog, ``reshard/engines/copy/``).
 Otherwise the answer is 409 ``binding_without_catalog``; a server that cannot be reached (or logged
 into) is 503 ``catalog_check_unavailable``: a binding is never repointed blind. The caller who knows
 the catalog will be created or restored there sends ``"force_empty_binding": true`` (never stored);

@@ -1,4 +1,4 @@
-"""Fixtures of the catalog copy and verification tests (reshard/engines/copy/catalog.py,
+"""Fixtures of the catalog copy and verification tests (reshard/engines/copy/,
 reshard/engines/verify.py).
 
 Each test gets a tenant (role + database) on BOTH metadata-store clusters (5433 source, 5434

@@ -2,10 +2,10 @@
 on the target, the target's catalog work runs logged in as the tenant, and a tenant's planted
 row-security policy never runs in the copy's or the verification's sessions.
 
-(a) Hostile rows are fed at the introspection seam (``reshard.engines.copy.catalog.read_*``: what a
-hostile source server would answer to the catalog queries) into the real copy from 5433 to 5434: the
-copy fails naming the object before its first target statement, and the ``CREATE ROLE`` the
-rows carry never runs anywhere. (b) A real source whose tenant planted a ``FORCE ROW LEVEL
+(a) Hostile rows are fed at the introspection seam (``reshard.engines.copy.introspection.read_*``:
+what a hostile source server would answer to the catalog queries) into the real copy from 5433 to
+5434: the copy fails naming the object before its first target statement, and the ``CREATE ROLE``
+the rows carry never runs anywhere. (b) A real source whose tenant planted a ``FORCE ROW LEVEL
 SECURITY`` policy calling a ``SECURITY INVOKER`` function that runs ``RESET ROLE`` and
 ``CREATE ROLE``: the function never runs (its non-transactional sequence stays unused), the
 role never exists.

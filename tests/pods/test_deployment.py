@@ -491,3 +491,49 @@ def test_the_default_worker_serves_its_childrens_task_outcomes(deployed: Deploye
         )
 
     wait_until(succeeded, "a task outcome on the default worker's exporter", timeout=120, poll=5)
+
+
+def _ready_api_pods(deployed: Deployed) -> set[str]:
+    ready = set()
+    for pod in deployed.pods("app=duckgres-admin,component=api"):
+        if pod["metadata"].get("deletionTimestamp") is not None:
+            continue
+        conditions = pod["status"].get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            ready.add(pod["metadata"]["name"])
+    return ready
+
+
+def test_a_drain_under_the_ha_budgets_never_takes_both_api_replicas(deployed: Deployed) -> None:
+    """docs/kubernetes.md "High availability": with ``components/ha``'s budgets applied as
+    shipped, a drain evicts one API replica and is refused the other while the first is not back.
+    On the one-node cluster the evicted replica's successor cannot be scheduled on the cordoned
+    node, so the drain (limited to the API's pods) must stop at the budget: a replica serves
+    throughout, the refusal names the budget, and after the uncordon both replicas return."""
+    budgets = (ROOT / "k8s" / "components" / "ha" / "pdb.yaml").read_text()
+    node = kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
+    before = wait_until(lambda: len(_ready_api_pods(deployed)) == 2 and _ready_api_pods(deployed),
+                        "both API replicas ready", 300)  # fmt: skip
+    kubectl("apply", "-f", "-", input=budgets)
+    seen: list[int] = []
+    try:
+        drain = subprocess.Popen(
+            ["kubectl", "--kubeconfig", str(KUBECONFIG), "drain", node, "--ignore-daemonsets",
+             "--delete-emptydir-data", "--pod-selector=app=duckgres-admin,component=api",
+             "--timeout=60s"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        while drain.poll() is None:
+            seen.append(len(_ready_api_pods(deployed)))
+        output = drain.communicate(timeout=30)[0]
+    finally:
+        kubectl("uncordon", node)
+        kubectl("delete", "-f", "-", "--ignore-not-found", input=budgets)
+    assert drain.returncode != 0, output  # it stopped at the budget, never took the second
+    assert "disruption budget" in output, output
+    assert seen, "the drain ran"
+    assert min(seen) >= 1, seen  # a replica was ready at every sample
+    evicted = before - _ready_api_pods(deployed)
+    assert len(evicted) == 1, (before, output)
+    wait_until(lambda: len(_ready_api_pods(deployed)) == 2, "both API replicas back", 300)
+    wait_until(lambda: deployed.api.answers("warehouses"), "the API after the drain", 120)

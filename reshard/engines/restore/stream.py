@@ -8,7 +8,7 @@ Invariants:
   disk and at most one chunk is held, whatever the object's size. ``pg_restore`` reads a
   custom-format archive from a pipe sequentially.
 - **The password only in the child's environment.** ``pg_restore`` gets ``PATH``, the locale
-  and ``PGPASSWORD`` (``reshard.engines.backup.pg_dump_env``); every connection parameter is one
+  and ``PGPASSWORD`` (``reshard.engines.clients.pg_dump_env``); every connection parameter is one
   quoted conninfo value (``--dbname``), the host pinned to the address that was checked.
 - **A deadline and a stop, whatever the child does.** A watchdog thread kills ``pg_restore``
   at the deadline or when ``should_stop`` turns true, independent of the feeding loop (a write

@@ -39,7 +39,7 @@ read-only source. Invariants:
 
 With the overlap off, :func:`run_backup_step` runs the backup alone inside the step, as before.
 
-The op log gets the restore line of :func:`reshard.engines.backup.restore_line`: it creates
+The op log gets the restore line of :func:`reshard.engines.restore.command.restore_line`: it creates
 ``<source database>_restored_op<id>`` on the source server as the operator's ``PGUSER`` and
 restores into it, so it works after the move too (the source database is gone, its tenant role
 ``NOLOGIN``; safeguard reshard-71).
