@@ -252,7 +252,7 @@ def test_exporter_port_zero_is_disabled(settings: Any) -> None:
 EXPORTER_CHILD = """
 import sys, urllib.request, django
 django.setup()
-from reshard import metrics
+from reshard.control import metrics
 port = int(sys.argv[1])
 first, second = metrics.start_exporter(port), metrics.start_exporter(port)
 print(first, second)
