@@ -147,8 +147,8 @@ def copy_catalog(
     try:
         src = open_connection(source, hooks, opened, "source")
         tgt = open_connection(target, hooks, opened, "target")
-        _fence_target(tgt)
-        tables, catalog = _fence_source(src, hooks)
+        fence_target(tgt)
+        tables, catalog = fence_source(src, hooks)
         columns = catalog.columns
         progress = Progress(hooks, len(tables), progress_interval)
         progress.maybe_emit(force_first=True)
@@ -173,7 +173,7 @@ def copy_catalog(
         raise
 
 
-def _fence_target(tgt: Connection) -> None:
+def fence_target(tgt: Connection) -> None:
     try:
         row = tgt.execute("SELECT pg_try_advisory_lock(%s)", (TARGET_LOCK_KEY,)).fetchone()
     except psycopg.Error as exc:
@@ -182,7 +182,7 @@ def _fence_target(tgt: Connection) -> None:
         raise CopyError("target catalog is locked by another copier — refusing to interleave")
 
 
-def _fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]:
+def fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]:
     try:
         src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         tables = introspection.discover_tables(src)

@@ -1,0 +1,276 @@
+"""Trigger-based change capture on a source catalog, for the online copy (docs/copy.md "Online
+copy: the engine").
+
+Why triggers: they need nothing the provisioner does not already have for the offline move
+(membership in the tenant role, so these objects are created as, and owned by, the tenant),
+no server setting (logical decoding needs ``wal_level = logical`` and a restart), and no
+change to the tenant's tables' replica identity (most ``ducklake_*`` tables have no primary
+key, so logical replication would need ``REPLICA IDENTITY FULL`` on them).
+
+**What it creates** in the tenant's catalog database, all in one schema, :data:`SCHEMA`:
+
+- the table ``changes`` (``seq``, the writing transaction's ``xid``, the table, ``I``/``U``/``D``/
+  ``T``, the old and the new row as ``jsonb``);
+- the function ``record()`` (``SECURITY INVOKER``, pinned ``search_path``), which appends one
+  row per changed row, and ``record_truncate()`` for ``TRUNCATE``;
+- on each captured ``public.ducklake_*`` table, the triggers ``duckgres_capture`` (after each
+  row) and ``duckgres_capture_truncate`` (after the statement).
+
+**Invariants.**
+
+1. *Nothing outlives the operation:* :func:`remove` is one idempotent ``DROP SCHEMA … CASCADE``
+   (the triggers depend on the functions, so they go with them); the tenant's tables are left
+   exactly as they were. Every terminal path calls it.
+2. *A change is applied exactly when the pre-copy did not see it:* the pre-copy records its
+   snapshot (:func:`snapshot_marker`, ``pg_current_snapshot()`` inside its ``REPEATABLE READ``
+   transaction); :func:`pending` returns the changes of transactions **not visible** in it
+   (``pg_visible_in_snapshot``), in ``seq`` order. Conflicting row changes are serialised by
+   row locks, so ``seq`` order is their commit order; others commute.
+3. *Only tables that carry the trigger are captured:* a table created after :func:`install`
+   has none, so the pre-copy copies only :func:`installed_tables` and the catch-up copies any
+   other table whole, under the write fence.
+4. *Nothing read back is executed as SQL text:* a change names its table by a value checked
+   against the copied set and carries rows as ``jsonb`` values, applied on the target with
+   ``jsonb_populate_record`` against the target's own table type. A change the target cannot
+   match (a row to update or delete that is not there) fails the catch-up: the copy has
+   diverged and the operation rolls back.
+
+Every statement that takes a table lock here (``CREATE TRIGGER``, ``DROP SCHEMA … CASCADE``)
+runs under ``lock_timeout``: it waits behind a tenant's write for at most
+:data:`LOCK_TIMEOUT_MS` and is retried by its caller, never queued in front of the tenant.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+SCHEMA = "duckgres_capture"
+TRIGGER = "duckgres_capture"
+TRUNCATE_TRIGGER = "duckgres_capture_truncate"
+LOCK_TIMEOUT_MS = 2000
+FETCH_ROWS = 1000
+
+Connection = psycopg.Connection[Any]
+
+_SCHEMA = sql.Identifier(SCHEMA)
+
+_CREATE = (
+    sql.SQL("CREATE SCHEMA {}").format(_SCHEMA),
+    sql.SQL(
+        "CREATE TABLE {}.changes (seq bigserial PRIMARY KEY, "
+        "xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(), tbl text NOT NULL, "
+        'op "char" NOT NULL, old_row jsonb, new_row jsonb)'
+    ).format(_SCHEMA),
+    sql.SQL(
+        "CREATE FUNCTION {}.record() RETURNS trigger LANGUAGE plpgsql SECURITY INVOKER "
+        "SET search_path = pg_catalog AS $body$ BEGIN "
+        "INSERT INTO {}.changes (tbl, op, old_row, new_row) VALUES (TG_TABLE_NAME, "
+        "left(TG_OP, 1), CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END, "
+        "CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END); RETURN NULL; END $body$"
+    ).format(_SCHEMA, _SCHEMA),
+    sql.SQL(
+        "CREATE FUNCTION {}.record_truncate() RETURNS trigger LANGUAGE plpgsql "
+        "SECURITY INVOKER SET search_path = pg_catalog AS $body$ BEGIN "
+        "INSERT INTO {}.changes (tbl, op) VALUES (TG_TABLE_NAME, 'T'); RETURN NULL; END $body$"
+    ).format(_SCHEMA, _SCHEMA),
+)
+
+
+class CaptureError(Exception):
+    """Capture could not be installed, read or applied; the message is operator-facing."""
+
+
+@dataclass(frozen=True)
+class Change:
+    seq: int
+    table: str
+    op: str  # I, U, D or T
+    old: dict[str, Any] | None
+    new: dict[str, Any] | None
+
+
+@dataclass
+class Applied:
+    """What a catch-up applied, per kind of change."""
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    truncated: int = 0
+    skipped: int = 0  # changes of tables the catch-up drops or copies whole
+
+    @property
+    def total(self) -> int:
+        return self.inserted + self.updated + self.deleted + self.truncated
+
+
+def _table(name: str) -> sql.Composed:
+    return sql.SQL("public.{}").format(sql.Identifier(name))
+
+
+def _lock_timeout(conn: Connection) -> None:
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_MS}ms")))
+
+
+def installed(conn: Connection) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (SCHEMA,)
+    ).fetchone()
+    return row is not None
+
+
+def install(conn: Connection, tables: Sequence[str]) -> None:
+    """Create the capture schema and put the triggers on ``tables`` (``public``), in one
+    transaction on ``conn`` (autocommit connection, ``SET ROLE`` to the tenant done). Refuses
+    when the schema exists already: a leftover is removed first (:func:`remove`), never
+    reused, because its changes belong to another pre-copy."""
+    if installed(conn):
+        raise CaptureError(f"schema {SCHEMA} exists already on the source: remove it first")
+    try:
+        with conn.transaction():
+            _lock_timeout(conn)
+            for statement in _CREATE:
+                conn.execute(statement)
+            for table in tables:
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} "
+                        "FOR EACH ROW EXECUTE FUNCTION {}.record()"
+                    ).format(sql.Identifier(TRIGGER), _table(table), _SCHEMA)
+                )
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TRIGGER {} AFTER TRUNCATE ON {} "
+                        "FOR EACH STATEMENT EXECUTE FUNCTION {}.record_truncate()"
+                    ).format(sql.Identifier(TRUNCATE_TRIGGER), _table(table), _SCHEMA)
+                )
+    except psycopg.Error as exc:
+        raise CaptureError(f"installing change capture: {_one_line(exc)}") from exc
+
+
+def installed_tables(conn: Connection) -> list[str]:
+    """The ``public`` tables carrying the capture trigger (what a pre-copy may copy)."""
+    rows = conn.execute(
+        "SELECT c.relname::text FROM pg_catalog.pg_trigger t "
+        "JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND t.tgname = %s ORDER BY 1",
+        (TRIGGER,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def remove(conn: Connection) -> bool:
+    """Drop everything :func:`install` created (idempotent); True when something was there.
+    The tenant's tables lose the triggers and are otherwise untouched."""
+    try:
+        with conn.transaction():
+            _lock_timeout(conn)
+            present = installed(conn)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
+    except psycopg.Error as exc:
+        raise CaptureError(f"removing change capture: {_one_line(exc)}") from exc
+    return present
+
+
+def snapshot_marker(conn: Connection) -> str:
+    """Inside the pre-copy's ``REPEATABLE READ`` transaction: its snapshot, as text."""
+    row = conn.execute("SELECT pg_catalog.pg_current_snapshot()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def pending(conn: Connection, marker: str) -> Iterator[Change]:
+    """The changes the pre-copy did not see, in ``seq`` order (read in batches on ``conn``,
+    which must be inside the fenced snapshot's transaction)."""
+    query = sql.SQL(
+        "SELECT seq, tbl, op::text, old_row::text, new_row::text FROM {}.changes "
+        "WHERE NOT pg_catalog.pg_visible_in_snapshot(xid, %s::pg_catalog.pg_snapshot) "
+        "AND seq > %s ORDER BY seq LIMIT %s"
+    ).format(_SCHEMA)
+    after = 0
+    while True:
+        rows = conn.execute(query, (marker, after, FETCH_ROWS)).fetchall()
+        for seq, table, op, old, new in rows:
+            after = int(seq)
+            yield Change(
+                int(seq), str(table), str(op), _row(old, seq, "old"), _row(new, seq, "new")
+            )
+        if len(rows) < FETCH_ROWS:
+            return
+
+
+def _row(text: str | None, seq: int, which: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise CaptureError(f"change {seq}: the {which} row is not an object")
+    return value
+
+
+def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Applied:
+    """Apply ``changes`` to the target on ``conn`` (inside the caller's transaction). Only
+    changes of ``tables`` (copied by the pre-copy and still there) are applied; others are
+    counted as skipped."""
+    done = Applied()
+    for change in changes:
+        if change.table not in tables:
+            done.skipped += 1
+            continue
+        if change.op == "I":
+            _insert(conn, change.table, change.new, change.seq)
+            done.inserted += 1
+        elif change.op == "U":
+            _delete(conn, change.table, change.old, change.seq)
+            _insert(conn, change.table, change.new, change.seq)
+            done.updated += 1
+        elif change.op == "D":
+            _delete(conn, change.table, change.old, change.seq)
+            done.deleted += 1
+        elif change.op == "T":
+            conn.execute(sql.SQL("TRUNCATE {}").format(_table(change.table)))
+            done.truncated += 1
+        else:
+            raise CaptureError(f"change {change.seq}: unknown operation {change.op!r}")
+    return done
+
+
+def _record(table: str) -> sql.Composed:
+    return sql.SQL("pg_catalog.jsonb_populate_record(NULL::{}, %s::jsonb)").format(_table(table))
+
+
+def _insert(conn: Connection, table: str, row: dict[str, Any] | None, seq: int) -> None:
+    if row is None:
+        raise CaptureError(f"change {seq}: an insert into {table} without a row")
+    conn.execute(
+        sql.SQL("INSERT INTO {} SELECT * FROM {}").format(_table(table), _record(table)),
+        (json.dumps(row),),
+    )
+
+
+def _delete(conn: Connection, table: str, row: dict[str, Any] | None, seq: int) -> None:
+    if row is None:
+        raise CaptureError(f"change {seq}: a change of {table} without its old row")
+    cur = conn.execute(
+        sql.SQL(
+            "DELETE FROM {} WHERE ctid = (SELECT t.ctid FROM {} AS t "
+            "WHERE t IS NOT DISTINCT FROM {} LIMIT 1)"
+        ).format(_table(table), _table(table), _record(table)),
+        (json.dumps(row),),
+    )
+    if cur.rowcount != 1:
+        raise CaptureError(
+            f"change {seq} of {table}: the row it changes is not on the target; "
+            "the copy has diverged from the source"
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,205 @@
+"""The online copy's two halves (docs/copy.md "Online copy: the engine"): the **pre-copy**,
+under one snapshot while the tenant keeps writing, and the **catch-up**, under the write fence.
+
+- :func:`precopy_catalog` copies, inside one ``REPEATABLE READ READ ONLY`` transaction that
+  takes no lock beyond what each ``COPY`` holds while it reads, the tables that carry the
+  capture trigger (``reshard.engines.capture``), and records that transaction's snapshot (the
+  *marker*). The tenant's commits go on; each changed row is recorded by the trigger.
+- :func:`catch_up` then takes the same write fence as the offline copy (``SHARE`` locks on every
+  ``ducklake_*`` table inside one ``REPEATABLE READ`` transaction, held by the returned
+  :class:`~reshard.engines.copy.catalog.ReleaseHandle` for the verification), and in ONE target
+  transaction: drops the tables the tenant dropped since, applies every change the marker did
+  not see to the tables that stayed, and copies whole every table that has no trigger (created
+  after the capture was installed). A table whose columns changed since the pre-copy fails the
+  catch-up (its changes could not be applied faithfully); the operation then rolls back and can
+  run offline.
+
+Invariants: the pre-copy never writes to the source and holds no lock after it returns; the
+catch-up writes the target only after the source is fenced, and commits all of it or nothing;
+neither removes the capture (the caller does, on every terminal path:
+``reshard.engines.capture.remove``). Whether the target equals the source is not decided here:
+the caller verifies through the handle's snapshot (``reshard.engines.verify``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from reshard.engines import capture
+from reshard.engines.copy import pump
+from reshard.engines.copy.base import (
+    PROGRESS_INTERVAL_SECONDS,
+    Connection,
+    ConnectionFactory,
+    CopyError,
+    CopyHooks,
+    Progress,
+    TableCopy,
+    close_quietly,
+    db_error,
+    open_connection,
+)
+from reshard.engines.copy.catalog import (
+    ReleaseHandle,
+    copy_sequential,
+    fence_source,
+    fence_target,
+)
+from reshard.engines.copy.parallel import copy_parallel
+from reshard.engines.copy.replay import drop_table, durable_commit, recreate_table, replay
+from reshard.engines.copy.shape import Catalog, Column, read_catalog
+
+
+@dataclass(frozen=True)
+class Precopied:
+    """What the pre-copy copied, and the snapshot it saw."""
+
+    marker: str
+    tables: tuple[TableCopy, ...]
+    columns: dict[str, list[Column]] = field(repr=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tables)
+
+
+@dataclass
+class CaughtUp:
+    """What the catch-up did; ``release`` holds the fenced source snapshot."""
+
+    applied: capture.Applied
+    created: tuple[TableCopy, ...]
+    dropped: tuple[str, ...]
+    release: ReleaseHandle
+
+
+def precopy_catalog(
+    source: ConnectionFactory,
+    target: ConnectionFactory,
+    hooks: CopyHooks,
+    *,
+    parallelism: int = 1,
+    progress_interval: float = PROGRESS_INTERVAL_SECONDS,
+) -> Precopied:
+    """Copy the captured tables under one snapshot, the tenant writing on; see the module."""
+    if parallelism < 1:
+        raise CopyError(f"copy parallelism must be at least 1 (got {parallelism})")
+    opened: list[Connection] = []
+    try:
+        src = open_connection(source, hooks, opened, "source")
+        tgt = open_connection(target, hooks, opened, "target")
+        fence_target(tgt)
+        marker, tables, catalog = _snapshot(src, hooks)
+        progress = Progress(hooks, len(tables), progress_interval)
+        progress.maybe_emit(force_first=True)
+        if parallelism == 1 or len(tables) == 1:
+            copied = copy_sequential(src, tgt, tables, catalog.columns, hooks, progress)
+        else:
+            n = min(parallelism, len(tables))
+            copied = copy_parallel(
+                src, tgt, source, target, tables, catalog.columns, hooks, progress, n
+            )
+        progress.maybe_emit()
+        replay(tgt, tables, catalog.constraints, catalog.indexes, hooks)
+        durable_commit(tgt)
+        hooks.log("info", f"pre-copy complete: {len(copied)} tables under snapshot {marker}")
+        return Precopied(marker, tuple(copied), catalog.columns)
+    except (capture.CaptureError, psycopg.Error) as exc:
+        raise _failed("pre-copy", exc) from exc
+    finally:
+        for conn in opened:
+            close_quietly(conn, hooks, rollback=True)
+
+
+def _snapshot(src: Connection, hooks: CopyHooks) -> tuple[str, list[str], Catalog]:
+    try:
+        src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        marker = capture.snapshot_marker(src)
+        tables = capture.installed_tables(src)
+        if not tables:
+            raise CopyError(
+                "no source table carries the change capture — install it before the pre-copy"
+            )
+        catalog = read_catalog(src, tables)
+    except psycopg.Error as exc:
+        raise db_error("opening the pre-copy snapshot", exc) from exc
+    hooks.log("info", f"pre-copy snapshot {marker}: {len(tables)} captured tables")
+    return marker, tables, catalog
+
+
+def catch_up(
+    source: ConnectionFactory,
+    target: ConnectionFactory,
+    hooks: CopyHooks,
+    precopied: Precopied,
+) -> CaughtUp:
+    """Fence the source and bring the target to it; see the module."""
+    opened: list[Connection] = []
+    src: Connection | None = None
+    try:
+        src = open_connection(source, hooks, opened, "source")
+        tgt = open_connection(target, hooks, opened, "target")
+        fence_target(tgt)
+        now, catalog = fence_source(src, hooks)
+        kept = [t for t in precopied.names if t in now]
+        dropped = tuple(t for t in precopied.names if t not in now)
+        created_names = [t for t in now if t not in precopied.names]
+        _same_shapes(catalog, kept, precopied)
+        new = _subset(catalog, created_names)
+        with tgt.transaction():
+            for table in dropped:
+                drop_table(tgt, table, hooks)
+            applied = capture.apply(tgt, capture.pending(src, precopied.marker), set(kept))
+            created = _copy_whole(src, tgt, created_names, new, hooks)
+        durable_commit(tgt)
+        close_quietly(tgt, hooks)
+        hooks.log(
+            "info",
+            f"catch-up applied {applied.total} changes ({applied.inserted} inserted, "
+            f"{applied.updated} updated, {applied.deleted} deleted); copied "
+            f"{len(created)} new tables whole, dropped {len(dropped)}",
+        )
+        return CaughtUp(applied, tuple(created), dropped, ReleaseHandle(src, hooks))
+    except BaseException as exc:
+        for conn in opened:
+            close_quietly(conn, hooks, rollback=True)
+        if isinstance(exc, (capture.CaptureError, psycopg.Error)):
+            raise _failed("catch-up", exc) from exc
+        raise
+
+
+def _subset(catalog: Catalog, tables: Sequence[str]) -> Catalog:
+    return Catalog(
+        {t: catalog.columns[t] for t in tables},
+        {t: catalog.constraints[t] for t in tables},
+        {t: catalog.indexes[t] for t in tables},
+    )
+
+
+def _same_shapes(catalog: Catalog, tables: Sequence[str], precopied: Precopied) -> None:
+    changed = [t for t in tables if catalog.columns[t] != precopied.columns[t]]
+    if changed:
+        raise CopyError(
+            f"the columns of {', '.join(changed)} changed since the pre-copy: their changes "
+            "cannot be applied faithfully; run the operation offline"
+        )
+
+
+def _copy_whole(
+    src: Connection, tgt: Connection, tables: Sequence[str], catalog: Catalog, hooks: CopyHooks
+) -> list[TableCopy]:
+    copied = []
+    for table in tables:
+        recreate_table(tgt, table, catalog.columns[table], hooks)
+        copied.append(pump.stream_table(src, tgt, table))
+    replay(tgt, tables, catalog.constraints, catalog.indexes, hooks)
+    return copied
+
+
+def _failed(what: str, exc: capture.CaptureError | psycopg.Error) -> CopyError:
+    if isinstance(exc, capture.CaptureError):
+        return CopyError(f"{what}: {exc}")
+    return db_error(f"{what} failed", exc)

@@ -1,0 +1,215 @@
+"""The online copy engine against a real DuckLake (``reshard/engines/capture.py``,
+``reshard/engines/copy/online.py``): DuckDB keeps committing while the pre-copy runs, then
+updates, deletes and creates more, a catalog table is dropped; the catch-up brings the target to
+the source, every table equal, DuckDB reads the same history there, and removing the capture
+leaves the tenant's tables without a trace of it.
+
+(The runner does not use the online mode yet: these tests pin the engine it will be built on.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reshard.engines import capture
+from reshard.engines.copy import online, pump
+from reshard.engines.copy.base import CopyError
+from reshard.engines.copy.introspection import discover_tables
+from reshard.engines.verify import verify_ducklake
+from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.hooks import RecordingHooks
+from tests.fixtures.runner import catalog_checksums
+from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
+
+
+class Pair:
+    """A tenant's DuckLake on the source cluster, its empty namesake on the target."""
+
+    def __init__(self, clusters: StoreClusters, source: TenantCatalog, data: Path) -> None:
+        self.clusters, self.catalog, self.data = clusters, source, data
+
+    def source(self) -> psycopg.Connection[Any]:
+        return self.clusters.source.connect(
+            self.catalog.role, self.catalog.password, self.catalog.database
+        )
+
+    def target(self) -> psycopg.Connection[Any]:
+        return self.clusters.target.connect(
+            self.catalog.role, self.catalog.password, self.catalog.database
+        )
+
+
+@pytest.fixture
+def pair(
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    tmp_path: Path,
+) -> Iterator[Pair]:
+    catalog = tenant_catalog(store_clusters.source, with_tables=False)
+    tenant_catalog(
+        store_clusters.target, name=catalog.role, password=catalog.password, with_tables=False
+    )
+    p = Pair(store_clusters, catalog, tmp_path / "lake-data")
+    with attach(extensions, store_clusters.source, catalog, p.data) as lake:
+        tenant_work(lake)
+    with p.source() as conn:
+        conn.execute("CREATE TABLE public.ducklake_scratchpad (k integer, v text)")
+        conn.execute("INSERT INTO public.ducklake_scratchpad VALUES (1, 'kept until dropped')")
+        conn.execute("CREATE TABLE public.ducklake_notes (k integer, v text)")
+        conn.execute("INSERT INTO public.ducklake_notes VALUES (1, 'one'), (2, 'two'), (2, 'two')")
+        capture.install(conn, discover_tables(conn))
+    yield p
+    with p.source() as conn:
+        capture.remove(conn)
+
+
+class Writer:
+    """A tenant writing through DuckDB, one commit at a time, until stopped."""
+
+    def __init__(self, extensions: Path, pair: Pair) -> None:
+        self.commits: list[float] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(extensions, pair), daemon=True)
+
+    def _run(self, extensions: Path, pair: Pair) -> None:
+        try:
+            with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
+                n = 100_000
+                while not self._stop.is_set():
+                    lake.sql("INSERT INTO lake.events VALUES (?, 'online', ?)", n, n * 0.25)
+                    self.commits.append(time.monotonic())
+                    n += 1
+                    time.sleep(0.02)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def _slowed(real: Callable[..., Any]) -> Callable[..., Any]:
+    def stream(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)  # a pre-copy long enough for the tenant to commit during it
+        return real(*args, **kwargs)
+
+    return stream
+
+
+def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
+    pair: Pair, extensions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hooks = RecordingHooks()
+    monkeypatch.setattr(pump, "stream_table", _slowed(pump.stream_table))
+    with Writer(extensions, pair) as writer:
+        time.sleep(0.3)
+        started = time.monotonic()
+        pre = online.precopy_catalog(pair.source, pair.target, hooks)
+        ended = time.monotonic()
+        time.sleep(0.3)
+    assert not writer.errors, writer.errors
+    during = [t for t in writer.commits if started <= t <= ended]
+    assert len(during) >= 5, "the tenant committed while the pre-copy ran"
+    assert "ducklake_scratchpad" in pre.names
+
+    with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
+        lake.sql("UPDATE lake.events SET amount = -1 WHERE id <= 20")
+        lake.sql("DELETE FROM lake.events WHERE id BETWEEN 30 AND 40")
+        lake.sql("CREATE TABLE lake.late (x INTEGER)")  # a new catalog table for its inlined rows
+        lake.sql("INSERT INTO lake.late VALUES (1), (2), (3)")
+    with pair.source() as conn:
+        conn.execute("DROP TABLE public.ducklake_scratchpad")
+        conn.execute("DELETE FROM public.ducklake_notes WHERE k = 1")
+        # one of two equal rows: the target deletes one of its two, either
+        conn.execute(
+            "DELETE FROM public.ducklake_notes WHERE ctid = "
+            "(SELECT min(ctid) FROM public.ducklake_notes WHERE k = 2)"
+        )
+
+    done = online.catch_up(pair.source, pair.target, hooks, pre)
+    try:
+        assert done.dropped == ("ducklake_scratchpad",)
+        assert done.created, "the inlined-data table DuckDB created since was copied whole"
+        assert done.applied.inserted >= len(writer.commits)
+        assert done.applied.updated > 0
+        assert done.applied.deleted == 2
+        with pair.target() as tgt:
+            verify_ducklake(done.release.connection, tgt)
+    finally:
+        done.release.release()
+    source, target = pair.clusters.source, pair.clusters.target
+    database = pair.catalog.database
+    assert catalog_checksums(target, database) == catalog_checksums(source, database)
+
+    with attach(extensions, source, pair.catalog, pair.data) as lake:
+        before = history(lake, 1)
+    with attach(extensions, target, pair.catalog, pair.data) as lake:
+        assert history(lake, 1) == before
+        lake.sql("INSERT INTO lake.late VALUES (4)")
+        assert lake.rows("late") == [(1,), (2,), (3,), (4,)]
+
+
+def test_removing_the_capture_leaves_the_tenants_tables_as_they_were(pair: Pair) -> None:
+    with pair.source() as conn:
+        assert capture.installed(conn)
+        assert capture.installed_tables(conn) == discover_tables(conn)
+        assert capture.remove(conn) is True
+        assert capture.remove(conn) is False  # idempotent: every terminal path may call it
+        triggers = conn.execute(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "WHERE NOT t.tgisinternal"
+        ).fetchone()
+        functions = conn.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')"
+        ).fetchone()
+    assert triggers == (0,)
+    assert functions == (0,)
+
+
+def test_a_leftover_capture_is_never_reused(pair: Pair) -> None:
+    with pair.source() as conn, pytest.raises(capture.CaptureError, match="exists already"):
+        capture.install(conn, discover_tables(conn))
+
+
+def test_a_change_the_target_cannot_match_fails_the_catch_up(pair: Pair) -> None:
+    """A target that lost a row the source later deletes has diverged: the catch-up fails and
+    commits nothing."""
+    hooks = RecordingHooks()
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    with pair.target() as tgt:
+        tgt.execute("DELETE FROM public.ducklake_scratchpad")
+    with pair.source() as conn:
+        conn.execute("DELETE FROM public.ducklake_scratchpad")
+        conn.execute("INSERT INTO public.ducklake_scratchpad VALUES (2, 'added')")
+    with pytest.raises(CopyError, match="diverged"):
+        online.catch_up(pair.source, pair.target, hooks, pre)
+    with pair.target() as tgt:
+        assert tgt.execute("SELECT count(*) FROM public.ducklake_scratchpad").fetchone() == (0,)
+
+
+def test_a_table_whose_columns_changed_since_the_pre_copy_is_refused(pair: Pair) -> None:
+    hooks = RecordingHooks()
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    with pair.source() as conn:
+        conn.execute("ALTER TABLE public.ducklake_scratchpad ADD COLUMN extra integer")
+    with pytest.raises(CopyError, match="changed since the pre-copy"):
+        online.catch_up(pair.source, pair.target, hooks, pre)
