@@ -213,3 +213,28 @@ def test_a_table_whose_columns_changed_since_the_pre_copy_is_refused(pair: Pair)
         conn.execute("ALTER TABLE public.ducklake_scratchpad ADD COLUMN extra integer")
     with pytest.raises(CopyError, match="changed since the pre-copy"):
         online.catch_up(pair.source, pair.target, hooks, pre)
+
+
+def test_rounds_before_the_block_leave_the_fenced_catch_up_only_the_last_changes(
+    pair: Pair, extensions: Path
+) -> None:
+    """``advance`` applies what the tenant committed since the last marker while it writes on;
+    the fenced catch-up then applies only what came after the last round, and the target still
+    ends equal to the source."""
+    hooks = RecordingHooks()
+    with Writer(extensions, pair) as writer:
+        pre = online.precopy_catalog(pair.source, pair.target, hooks)
+        time.sleep(0.6)
+        first = online.advance(pair.source, pair.target, hooks, pre)
+        time.sleep(0.6)
+        second = online.advance(pair.source, pair.target, hooks, first)
+    assert not writer.errors, writer.errors
+    assert first.last_round > 0
+    assert second.last_round > 0
+    assert second.marker != first.marker != pre.marker
+    done = online.catch_up(pair.source, pair.target, hooks, second)
+    done.release.release()
+    assert done.applied.total < first.last_round + second.last_round
+    database = pair.catalog.database
+    source, target = pair.clusters.source, pair.clusters.target
+    assert catalog_checksums(target, database) == catalog_checksums(source, database)

@@ -5,6 +5,8 @@ under one snapshot while the tenant keeps writing, and the **catch-up**, under t
   takes no lock beyond what each ``COPY`` holds while it reads, the tables that carry the
   capture trigger (``reshard.engines.capture``), and records that transaction's snapshot (the
   *marker*). The tenant's commits go on; each changed row is recorded by the trigger.
+- :func:`advance` (any number of rounds, the tenant still writing) applies what changed since
+  the last marker and moves the marker on, so what is left for the fenced catch-up stays small.
 - :func:`catch_up` then takes the same write fence as the offline copy (``SHARE`` locks on every
   ``ducklake_*`` table inside one ``REPEATABLE READ`` transaction, held by the returned
   :class:`~reshard.engines.copy.catalog.ReleaseHandle` for the verification), and in ONE target
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from reshard.engines import capture
-from reshard.engines.copy import pump
+from reshard.engines.copy import introspection, pump
 from reshard.engines.copy.base import (
     PROGRESS_INTERVAL_SECONDS,
     Connection,
@@ -60,6 +62,7 @@ class Precopied:
     marker: str
     tables: tuple[TableCopy, ...]
     columns: dict[str, list[Column]] = field(repr=False)
+    last_round: int = 0  # changes the last catch-up round applied (0 after the pre-copy)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -128,6 +131,40 @@ def _snapshot(src: Connection, hooks: CopyHooks) -> tuple[str, list[str], Catalo
         raise db_error("opening the pre-copy snapshot", exc) from exc
     hooks.log("info", f"pre-copy snapshot {marker}: {len(tables)} captured tables")
     return marker, tables, catalog
+
+
+def advance(
+    source: ConnectionFactory,
+    target: ConnectionFactory,
+    hooks: CopyHooks,
+    precopied: Precopied,
+) -> Precopied:
+    """One catch-up round **before** the block, the tenant writing on: in a new ``REPEATABLE
+    READ READ ONLY`` snapshot of the source, apply to the target (one transaction) the changes
+    that snapshot sees and the previous marker did not, to the tables both still have; return
+    the same copy under the new marker. Repeated until few changes are left, it keeps what the
+    fenced catch-up must apply, and so the window, small however long the pre-copy took.
+    Tables created or dropped meanwhile are left to the fenced catch-up (a new table carries
+    no trigger, so only a copy under the fence is exact)."""
+    opened: list[Connection] = []
+    try:
+        src = open_connection(source, hooks, opened, "source")
+        tgt = open_connection(target, hooks, opened, "target")
+        fence_target(tgt)
+        src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        marker = capture.snapshot_marker(src)
+        present = set(introspection.discover_tables(src))
+        kept = {t for t in precopied.names if t in present}
+        with tgt.transaction():
+            applied = capture.apply(tgt, capture.pending(src, precopied.marker), kept)
+        durable_commit(tgt)
+        hooks.log("info", f"catch-up round: {applied.total} changes applied, now at {marker}")
+        return Precopied(marker, precopied.tables, precopied.columns, applied.total)
+    except (capture.CaptureError, psycopg.Error) as exc:
+        raise _failed("catch-up round", exc) from exc
+    finally:
+        for conn in opened:
+            close_quietly(conn, hooks, rollback=True)
 
 
 def catch_up(
