@@ -33,7 +33,9 @@ key, so logical replication would need ``REPLICA IDENTITY FULL`` on them).
    against the copied set and carries rows as ``jsonb`` values, applied on the target with
    ``jsonb_populate_record`` against the target's own table type. A change the target cannot
    match (a row to update or delete that is not there) fails the catch-up: the copy has
-   diverged and the operation rolls back.
+   diverged and the operation rolls back. The change table is the tenant's: before it is read
+   it must still be the plain table of built-in types :func:`install` created (a view or a
+   type with the tenant's own functions would run the tenant's code in the reading session).
 
 Every statement that takes a table lock here (``CREATE TRIGGER``, ``DROP SCHEMA … CASCADE``)
 runs under ``lock_timeout``: it waits behind a tenant's write for at most
@@ -186,9 +188,45 @@ def snapshot_marker(conn: Connection) -> str:
     return str(row[0])
 
 
+# What install() created, column by column: the change table is the tenant's, so before it is
+# read it must still be that plain table of built-in types (a view, or a column of a type with
+# the tenant's own cast or output function, would run the tenant's code in this session).
+_CHANGES_SHAPE = [
+    ("seq", "int8"),
+    ("xid", "xid8"),
+    ("tbl", "text"),
+    ("op", "char"),
+    ("old_row", "jsonb"),
+    ("new_row", "jsonb"),
+]
+_SHAPE_SQL = (
+    "SELECT c.relkind::text, a.attname::text, t.typname::text, tn.nspname::text "
+    "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+    "AND NOT a.attisdropped JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+    "JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace "
+    "WHERE n.nspname = %s AND c.relname = 'changes' ORDER BY a.attnum"
+)
+
+
+def _check_changes_table(conn: Connection) -> None:
+    rows = conn.execute(_SHAPE_SQL, (SCHEMA,)).fetchall()
+    kinds = {str(r[0]) for r in rows}
+    shape = [(str(r[1]), str(r[2])) for r in rows]
+    builtin = all(str(r[3]) == "pg_catalog" for r in rows)
+    if kinds != {"r"} or shape != _CHANGES_SHAPE or not builtin:
+        raise CaptureError(
+            f"{SCHEMA}.changes is no longer the table the capture created (a view, or other "
+            "columns or types): refusing to read it; the operation rolls back and can run "
+            "offline"
+        )
+
+
 def pending(conn: Connection, marker: str) -> Iterator[Change]:
     """The changes the pre-copy did not see, in ``seq`` order (read in batches on ``conn``,
-    which must be inside the fenced snapshot's transaction)."""
+    which must be inside the fenced snapshot's transaction). The change table's shape is
+    checked first (invariant 4)."""
+    _check_changes_table(conn)
     query = sql.SQL(
         "SELECT seq, tbl, op::text, old_row::text, new_row::text FROM {}.changes "
         "WHERE NOT pg_catalog.pg_visible_in_snapshot(xid, %s::pg_catalog.pg_snapshot) "

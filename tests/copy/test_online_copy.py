@@ -238,3 +238,23 @@ def test_rounds_before_the_block_leave_the_fenced_catch_up_only_the_last_changes
     database = pair.catalog.database
     source, target = pair.clusters.source, pair.clusters.target
     assert catalog_checksums(target, database) == catalog_checksums(source, database)
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        # a view in its place: reading it would run whatever the view calls, in our session
+        "ALTER TABLE duckgres_capture.changes RENAME TO changes_real; "
+        "CREATE VIEW duckgres_capture.changes AS SELECT * FROM duckgres_capture.changes_real",
+        # a column of another type (its cast or output function could be the tenant's)
+        "ALTER TABLE duckgres_capture.changes ALTER COLUMN tbl TYPE varchar",
+    ],
+)
+def test_a_change_table_the_tenant_altered_is_never_read(pair: Pair, tamper: str) -> None:
+    hooks = RecordingHooks()
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    with pair.source() as conn:
+        for statement in tamper.split("; "):
+            conn.execute(statement)
+    with pytest.raises(CopyError, match="no longer the table the capture created"):
+        online.catch_up(pair.source, pair.target, hooks, pre)
