@@ -504,13 +504,28 @@ def _ready_api_pods(deployed: Deployed) -> set[str]:
     return ready
 
 
+def _shipped_budgets() -> str:
+    """``components/ha``'s budgets in the policy API this cluster serves: ``policy/v1`` from
+    Kubernetes 1.21 (what the component ships); the one-node cluster is 1.20, whose
+    ``policy/v1beta1`` has the same two fields the budgets use (``maxUnavailable``,
+    ``selector``), so only the version line changes."""
+    text = (ROOT / "k8s" / "components" / "ha" / "pdb.yaml").read_text()
+    served = kubectl("api-versions").split()
+    if "policy/v1" in served:
+        return text
+    assert "policy/v1beta1" in served, served
+    assert text.count("apiVersion: policy/v1\n") == 3, "three budgets, one version line each"
+    return text.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")
+
+
 def test_a_drain_under_the_ha_budgets_never_takes_both_api_replicas(deployed: Deployed) -> None:
-    """docs/kubernetes.md "High availability": with ``components/ha``'s budgets applied as
-    shipped, a drain evicts one API replica and is refused the other while the first is not back.
-    On the one-node cluster the evicted replica's successor cannot be scheduled on the cordoned
-    node, so the drain (limited to the API's pods) must stop at the budget: a replica serves
-    throughout, the refusal names the budget, and after the uncordon both replicas return."""
-    budgets = (ROOT / "k8s" / "components" / "ha" / "pdb.yaml").read_text()
+    """docs/kubernetes.md "High availability": with ``components/ha``'s budgets applied (in the
+    policy API version the cluster serves), a drain evicts one API replica and is refused the
+    other while the first is not back. On the one-node cluster the evicted replica's successor
+    cannot be scheduled on the cordoned node, so the drain (limited to the API's pods) must stop
+    at the budget: a replica serves throughout, the refusal names the budget, and after the
+    uncordon both replicas return."""
+    budgets = _shipped_budgets()
     node = kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
     before = wait_until(lambda: len(_ready_api_pods(deployed)) == 2 and _ready_api_pods(deployed),
                         "both API replicas ready", 300)  # fmt: skip
