@@ -1,8 +1,9 @@
 """The import contracts of `pyproject.toml` hold, and they bite (docs/architecture.md "Layers,
 enforced", "`reshard/` by role").
 
-Both domains are layered with every top-level module listed (``exhaustive = true``): a module
-that no layer names fails ``lint-imports``, and so does an import that runs back up a layer.
+Both domains and ``duckgres_admin`` are layered with every top-level module listed
+(``exhaustive = true``): a module that no layer names fails ``lint-imports``, and so does an
+import that runs back up a layer.
 Each probe runs the real ``lint-imports`` on a copy of the product's packages, changed in one
 place, so the checked-in tree is never touched.
 """
@@ -52,7 +53,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("domain", ["reshard", "trino_pools"])
+@pytest.mark.parametrize("domain", ["reshard", "trino_pools", "duckgres_admin"])
 def test_each_domain_has_an_exhaustive_layers_contract(domain: str) -> None:
     exhaustive = [
         c
@@ -68,7 +69,7 @@ def test_the_contracts_hold_on_a_copy_of_the_tree(tmp_path: Path) -> None:
     assert f"Contracts: {len(_contracts())} kept, 0 broken." in result.stdout
 
 
-@pytest.mark.parametrize("domain", ["reshard", "trino_pools"])
+@pytest.mark.parametrize("domain", ["reshard", "trino_pools", "duckgres_admin"])
 def test_a_module_no_layer_lists_fails_the_lint(tmp_path: Path, domain: str) -> None:
     root = _copy(tmp_path)
     (root / domain / "stray.py").write_text('"""A module no layer names."""\n')
