@@ -149,18 +149,9 @@ def copy_catalog(
         tgt = open_connection(target, hooks, opened, "target")
         fence_target(tgt)
         tables, catalog = fence_source(src, hooks)
-        columns = catalog.columns
-        progress = Progress(hooks, len(tables), progress_interval)
-        progress.maybe_emit(force_first=True)
-        if parallelism == 1 or len(tables) == 1:
-            copied = copy_sequential(src, tgt, tables, columns, hooks, progress)
-            used = 1
-        else:
-            used = min(parallelism, len(tables))
-            copied = copy_parallel(src, tgt, source, target, tables, columns, hooks, progress, used)
-        progress.maybe_emit()
-        replay(tgt, tables, catalog.constraints, catalog.indexes, hooks)
-        durable_commit(tgt)
+        copied, used = copy_tables(
+            (src, source), (tgt, target), tables, catalog, hooks, parallelism, progress_interval
+        )
         close_quietly(tgt, hooks)  # releases the advisory-lock fence
         return CopyResult(tuple(copied), ReleaseHandle(src, hooks), used)
     except BaseException as exc:
@@ -171,6 +162,33 @@ def copy_catalog(
         if isinstance(exc, psycopg.Error):
             raise db_error("copy failed", exc) from exc
         raise
+
+
+def copy_tables(
+    src: tuple[Connection, ConnectionFactory],
+    tgt: tuple[Connection, ConnectionFactory],
+    tables: Sequence[str],
+    catalog: Catalog,
+    hooks: CopyHooks,
+    parallelism: int,
+    progress_interval: float,
+) -> tuple[list[TableCopy], int]:
+    """The copy proper, inside whatever snapshot ``src`` holds (the offline fence or the online
+    pre-copy's): every table streamed, sequentially or by helper pairs, then constraints and
+    indexes replayed and the target's WAL flushed. Returns the tables and the parallelism used."""
+    progress = Progress(hooks, len(tables), progress_interval)
+    progress.maybe_emit(force_first=True)
+    if parallelism == 1 or len(tables) == 1:
+        copied, used = copy_sequential(src[0], tgt[0], tables, catalog.columns, hooks, progress), 1
+    else:
+        used = min(parallelism, len(tables))
+        copied = copy_parallel(
+            src[0], tgt[0], src[1], tgt[1], tables, catalog.columns, hooks, progress, used
+        )
+    progress.maybe_emit()
+    replay(tgt[0], tables, catalog.constraints, catalog.indexes, hooks)
+    durable_commit(tgt[0])
+    return copied, used
 
 
 def fence_target(tgt: Connection) -> None:

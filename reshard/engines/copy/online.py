@@ -38,7 +38,6 @@ from reshard.engines.copy.base import (
     ConnectionFactory,
     CopyError,
     CopyHooks,
-    Progress,
     TableCopy,
     close_quietly,
     db_error,
@@ -46,11 +45,10 @@ from reshard.engines.copy.base import (
 )
 from reshard.engines.copy.catalog import (
     ReleaseHandle,
-    copy_sequential,
+    copy_tables,
     fence_source,
     fence_target,
 )
-from reshard.engines.copy.parallel import copy_parallel
 from reshard.engines.copy.replay import drop_table, durable_commit, recreate_table, replay
 from reshard.engines.copy.shape import Catalog, Column, read_catalog
 
@@ -96,18 +94,9 @@ def precopy_catalog(
         tgt = open_connection(target, hooks, opened, "target")
         fence_target(tgt)
         marker, tables, catalog = _snapshot(src, hooks)
-        progress = Progress(hooks, len(tables), progress_interval)
-        progress.maybe_emit(force_first=True)
-        if parallelism == 1 or len(tables) == 1:
-            copied = copy_sequential(src, tgt, tables, catalog.columns, hooks, progress)
-        else:
-            n = min(parallelism, len(tables))
-            copied = copy_parallel(
-                src, tgt, source, target, tables, catalog.columns, hooks, progress, n
-            )
-        progress.maybe_emit()
-        replay(tgt, tables, catalog.constraints, catalog.indexes, hooks)
-        durable_commit(tgt)
+        copied, _ = copy_tables(
+            (src, source), (tgt, target), tables, catalog, hooks, parallelism, progress_interval
+        )
         hooks.log("info", f"pre-copy complete: {len(copied)} tables under snapshot {marker}")
         return Precopied(marker, tuple(copied), catalog.columns)
     except (capture.CaptureError, psycopg.Error) as exc:
