@@ -231,6 +231,19 @@ DUCKGRES_RESHARD_BACKUP_COMPRESSION = env.choice(
 # fenced source) and is joined before anything irreversible; false runs it alone, first, as
 # before (docs/runner.md "The backup beside the copy").
 DUCKGRES_RESHARD_BACKUP_OVERLAP = env.boolean("DUCKGRES_RESHARD_BACKUP_OVERLAP", True)
+# The copy's mode when a start does not name one (docs/copy.md "Online copy"): "offline" copies
+# inside the block; "online" pre-copies while the tenant runs and catches up inside it (cnpg →
+# cnpg, PostgreSQL 13+ sources; anything else runs offline, saying why). Read by the API at the
+# start and frozen on the operation row: no runner reads it.
+DUCKGRES_RESHARD_COPY_MODE = env.choice(
+    "DUCKGRES_RESHARD_COPY_MODE", "offline", ("offline", "online")
+)
+# The online mode's whole-catalog comparison and pre-flip backup (docs/runner.md "The backup in
+# the online mode"): "after_unblock" (the window does not pay for them; the source is dropped only
+# once both passed) or "before_flip" (inside the window, as the offline move). Frozen per op.
+DUCKGRES_RESHARD_ONLINE_BACKUP = env.choice(
+    "DUCKGRES_RESHARD_ONLINE_BACKUP", "after_unblock", ("after_unblock", "before_flip")
+)
 # The janitor's sweep of open backup uploads left by lost processes (reshard.engines.uploads); 0 =
 # off.
 DUCKGRES_RESHARD_UPLOAD_SWEEP_SECONDS = env.integer(

@@ -35,14 +35,13 @@ from reshard.start import dryrun, operations, restores
 from reshard.warehouses import selectors
 
 START_FIELDS = ("target", "drain_timeout_seconds", "cutover_timeout_seconds", "dry_run")
-
-
+RESHARD_FIELDS = (*START_FIELDS, "copy_mode")  # a restore has no online mode
 RESTORE_FIELDS = ("backup_key", *START_FIELDS)
 
 
-def _parse_start(data: Any) -> StartRequest:
+def _parse_start(data: Any, fields: tuple[str, ...] = RESHARD_FIELDS) -> StartRequest:
     body = v.as_object(data)
-    v.reject_unknown(body, START_FIELDS)
+    v.reject_unknown(body, fields)
     if "target" not in body:
         raise v.body_error("target", "required")
     target = v.as_object(body["target"], "target")
@@ -63,11 +62,15 @@ def _parse_start(data: Any) -> StartRequest:
     drain = v.integer(body, "drain_timeout_seconds", default=1800, maximum=86400)
     cutover = v.integer(body, "cutover_timeout_seconds", default=0, maximum=86400)
     dry_run = v.boolean(body, "dry_run", default=False)
+    copy_mode = v.string(body, "copy_mode", max_length=16)
+    if copy_mode not in ("", "online", "offline"):
+        raise v.body_error("copy_mode", 'must be "online" or "offline" (or left out)')
     return StartRequest(
         target=TargetRequest(**parsed),
         drain_timeout_seconds=drain if drain is not None and drain > 0 else 1800,
         cutover_timeout_seconds=max(cutover or 0, 0),
         dry_run=bool(dry_run),
+        copy_mode=copy_mode,
     )
 
 
@@ -156,7 +159,7 @@ class RestoreStartView(_StartView):
         v.reject_unknown(body, RESTORE_FIELDS)
         key = v.string(body, "backup_key", required=True, max_length=1024) or ""
         body.pop("backup_key", None)
-        start = _parse_start(body)
+        start = _parse_start(body, START_FIELDS)
         if start.dry_run:
             plan = restores.restore_dry_run(org, key, start)
             self.audit_detail = f"restore of {key}: {dryrun.describe(org, plan)}"

@@ -124,6 +124,22 @@ class ReshardOperation(models.Model):
     # (reshard.engines.verify.Verification.fingerprint): the restore test compares a restore against
     # it.
     catalog_fingerprint = models.JSONField(null=True, blank=True)
+    # The copy's mode (docs/copy.md "Online copy"), decided at the start and never changed:
+    # "offline" (the copy inside the block) or "online" (pre-copy while the tenant runs, catch-up
+    # in the block), and why (the operator's words: asked for, or why online was not possible).
+    copy_mode = models.TextField(default="offline", db_default="offline")
+    copy_mode_reason = models.TextField(default="", blank=True, db_default="")
+    # Online only: the full verification and the pre-flip backup run after the unblock (True),
+    # or inside the window before the flip (docs/runner.md "The backup in the online mode").
+    backup_after_unblock = models.BooleanField(default=False, db_default=False)
+    # The change capture on the source (reshard.engines.capture): recorded before it is installed
+    # (a crash in between still removes it) and when it is gone.
+    capture_installed_at = models.DateTimeField(null=True, blank=True)
+    capture_removed_at = models.DateTimeField(null=True, blank=True)
+    # Online with the backup after the unblock: the warehouse was unblocked on the target (the
+    # commit point); and why the source was kept instead of dropped, when it was.
+    target_opened_at = models.DateTimeField(null=True, blank=True)
+    source_kept_reason = models.TextField(default="", blank=True, db_default="")
     password_url = models.TextField(default="", blank=True)
     # The password pull's binding (safeguard reshard-79): the pod uid the current runner
     # claimed with (its POD_UID), and for a local runner the SHA-256 hex digest of its one-time
@@ -202,6 +218,10 @@ class ReshardOperation(models.Model):
                 name="reshard_op_respawns_nonnegative",
             ),
             models.CheckConstraint(
+                condition=models.Q(copy_mode__in=["offline", "online"]),
+                name="reshard_op_copy_mode_valid",
+            ),
+            models.CheckConstraint(
                 condition=COMPACTION_PRIOR_SHAPES, name="reshard_op_compaction_prior_shape"
             ),
             models.CheckConstraint(
@@ -241,9 +261,16 @@ class ReshardOperation(models.Model):
         )
 
     @property
-    def kind_key(self) -> tuple[str, bool]:
+    def copy_variant(self) -> str:
+        """ "offline", "online" (backup after the unblock) or "online-backup-first"."""
+        if self.copy_mode != "online":
+            return "offline"
+        return "online" if self.backup_after_unblock else "online-backup-first"
+
+    @property
+    def kind_key(self) -> tuple[str, bool, str]:
         """What picks the operation's kind object (``reshard.runner.kind.kind_of``)."""
-        return (str(self.kind), self.in_place)
+        return (str(self.kind), self.in_place, self.copy_variant)
 
 
 class LogLevel(models.TextChoices):

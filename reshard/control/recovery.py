@@ -207,11 +207,19 @@ def fence_state(op: ReshardOperation, scrubber: Scrubber) -> str:
     )
 
 
+CAPTURE_ACTION = (
+    "remove the online copy's change capture (schema duckgres_capture, its triggers on the "
+    "tenant's tables) from {db} on source store {store}"
+)
+
+
 def plan(op: ReshardOperation) -> tuple[str, list[str]]:
     """(``rollback`` | ``roll_forward``, the actions in order)."""
     progress = reconstruct(op)
     if commit_point_passed(op):
         actions = []
+        if op.capture_installed_at is not None and op.capture_removed_at is None:
+            actions.append(CAPTURE_ACTION.format(db=op.source_database, store=op.from_shard))
         if op.source_kind == "cnpg" and op.source_dropped_at is None:
             actions.append(
                 f"redo DROP DATABASE IF EXISTS {op.source_database} on source store "
@@ -231,6 +239,12 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
         actions.append("record recovery_outcome rolled_forward (binding stays on the target)")
         return "roll_forward", actions
     actions = []
+    written = sequences.at_or_past(
+        op.step or "",
+        sequences.first_target_write(op.copy_variant),
+        op.target_kind,
+        op.copy_variant,
+    )
     if progress.flipped:
         actions.append("flip the binding back to the source (only to a usable source binding)")
     if op.in_place:
@@ -243,14 +257,12 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             "if either is left, the warehouse stays resharding); the tenant role gets LOGIN "
             "only once the binding names the source"
         )
-    elif sequences.at_or_past(op.step or "", "copying", op.target_kind) and (
-        op.target_claimed_at is None
-    ):
+    elif written and op.target_claimed_at is None:
         actions.append(
             f"nothing is dropped on the target {target_where(op)}: this operation did not "
             "create it or adopt it empty (it may hold a stranger's tables)"
         )
-    elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
+    elif written:
         actions.append(
             f"drop every ducklake_* table the target {target_where(op)} holds when this runs "
             "(the operation created it or adopted it empty, so they are its own) "
@@ -267,6 +279,8 @@ def plan(op: ReshardOperation) -> tuple[str, list[str]]:
             "it passes the tenant role identity check: never the provisioner or another "
             "warehouse's role)"
         )
+    if op.capture_installed_at is not None and op.capture_removed_at is None:
+        actions.append(CAPTURE_ACTION.format(db=op.source_database, store=op.from_shard))
     if progress.fence_requested:
         actions.append(
             f"un-fence: ALTER ROLE {op.source_user} LOGIN on {op.from_shard}, then wait for "
@@ -328,7 +342,7 @@ def describe(op: ReshardOperation) -> list[str]:
         f"backup: {op.backup_s3_uri or '<none>'}"
         + (f" ({op.backup_bytes} bytes)" if op.backup_s3_uri else ""),
     ]
-    if op.step and op.step not in sequences.ordering_list(op.target_kind):
+    if op.step and op.step not in sequences.ordering_list(op.target_kind, op.copy_variant):
         lines.append(f"note: step {op.step} is unknown to this build (treated as not reached)")
     kind, actions = plan(op)
     commit = "passed" if commit_point_passed(op) else "not passed"
@@ -528,7 +542,7 @@ def _run(env: StepEnv, log: OpLogWriter, echo: Callable[[str], None]) -> Recover
         return RecoveryResult("rolled_forward")
     _say(log, echo, "info", "commit point not passed: rolling back from durable progress")
     outcome = rb.rollback(env)
-    if outcome.left_blocked:
+    if outcome.recovery_required:  # blocked, or the online copy's capture is left
         return RecoveryResult("left_blocked", outcome.reason)
     return RecoveryResult("rolled_back", outcome.reason)
 

@@ -37,9 +37,12 @@ key, so logical replication would need ``REPLICA IDENTITY FULL`` on them).
    it must still be the plain table of built-in types :func:`install` created (a view or a
    type with the tenant's own functions would run the tenant's code in the reading session).
 
-Every statement that takes a table lock here (``CREATE TRIGGER``, ``DROP SCHEMA … CASCADE``)
-runs under ``lock_timeout``: it waits behind a tenant's write for at most
-:data:`LOCK_TIMEOUT_MS` and is retried by its caller, never queued in front of the tenant.
+Every statement that takes a lock on a tenant's table (``CREATE TRIGGER``, ``DROP SCHEMA …
+CASCADE``) first takes all of them at once with ``NOWAIT`` (:func:`_lock_all`): the capture never
+waits while it holds a lock, so it can never deadlock with a tenant's commit that touches several
+tables (PostgreSQL would then pick a victim, possibly the tenant's transaction). A busy table
+fails the attempt at once (:class:`Busy`) and the caller retries; a tenant's write waits at most
+for the short transaction that creates or drops the triggers.
 """
 
 from __future__ import annotations
@@ -86,6 +89,23 @@ _CREATE = (
 
 class CaptureError(Exception):
     """Capture could not be installed, read or applied; the message is operator-facing."""
+
+
+class Busy(CaptureError):
+    """A tenant's transaction held one of the tables: nothing was done; try again."""
+
+
+def _lock_all(conn: Connection, tables: Sequence[str], mode: str) -> None:
+    if not tables:
+        return
+    try:
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN " + mode + " MODE NOWAIT").format(
+                sql.SQL(", ").join(_table(t) for t in tables)
+            )
+        )
+    except psycopg.errors.LockNotAvailable as exc:
+        raise Busy(f"a tenant's transaction holds a table: {_one_line(exc)}") from exc
 
 
 @dataclass(frozen=True)
@@ -137,6 +157,7 @@ def install(conn: Connection, tables: Sequence[str]) -> None:
     try:
         with conn.transaction():
             _lock_timeout(conn)
+            _lock_all(conn, tables, "SHARE ROW EXCLUSIVE")
             for statement in _CREATE:
                 conn.execute(statement)
             for table in tables:
@@ -152,6 +173,8 @@ def install(conn: Connection, tables: Sequence[str]) -> None:
                         "FOR EACH STATEMENT EXECUTE FUNCTION {}.record_truncate()"
                     ).format(sql.Identifier(TRUNCATE_TRIGGER), _table(table), _SCHEMA)
                 )
+    except CaptureError:
+        raise
     except psycopg.Error as exc:
         raise CaptureError(f"installing change capture: {_one_line(exc)}") from exc
 
@@ -175,10 +198,33 @@ def remove(conn: Connection) -> bool:
         with conn.transaction():
             _lock_timeout(conn)
             present = installed(conn)
+            _lock_all(conn, installed_tables(conn), "ACCESS EXCLUSIVE")
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
+    except CaptureError:
+        raise
     except psycopg.Error as exc:
         raise CaptureError(f"removing change capture: {_one_line(exc)}") from exc
     return present
+
+
+def drop_triggers(conn: Connection) -> None:
+    """Drop the triggers (with the two functions they run) and keep the change table: once the
+    tenant is fenced nothing is left to capture, and what was captured is still to be applied.
+    Idempotent; :func:`remove` later drops the rest."""
+    try:
+        with conn.transaction():
+            _lock_timeout(conn)
+            _lock_all(conn, installed_tables(conn), "ACCESS EXCLUSIVE")
+            for function in ("record", "record_truncate"):
+                conn.execute(
+                    sql.SQL("DROP FUNCTION IF EXISTS {}.{}() CASCADE").format(
+                        _SCHEMA, sql.Identifier(function)
+                    )
+                )
+    except CaptureError:
+        raise
+    except psycopg.Error as exc:
+        raise CaptureError(f"removing the capture triggers: {_one_line(exc)}") from exc
 
 
 def snapshot_marker(conn: Connection) -> str:

@@ -59,7 +59,7 @@ def op_prefix(op_id: int) -> str:
 
 def reached_backup(op: ReshardOperation) -> bool:
     """True when the op's stamped step is ``backup_catalog`` or later (an upload may exist)."""
-    return sequences.at_or_past(op.step or "", "backup_catalog", op.target_kind)
+    return sequences.at_or_past(op.step or "", "backup_catalog", op.target_kind, op.copy_variant)
 
 
 def _client(wh: Warehouse, session_name: str) -> S3:

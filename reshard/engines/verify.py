@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from duckgres_admin.lib.pgadmin import pin_session
 
@@ -155,12 +156,17 @@ def compare(source: DuckLakeState, target: DuckLakeState) -> Verification:
             f"target {_fmt_pairs(target.metadata, differing)} "
             f"(differing keys: {', '.join(differing)})",
         )
+    return summary(source)
+
+
+def summary(state: DuckLakeState) -> Verification:
+    """One side's state as the record a verification keeps (its fingerprint)."""
     return Verification(
-        source.snapshot_id,
-        source.data_files,
-        len({key for key, _ in source.metadata}),
-        source.data_files_md5,
-        metadata_md5(source.metadata),
+        state.snapshot_id,
+        state.data_files,
+        len({key for key, _ in state.metadata}),
+        state.data_files_md5,
+        metadata_md5(state.metadata),
     )
 
 
@@ -273,3 +279,79 @@ def _side(state: DuckLakeState, table: str, check: str) -> str:
     if check == "data_files":
         return _fmt_files(state)
     return f"{len(state.metadata)} keys"
+
+
+# --- the whole catalog, row by row (the online mode's proof of equality) -------------------------
+# Per table: the row count and an order-free digest of its rows (the sum of the first 64 bits of
+# each row's md5, as numeric: constant memory whatever the table's size). The session's output
+# settings are pinned first so both sides print every value the same way.
+_OUTPUT_SETTINGS = (
+    "SET TimeZone = 'UTC'",
+    "SET DateStyle = 'ISO, MDY'",
+    "SET IntervalStyle = 'postgres'",
+    "SET extra_float_digits = 1",
+    "SET bytea_output = 'hex'",
+)
+_DIGEST = (
+    "SELECT pg_catalog.count(*), COALESCE(pg_catalog.sum(('x' OPERATOR(pg_catalog.||) "
+    "pg_catalog.substr(pg_catalog.md5(t::pg_catalog.text), 1, 16))::pg_catalog.bit(64)"
+    "::pg_catalog.int8::pg_catalog.numeric), 0)::pg_catalog.text FROM public.{} AS t"
+)
+
+
+@dataclass(frozen=True)
+class TableComparison:
+    """The whole-catalog comparison: ``differing`` is empty when every table matched."""
+
+    tables: int
+    rows: int
+    differing: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        if not self.differing:
+            return (
+                f"whole-catalog comparison passed: {self.tables} tables, {self.rows} rows equal "
+                "row by row (count and digest) between the fenced source and the target"
+            )
+        shown = ", ".join(self.differing[:10])
+        more = f" and {len(self.differing) - 10} more" if len(self.differing) > 10 else ""
+        return (
+            f"whole-catalog comparison failed: {len(self.differing)} of {self.tables} tables "
+            f"differ between the fenced source and the target ({shown}{more})"
+        )
+
+
+def _digests(conn: Connection, tables: Iterable[str]) -> dict[str, tuple[int, str]]:
+    pin_session(conn)
+    for statement in _OUTPUT_SETTINGS:
+        conn.execute(statement)
+    out: dict[str, tuple[int, str]] = {}
+    for table in tables:
+        row = conn.execute(sql.SQL(_DIGEST).format(sql.Identifier(table))).fetchone()
+        assert row is not None
+        out[table] = (int(row[0]), str(row[1]))
+    return out
+
+
+def _ducklake_tables(conn: Connection) -> list[str]:
+    return [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT c.relname::pg_catalog.text FROM pg_catalog.pg_class c JOIN "
+            "pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' "
+            "AND c.relkind = 'r' AND c.relname LIKE 'ducklake\\_%' ORDER BY 1"
+        )
+    ]
+
+
+def compare_tables(source: Connection, target: Connection) -> TableComparison:
+    """Every ``ducklake_*`` table of both sides, row by row, each side in the snapshot its
+    connection is in (reads only). A table on one side only differs."""
+    names_source, names_target = _ducklake_tables(source), _ducklake_tables(target)
+    both = [t for t in names_source if t in set(names_target)]
+    one_side = sorted(set(names_source) ^ set(names_target))
+    left, right = _digests(source, both), _digests(target, both)
+    differing = tuple(one_side + [t for t in both if left[t] != right[t]])
+    rows = sum(count for count, _ in left.values())
+    return TableComparison(len(set(names_source) | set(names_target)), rows, differing)

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from reshard.kinds.base import BaseKind
 from reshard.kinds.in_place import IN_PLACE_RESTORE
+from reshard.kinds.online import ONLINE_RESHARD, ONLINE_RESHARD_BACKUP_FIRST, online_kind
 from reshard.kinds.reshard import RESHARD
 from reshard.kinds.restore import RESTORE
 from reshard.runner.kind import Kind, kind_of, register
 
-SHIPPED: tuple[Kind, ...] = (RESHARD, RESTORE, IN_PLACE_RESTORE)
+SHIPPED: tuple[Kind, ...] = (
+    RESHARD,
+    ONLINE_RESHARD,
+    ONLINE_RESHARD_BACKUP_FIRST,
+    RESTORE,
+    IN_PLACE_RESTORE,
+)
 register(*SHIPPED)
 
 
@@ -24,4 +31,14 @@ def restore_kind(*, in_place: bool) -> Kind:
     return IN_PLACE_RESTORE if in_place else RESTORE
 
 
-__all__ = ["RESHARD", "RESTORE", "SHIPPED", "BaseKind", "Kind", "kind_of", "restore_kind"]
+__all__ = [
+    "ONLINE_RESHARD",
+    "RESHARD",
+    "RESTORE",
+    "SHIPPED",
+    "BaseKind",
+    "Kind",
+    "kind_of",
+    "online_kind",
+    "restore_kind",
+]

@@ -25,11 +25,14 @@ from reshard.runner.steps import REGISTRY
 
 @dataclass(frozen=True)
 class BaseKind:
-    key: tuple[str, bool]
+    key: tuple[str, bool, str]
     label: str
     # Step functions of this kind's own, by stamped step name (the rest: the shared registry).
     overrides: Mapping[str, StepFn] = field(default_factory=dict)
     reruns_cleanup_on_takeover: bool = False
+    # The target is rendered by this kind before the block (the online mode): a takeover may
+    # still redo the steps from the start (it re-renders its own target).
+    renders_before_block: bool = False
     source_role_after_drop: str = "stays NOLOGIN there"
 
     @property
@@ -87,3 +90,7 @@ class BaseKind:
 
     def may_give_source_login(self, env: StepEnv) -> bool:
         return True
+
+    def keep_source(self, env: StepEnv) -> str:
+        """'' when the cleanup (or a roll-forward) may drop the source; else why it is kept."""
+        return ""

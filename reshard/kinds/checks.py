@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
+from django.conf import settings
+
 from duckgres_admin.base.errors import ServiceError
 from duckgres_admin.base.scrub import Scrubber
 from duckgres_admin.lib import pgadmin, secretrefs
@@ -83,6 +85,8 @@ class StartRequest:
     drain_timeout_seconds: int = DEFAULT_DRAIN_SECONDS
     cutover_timeout_seconds: int = 0
     dry_run: bool = False
+    # "online", "offline" or "" (DUCKGRES_RESHARD_COPY_MODE); docs/copy.md "Online copy".
+    copy_mode: str = ""
     # A restore onto the store the warehouse is on: the sibling database it restores into
     # (reshard.start.restores; never set by a request body).
     in_place_database: str = ""
@@ -818,11 +822,45 @@ class Preflight:
             drain_timeout_seconds=self.request.drain_timeout_seconds,
             cutover_timeout_seconds=self.request.cutover_timeout_seconds,
         )
+        mode, reason = choose_copy_mode(self)
+        plan.fields.update(
+            copy_mode=mode,
+            copy_mode_reason=reason,
+            backup_after_unblock=mode == "online"
+            and settings.DUCKGRES_RESHARD_ONLINE_BACKUP == "after_unblock",
+        )
         plan.description = (
             f"org {self.org_id}: {self.source_fields['source_kind']} {self.source_label} → "
-            f"{plan.description}"
+            f"{plan.description} ({mode} copy)"
         )
         return plan
+
+
+ONLINE_MIN_MAJOR = 13  # the capture's pg_current_snapshot, pg_visible_in_snapshot and xid8
+
+
+def choose_copy_mode(pf: Preflight) -> tuple[str, str]:
+    """The copy's mode for this start and why (docs/copy.md "Online copy"): the request's, else
+    DUCKGRES_RESHARD_COPY_MODE; online only where the stores allow it, else offline, saying
+    why."""
+    asked = pf.request.copy_mode or str(settings.DUCKGRES_RESHARD_COPY_MODE)
+    source = "requested" if pf.request.copy_mode else "DUCKGRES_RESHARD_COPY_MODE"
+    if asked != "online":
+        return "offline", f"offline ({source})"
+    target = pf.target.type
+    if pf.source_kind != StoreKind.CNPG or target != StoreKind.CNPG:
+        return "offline", (
+            f"online was asked ({source}) but runs offline: the online mode moves cnpg → cnpg "
+            f"only (this is {pf.source_kind} → {target}): the capture is installed through a "
+            "cnpg store's provisioner, and the target must be rendered before the block"
+        )
+    major = pf.source_major()
+    if major is not None and major < ONLINE_MIN_MAJOR:
+        return "offline", (
+            f"online was asked ({source}) but runs offline: the source server is PostgreSQL "
+            f"{major}; the capture needs {ONLINE_MIN_MAJOR} or newer"
+        )
+    return "online", f"online ({source})"
 
 
 # --- the checks, in the spec's order --------------------------------------------------------

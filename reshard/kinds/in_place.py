@@ -31,7 +31,7 @@ class InPlaceRestoreKind(RestoreKind):
 
 
 IN_PLACE_RESTORE = InPlaceRestoreKind(
-    key=(OpKind.RESTORE.value, True),
+    key=(OpKind.RESTORE.value, True, "offline"),
     label="in-place restore",
     where="in place",
     overrides={**restoring.step_functions(inplace.RESTORE_TARGET), "cutover": inplace.run_cutover},

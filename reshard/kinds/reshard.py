@@ -7,4 +7,4 @@ from __future__ import annotations
 from duckgres_admin.models import OpKind
 from reshard.kinds.base import BaseKind
 
-RESHARD = BaseKind(key=(OpKind.RESHARD.value, False), label="reshard")
+RESHARD = BaseKind(key=(OpKind.RESHARD.value, False, "offline"), label="reshard")

@@ -48,7 +48,7 @@ class RestoreKind(BaseKind):
 
 
 RESTORE = RestoreKind(
-    key=(OpKind.RESTORE.value, False),
+    key=(OpKind.RESTORE.value, False, "offline"),
     label="restore onto another store",
     overrides=restoring.step_functions(restoring.OTHER_STORE),
 )

@@ -175,6 +175,9 @@ class RestoreStart:
         reshard's)."""
         restore = self.fields()
         plan.fields.update(
+            copy_mode="offline",
+            copy_mode_reason="offline (a restore streams a backup: it has no online mode)",
+            backup_after_unblock=False,
             kind=OpKind.RESTORE,
             restore_backup_key=restore.key,
             restore_backup_bucket=restore.bucket,

@@ -44,7 +44,48 @@ CNPG_TO_EXTERNAL = (
     "cleaning_up",
     "finalizing",
 )
-ALL_STEPS = tuple(dict.fromkeys(CNPG_TO_CNPG + CNPG_TO_EXTERNAL))
+# The online mode (docs/copy.md "Online copy"), cnpg→cnpg only: the target is rendered and the
+# catalog pre-copied while the tenant runs; the block's part that grows with the catalog is left
+# to the catch-up. Two placements of the full verification and the backup (the op's
+# ``backup_after_unblock``, frozen at its start from DUCKGRES_RESHARD_ONLINE_BACKUP; docs/runner.md
+# "The backup in the online mode"): after the unblock (``opening`` is the commit point), or
+# inside the window before the flip, as the offline move has them.
+ONLINE_CNPG_TO_CNPG = (
+    "rendering_target",
+    "precopying",
+    "blocking",
+    "preparing_access",
+    "draining",
+    "fencing_source",
+    "pausing_compaction",
+    "catching_up",
+    "cutover",
+    "opening",
+    "verifying",
+    "backup_catalog",
+    "cleaning_up",
+    "finalizing",
+)
+ONLINE_BACKUP_FIRST = (
+    "rendering_target",
+    "precopying",
+    "blocking",
+    "preparing_access",
+    "draining",
+    "fencing_source",
+    "pausing_compaction",
+    "catching_up",
+    "backup_catalog",
+    "cutover",
+    "verifying",
+    "cleaning_up",
+    "finalizing",
+)
+ALL_STEPS = tuple(dict.fromkeys(ONLINE_CNPG_TO_CNPG + CNPG_TO_CNPG + CNPG_TO_EXTERNAL))
+# The op's copy variant (``ReshardOperation.copy_variant``) → its ordering.
+OFFLINE = "offline"
+ONLINE = "online"
+ONLINE_BACKUP_FIRST_VARIANT = "online-backup-first"
 
 
 def sequence(source_kind: str, target_kind: str) -> tuple[str, ...]:
@@ -57,17 +98,27 @@ def sequence(source_kind: str, target_kind: str) -> tuple[str, ...]:
     raise ValueError(f"unsupported direction {source_kind} -> {target_kind}")
 
 
-def ordering_list(target_kind: str) -> tuple[str, ...]:
-    """The list "at or past step X" is judged on (§3.2)."""
+def ordering_list(target_kind: str, variant: str = OFFLINE) -> tuple[str, ...]:
+    """The list "at or past step X" is judged on (§3.2), per copy variant."""
+    if variant == ONLINE:
+        return ONLINE_CNPG_TO_CNPG
+    if variant == ONLINE_BACKUP_FIRST_VARIANT:
+        return ONLINE_BACKUP_FIRST
     return CNPG_TO_EXTERNAL if target_kind == "external" else CNPG_TO_CNPG
 
 
-def at_or_past(step: str, reference: str, target_kind: str) -> bool:
-    """True when ``step`` is ``reference`` or later; an empty or unknown step is not reached."""
-    order = ordering_list(target_kind)
-    if step not in order:
+def at_or_past(step: str, reference: str, target_kind: str, variant: str = OFFLINE) -> bool:
+    """True when ``step`` is ``reference`` or later; an empty or unknown step is not reached,
+    and so is a reference the ordering does not have."""
+    order = ordering_list(target_kind, variant)
+    if step not in order or reference not in order:
         return False
     return order.index(step) >= order.index(reference)
+
+
+def first_target_write(variant: str) -> str:
+    """The first step that writes the target's tables: the pre-copy online, else the copy."""
+    return "precopying" if variant in (ONLINE, ONLINE_BACKUP_FIRST_VARIANT) else "copying"
 
 
 @dataclass(frozen=True)
@@ -82,8 +133,10 @@ class CancelCutoff:
     login_ready_ends_it: bool = False
 
 
-def before_cutoff(cutoff: CancelCutoff, step: str, target_kind: str, login_ready: bool) -> bool:
+def before_cutoff(
+    cutoff: CancelCutoff, step: str, target_kind: str, login_ready: bool, variant: str = OFFLINE
+) -> bool:
     """True while a cancel at ``step`` is still honoured."""
     if cutoff.login_ready_ends_it and login_ready:
         return False
-    return not at_or_past(step, cutoff.step, target_kind)
+    return not at_or_past(step, cutoff.step, target_kind, variant)

@@ -89,6 +89,11 @@ class RunContext:
     # ``backup_catalog`` when ``DUCKGRES_RESHARD_BACKUP_OVERLAP`` is on, joined at the end of
     # ``verifying``, abandoned by any other end of the run).
     background_backup: Any = None
+    # The online mode (``steps.online``): the pre-copy's marker and copied set, from
+    # ``precopying`` to ``catching_up``; and the target's snapshot held from the flip for the
+    # verification after the unblock (closed by it, or at the end of the run).
+    precopied: Any = None
+    flip_snapshot: Any = None
     # The backup step ran in this process (a takeover resuming at copying starts none twice).
     backup_attempted: bool = False
     # Held while a progress write merges its keys (the backup and the copy write at once).

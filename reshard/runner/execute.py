@@ -71,7 +71,7 @@ from reshard.runner.password import (
 )
 from reshard.runner.report import describe_source, describe_target, write_report
 from reshard.runner.rollback import roll_forward, rollback
-from reshard.runner.steps import StepEnv, backup_catalog, finalize
+from reshard.runner.steps import StepEnv, backup_catalog, finalize, online
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -89,17 +89,19 @@ def runner_identity() -> str:
 
 def reconstruct(op: ReshardOperation) -> Progress:
     """Progress flags from the durable row (spec §4.8); over-marking is safe."""
-    target = op.target_kind
+    target, variant = op.target_kind, op.copy_variant
     return Progress(
-        blocked=op.blocked_at is not None or op.step != "",
+        # The online steps before the block (the render, the pre-copy) block nothing.
+        blocked=op.blocked_at is not None
+        or sequences.at_or_past(op.step, "blocking", target, variant),
         source_access_verified=op.source_access_verified_at is not None,
         fence_requested=op.source_kind == "cnpg"
         and (
             op.source_fence_requested_at is not None
-            or sequences.at_or_past(op.step, "fencing_source", target)
+            or sequences.at_or_past(op.step, "fencing_source", target, variant)
         ),
         compaction_paused=op.compaction_prior is not None,
-        flipped=sequences.at_or_past(op.step, "cutover", target),
+        flipped=sequences.at_or_past(op.step, "cutover", target, variant),
         copied=op.tables_copied > 0,
     )
 
@@ -117,6 +119,7 @@ def before_cancel_cutoff(op: ReshardOperation) -> bool:
         op.step,
         op.target_kind,
         op.target_login_ready_at is not None,
+        op.copy_variant,
     )
 
 
@@ -258,6 +261,7 @@ def execute(env: StepEnv) -> None:
         _execute(env)
     finally:
         backup_catalog.abandon(env, "the run ended before the backup was joined")
+        online.close_flip_snapshot(env)
 
 
 def _refuse_unknown_kind(env: StepEnv, why: str) -> None:
@@ -323,7 +327,9 @@ def _execute(env: StepEnv) -> None:
 
 def _past_commit_point(env: StepEnv) -> bool:
     try:
-        env.op.refresh_from_db(fields=["source_drop_committed_at", "external_verified_at"])
+        env.op.refresh_from_db(
+            fields=["source_drop_committed_at", "external_verified_at", "target_opened_at"]
+        )
     except DatabaseError:
         return env.op.source_drop_committed_at is not None or (
             env.op.external_verified_at is not None
@@ -380,7 +386,7 @@ def _roll_back_and_finish(env: StepEnv, state: str, error: str, *, unavailable: 
     if env.heartbeat is not None:
         env.heartbeat.stop()
     try:
-        env.fence.terminal(state, error, recovery_required=outcome.left_blocked)
+        env.fence.terminal(state, error, recovery_required=outcome.recovery_required)
     except Fenced as exc:
         log_fenced_once(ctx, log, str(exc))
         return
@@ -448,7 +454,9 @@ def _redo_refusal(env: StepEnv) -> str:
         return "a commit point was passed"
     if op.unblocked_at is not None:
         return "this operation already unblocked the warehouse (a rollback was under way)"
-    if op.target_rendered_at is not None or op.target_login_ready_at is not None:
+    if op.target_login_ready_at is not None or (
+        op.target_rendered_at is not None and not kind_of(op).renders_before_block
+    ):
         return "the target tenant was already rendered"
     if not binding.names_source(op):
         return f"the binding no longer names the source ({binding.describe(op.org_id)})"
@@ -516,7 +524,7 @@ def _takeover(env: StepEnv) -> None:
                 f"({binding.describe(op.org_id)}) or the warehouse was unblocked; not resuming"
             )
             raise unsafe
-    if step in ("copying", "verifying"):
+    if step in ("copying", "verifying") and "copying" in full:
         if not (op.source_endpoint and op.source_user and op.source_database):
             raise StepError(
                 f"takeover at step {step}: the durable source endpoint, user or database is "

@@ -32,8 +32,8 @@ class Kind(Protocol):
     """One kind of operation (see the module docstring; defaults in ``reshard.kinds.base``)."""
 
     @property
-    def key(self) -> tuple[str, bool]:
-        """``(OpKind value, in place)``: what :func:`kind_of` matches on the row."""
+    def key(self) -> tuple[str, bool, str]:
+        """``(OpKind value, in place, copy variant)``: what :func:`kind_of` matches on the row."""
         ...
 
     @property
@@ -55,6 +55,12 @@ class Kind(Protocol):
     @property
     def source_role_after_drop(self) -> str:
         """What becomes of the source's tenant role, for the source-drop log line."""
+        ...
+
+    @property
+    def renders_before_block(self) -> bool:
+        """The kind renders its target before the block (the online mode): a takeover before
+        the cutover may redo the steps although the target was rendered."""
         ...
 
     def describe(self, op: ReshardOperation) -> str:
@@ -102,8 +108,13 @@ class Kind(Protocol):
         """False while giving the source's tenant role LOGIN back must wait (rollback)."""
         ...
 
+    def keep_source(self, env: StepEnv) -> str:
+        """'' when the cleanup or a roll-forward may drop the source; else why it is kept (the
+        operation then ends ``failed`` with that reason, the warehouse on its target)."""
+        ...
 
-_KINDS: dict[tuple[str, bool], Kind] = {}
+
+_KINDS: dict[tuple[str, bool, str], Kind] = {}
 
 
 def register(*kinds: Kind) -> None:

@@ -47,6 +47,7 @@ from reshard.runner.env import StepEnv
 from reshard.runner.errors import Fenced, StepError
 from reshard.runner.hooks import RunnerHooks
 from reshard.runner.kind import kind_of
+from reshard.runner.steps import online
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, prior_to_flag
 
 ROLLED_BACK_MESSAGE = "metadata-store reshard rolled back"
@@ -58,6 +59,13 @@ class RollbackOutcome:
     recovered: bool
     left_blocked: bool
     reason: str = ""
+    capture_left: bool = False  # the online mode's capture could not be removed
+
+    @property
+    def recovery_required(self) -> bool:
+        """``reshard_recover`` must run again: the warehouse is left blocked, or the capture
+        is left on the source (even of a warehouse never blocked)."""
+        return self.left_blocked or self.capture_left
 
 
 def _source_repointable(op: ReshardOperation) -> str:
@@ -85,6 +93,7 @@ def rollback(env: StepEnv) -> RollbackOutcome:
     op.refresh_from_db()
     progress = ctx.progress
     recovered = True
+    capture_left = False
     reasons: list[str] = []
     try:
         # 1-2. flip back (only to a binding the data plane can use, and never past a commit
@@ -117,6 +126,14 @@ def rollback(env: StepEnv) -> RollbackOutcome:
         if not _drop_partial_target(env):
             recovered = False
             reasons.append("the in-place restore's sibling database or login role is left")
+        # 3b. the online mode's change capture, before the tenant may log in again (the write
+        # fence released first: its locks would hold the capture's removal back)
+        _release(env)
+        online.close_flip_snapshot(env)
+        if not online.remove_capture(env, during_rollback=True):
+            recovered = False
+            capture_left = True
+            reasons.append("the online copy's change capture is left on the source")
         # 4. un-fence / source access
         if not _restore_source_access(env):
             recovered = False
@@ -128,7 +145,9 @@ def rollback(env: StepEnv) -> RollbackOutcome:
     reason = "; ".join(reasons)
     if not blocked:
         log.info("rollback: the warehouse was never blocked; nothing to unblock")
-        return RollbackOutcome(recovered=recovered, left_blocked=False, reason=reason)
+        return RollbackOutcome(
+            recovered=recovered, left_blocked=False, reason=reason, capture_left=capture_left
+        )
     if recovered:
         unblock(env)
         return RollbackOutcome(recovered=True, left_blocked=False)
@@ -137,7 +156,9 @@ def rollback(env: StepEnv) -> RollbackOutcome:
         f"warehouse intentionally left in the resharding state: {reason}; run reshard_recover "
         f"{op.id} after fixing it"
     )
-    return RollbackOutcome(recovered=False, left_blocked=True, reason=reason)
+    return RollbackOutcome(
+        recovered=False, left_blocked=True, reason=reason, capture_left=capture_left
+    )
 
 
 def _release(env: StepEnv) -> None:
@@ -173,9 +194,13 @@ def _drop_partial_target(env: StepEnv) -> bool:
     if ctx.progress.flipped and not binding.names_source(op):
         log.error("rollback: binding may still point at the target — its tables are kept")
         return True
-    if sequences.at_or_past(op.step or "", "copying", op.target_kind) and (
-        op.target_claimed_at is None
-    ):
+    written = sequences.at_or_past(
+        op.step or "",
+        sequences.first_target_write(op.copy_variant),
+        op.target_kind,
+        op.copy_variant,
+    )
+    if written and op.target_claimed_at is None:
         # Never drop in a database this operation did not create or adopt empty: whatever is
         # there may be a stranger's (identity check 4).
         log.info(
@@ -183,7 +208,7 @@ def _drop_partial_target(env: StepEnv) -> bool:
             "nothing in it is dropped"
         )
         left = "as it was found (this operation never claimed it)"
-    elif sequences.at_or_past(op.step or "", "copying", op.target_kind):
+    elif written:
         left = _drop_target_tables(env, where)
     else:  # the copy step is stamped before its first write: nothing was written
         log.info(f"rollback: the copy never started (step {op.step}); nothing to drop on {where}")
@@ -502,12 +527,19 @@ def restore_compaction_only(env: StepEnv) -> None:
 
 
 def roll_forward(env: StepEnv, finish: Callable[[StepEnv], Any]) -> None:
-    """§4.7: never re-point at the source; redo the source drop if unconfirmed; ``finish``."""
-    from reshard.runner.steps.cleanup import drop_source
+    """§4.7: never re-point at the source; redo the source drop if unconfirmed (unless the kind
+    keeps the source, ``Kind.keep_source``); ``finish``."""
+    from reshard.runner.steps.cleanup import drop_source, keep_source
 
     op = env.op
     op.refresh_from_db()
     _release(env)
+    online.close_flip_snapshot(env)
+    if not online.remove_capture(env, during_rollback=True):
+        env.log.error("roll-forward: the change capture is left on the source (see above)")
+    if keep_source(env):
+        finish(env)
+        return
     if op.source_kind == "cnpg" and op.source_dropped_at is None:
         env.log.info(f"roll-forward: re-running the source drop on store {op.from_shard}")
         drop_source(env)

@@ -26,7 +26,7 @@ from django.conf import settings
 from duckgres_admin.base.scrub import process_scrubber
 from duckgres_admin.models import MetadataStore, StoreKind, Warehouse
 from reshard.engines import backup
-from reshard.kinds import RESHARD, checks
+from reshard.kinds import RESHARD, checks, online_kind
 from reshard.kinds.checks import CnpgTarget, ExternalTarget, StartRequest
 from reshard.operation import sequences
 from reshard.warehouses import store_tls
@@ -121,13 +121,27 @@ def dry_run(
     with checks.Preflight.begin(org_id, request, process_scrubber(target.password)) as pf:
         entries = checks.report(pf, start)
         request = pf.request  # as the kind's rows refined it (an in-place restore's sibling)
+        mode, reason = (
+            checks.choose_copy_mode(pf)
+            if start is checks.SHARED_ONLY
+            else ("offline", "offline (a restore streams a backup: it has no online mode)")
+        )
     direction = _direction(pf.source_kind, target.type)
+    after_unblock = settings.DUCKGRES_RESHARD_ONLINE_BACKUP == "after_unblock"
+    kind = online_kind(backup_after_unblock=after_unblock) if mode == "online" else RESHARD
     size = pf.catalog["database_size_bytes"]
     return {
         "dry_run": True,
         "direction": direction,
-        "steps": list(RESHARD.sequence(pf.source_kind, target.type)) if direction else [],
-        "cancel_cutoff": (RESHARD.cancel_cutoff(target.type).description if direction else None),
+        "steps": list(kind.sequence(pf.source_kind, target.type)) if direction else [],
+        "cancel_cutoff": (kind.cancel_cutoff(target.type).description if direction else None),
+        "copy_mode": {
+            "mode": mode,
+            "reason": reason,
+            "backup": (
+                ("after_unblock" if after_unblock else "before_flip") if mode == "online" else None
+            ),
+        },
         "source": _source_json(pf.warehouse, pf.source_store),
         "target": _target_json(request, pf.cnpg, pf.external),
         "catalog": pf.catalog,

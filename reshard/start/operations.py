@@ -202,7 +202,7 @@ def past_cutoff(op: ReshardOperation) -> str:
     answer logs the late cancel and completes (docs/runner.md "Cancel cutoffs")."""
     cutoff = kind_of(op).cancel_cutoff(op.target_kind)
     ready = op.target_login_ready_at is not None
-    if sequences.before_cutoff(cutoff, op.step, op.target_kind, ready):
+    if sequences.before_cutoff(cutoff, op.step, op.target_kind, ready, op.copy_variant):
         return ""
     where = "the target login was ready" if ready and cutoff.login_ready_ends_it else op.step
     return (

@@ -54,6 +54,12 @@ def test_valid_cnpg_to_cnpg_dry_run_plans_and_creates_nothing(clients, published
         "catalog",
         "backup",
         "preflight",
+        "copy_mode",
+    }
+    assert body["copy_mode"] == {
+        "mode": "offline",
+        "reason": "offline (DUCKGRES_RESHARD_COPY_MODE)",
+        "backup": None,
     }
     assert body["dry_run"] is True
     assert body["direction"] == "cnpg_to_cnpg"

@@ -304,7 +304,8 @@ def test_cnpg_to_cnpg_is_accepted(transactional_db, clients, published, cnpg_sou
     line = ReshardLogEntry.objects.get(operation_id=op.id)
     assert line.message == (
         f"operation created by admin@example.com: org {cnpg_source.org}: cnpg "
-        f"{cnpg_source.source_store.name} → cnpg {cnpg_source.target_store.name}; runner launch "
+        f"{cnpg_source.source_store.name} → cnpg {cnpg_source.target_store.name} (offline copy); "
+        "runner launch "
         f"queued for duckgres-reshard-op-{op.id}"
     )
     audit = AuditRecord.objects.get(action="reshard.create")

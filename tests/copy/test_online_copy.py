@@ -9,7 +9,6 @@ leaves the tenant's tables without a trace of it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from reshard.engines.copy import online, pump
 from reshard.engines.copy.base import CopyError
 from reshard.engines.copy.introspection import discover_tables
 from reshard.engines.verify import verify_ducklake
-from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.runner import catalog_checksums
 from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory
@@ -39,6 +38,7 @@ class Pair:
 
     def __init__(self, clusters: StoreClusters, source: TenantCatalog, data: Path) -> None:
         self.clusters, self.catalog, self.data = clusters, source, data
+        self.cluster = clusters.source
 
     def source(self) -> psycopg.Connection[Any]:
         return self.clusters.source.connect(
@@ -74,36 +74,6 @@ def pair(
     yield p
     with p.source() as conn:
         capture.remove(conn)
-
-
-class Writer:
-    """A tenant writing through DuckDB, one commit at a time, until stopped."""
-
-    def __init__(self, extensions: Path, pair: Pair) -> None:
-        self.commits: list[float] = []
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(extensions, pair), daemon=True)
-
-    def _run(self, extensions: Path, pair: Pair) -> None:
-        try:
-            with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
-                n = 100_000
-                while not self._stop.is_set():
-                    lake.sql("INSERT INTO lake.events VALUES (?, 'online', ?)", n, n * 0.25)
-                    self.commits.append(time.monotonic())
-                    n += 1
-                    time.sleep(0.02)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
 
 
 def _slowed(real: Callable[..., Any]) -> Callable[..., Any]:

@@ -107,7 +107,7 @@ class ToyKind(BaseKind):
 
 
 TOY = ToyKind(
-    key=("toy", False),
+    key=("toy", False, "offline"),
     label="toy",
     overrides={"toy_marking": _toy_marking, "finalizing": finalize.run},
 )
@@ -191,7 +191,7 @@ def test_an_operation_of_an_unregistered_kind_fails_loudly(
 ) -> None:
     op = _run_toy(claimed_env)
     assert op.state == "failed"
-    assert "no operation kind is registered for ('toy', False)" in op.error, op.error
+    assert "no operation kind is registered for ('toy', False, 'offline')" in op.error, op.error
     assert "touched nothing" in op.error
     assert step_rows(op.id) == []
     assert not op.recovery_required

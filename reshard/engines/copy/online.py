@@ -170,6 +170,11 @@ def catch_up(
         tgt = open_connection(target, hooks, opened, "target")
         fence_target(tgt)
         now, catalog = fence_source(src, hooks)
+        # The changes are read on a session of their own (after the fence is up, so they are
+        # all there): the fence's transaction then holds no lock on the change table, and the
+        # caller can remove the capture while the fence stays up for the verification.
+        chg = open_connection(source, hooks, opened, "source")
+        chg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         kept = [t for t in precopied.names if t in now]
         dropped = tuple(t for t in precopied.names if t not in now)
         created_names = [t for t in now if t not in precopied.names]
@@ -178,10 +183,11 @@ def catch_up(
         with tgt.transaction():
             for table in dropped:
                 drop_table(tgt, table, hooks)
-            applied = capture.apply(tgt, capture.pending(src, precopied.marker), set(kept))
+            applied = capture.apply(tgt, capture.pending(chg, precopied.marker), set(kept))
             created = _copy_whole(src, tgt, created_names, new, hooks)
         durable_commit(tgt)
         close_quietly(tgt, hooks)
+        close_quietly(chg, hooks, rollback=True)
         hooks.log(
             "info",
             f"catch-up applied {applied.total} changes ({applied.inserted} inserted, "

@@ -42,12 +42,31 @@ def run(env: StepEnv) -> None:
         env.log.info("external source left untouched (never deleted)")
         release_handle(env)
         return
+    if keep_source(env):
+        return
     env.fence.update(source_drop_committed_at=Coalesce("source_drop_committed_at", Now()))
     op.refresh_from_db(fields=["source_drop_committed_at"])
     env.log.info("commit point reached: all subsequent failures roll forward")
     release_handle(env)
     drop_source(env)
     kind_of(op).after_source_drop(env)
+
+
+def keep_source(env: StepEnv) -> bool:
+    """True (the fence released, the reason recorded and logged) when the kind keeps the
+    source instead of dropping it (``Kind.keep_source``: the online mode after its unblock,
+    without a passed comparison or a backup)."""
+    reason = kind_of(env.op).keep_source(env)
+    if not reason:
+        return False
+    release_handle(env)
+    env.fence.update(source_kept_reason=reason)
+    env.op.source_kept_reason = reason
+    env.log.error(
+        f"the source database {env.op.source_database} on store {env.op.from_shard} is kept, "
+        f"its tenant role NOLOGIN, instead of dropped: {reason}"
+    )
+    return True
 
 
 def drop_source(env: StepEnv) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 
 import psycopg
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from psycopg import sql
 
 from duckgres_admin.lib import pgadmin
@@ -43,7 +43,9 @@ def run(env: StepEnv) -> None:
 
 
 # --- H2 -------------------------------------------------------------------------------------
-def render_target(env: StepEnv, prov: connections.Provisioner, password: str) -> None:
+def render_target(
+    env: StepEnv, prov: connections.Provisioner, password: str, *, own: bool = False
+) -> None:
     op, ctx = env.op, env.ctx
     role, database = op.target_user, op.target_database
     with connections.provisioner_conn(ctx, prov) as conn:
@@ -67,7 +69,9 @@ def render_target(env: StepEnv, prov: connections.Provisioner, password: str) ->
         )
         if owner:
             raise StepError(owner)
-        if connections.database_exists(conn, database):
+        # ``own``: this operation claimed it already (the online mode's render, redone by a
+        # takeover): what it holds is this operation's pre-copy.
+        if connections.database_exists(conn, database) and not own:
             _adoptable(env, prov, database)
         present = connections.ensure_database(conn, database, role)
         state = connections.role_state(conn, role)
@@ -96,24 +100,43 @@ def _adoptable(env: StepEnv, prov: connections.Provisioner, database: str) -> No
     env.log.info(f"target database {database} exists and holds nothing: adopting it")
 
 
-def run_cnpg(env: StepEnv) -> None:
+def _target_password(env: StepEnv) -> str:
+    ref = env.op.target_password_secret_ref
+    return connections.resolve_secret(env.ctx, ref, f"the target password secret {ref}")
+
+
+def render(env: StepEnv) -> None:
+    """Render the tenant on the cnpg target and record it as this operation's (the offline
+    cutover's first half; the online mode's ``rendering_target``, before the block)."""
     op, ctx = env.op, env.ctx
     prov = connections.provisioner(ctx, op.to_shard)
-    password = connections.resolve_secret(
-        ctx,
-        op.target_password_secret_ref,
-        f"the target password secret {op.target_password_secret_ref}",
+    try:
+        render_target(env, prov, _target_password(env), own=op.target_claimed_at is not None)
+    except psycopg.Error as exc:
+        raise StepError(
+            f"rendering the tenant on target store {prov.store.name} failed: {exc}"
+        ) from None
+    # Rendered: the database was created, or found empty and adopted — it is this op's.
+    env.fence.update(
+        target_rendered_at=Coalesce("target_rendered_at", Now()),
+        target_claimed_at=Coalesce("target_claimed_at", Now()),
     )
+    op.refresh_from_db(fields=["target_rendered_at", "target_claimed_at"])
+
+
+def run_cnpg(env: StepEnv) -> None:
+    """Render, then flip and wait for the target login (:func:`flip_cnpg`)."""
+    if not env.ctx.progress.flipped:
+        render(env)
+    flip_cnpg(env)
+
+
+def flip_cnpg(env: StepEnv) -> None:
+    """Switch the binding to the rendered cnpg target and wait until its tenant login works."""
+    op, ctx = env.op, env.ctx
+    prov = connections.provisioner(ctx, op.to_shard)
+    password = _target_password(env)
     if not ctx.progress.flipped:
-        try:
-            render_target(env, prov, password)
-        except psycopg.Error as exc:
-            raise StepError(
-                f"rendering the tenant on target store {prov.store.name} failed: {exc}"
-            ) from None
-        # Rendered: the database was created, or found empty and adopted — it is this op's.
-        env.fence.update(target_rendered_at=Now(), target_claimed_at=Now())
-        op.refresh_from_db(fields=["target_rendered_at", "target_claimed_at"])
         if waits.cancel_requested(op.id):
             raise Cancelled()
         # Marked before the switch: if its COMMIT acknowledgement is lost the flip may have

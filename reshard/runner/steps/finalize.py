@@ -49,15 +49,21 @@ def run(env: StepEnv) -> None:
     if env.heartbeat is not None:
         env.heartbeat.stop()
         restart = env.heartbeat
+    env.op.refresh_from_db(fields=["target_opened_at", "source_kept_reason"])
+    opened = env.op.target_opened_at is not None
+    fields: dict[str, Any] = {}
     try:
         with transaction.atomic():
-            fields = restore_fields(env.op.id)
-            moved = Warehouse.objects.filter(org_id=env.op.org_id, state="resharding").update(
-                state="ready", status_message=COMPLETE_MESSAGE, updated_at=Now(), **fields
-            )
-            if moved != 1:
-                raise StepError("warehouse state mismatch")
-            env.fence.update(state="succeeded", error="", unblocked_at=Now(), finished_at=Now())
+            if opened:  # the online mode unblocked it at its commit point (``opening``)
+                _finish_opened(env)
+            else:
+                fields = restore_fields(env.op.id)
+                moved = Warehouse.objects.filter(org_id=env.op.org_id, state="resharding").update(
+                    state="ready", status_message=COMPLETE_MESSAGE, updated_at=Now(), **fields
+                )
+                if moved != 1:
+                    raise StepError("warehouse state mismatch")
+                env.fence.update(state="succeeded", error="", unblocked_at=Now(), finished_at=Now())
             ReshardStepTiming.objects.filter(
                 operation_id=env.op.id, outcome=StepOutcome.OPEN
             ).update(outcome=StepOutcome.OK, ended_at=Now())
@@ -67,12 +73,37 @@ def run(env: StepEnv) -> None:
         _restart_heartbeat(env, restart)
         raise StepError(f"atomically finalize reshard and unblock warehouse: {exc}") from None
     env.ctx.finalized = True
-    restored = f"; compaction_enabled restored to {fields['compaction_enabled']}" if fields else ""
-    env.log.info(f"warehouse unblocked: resharding → ready ({COMPLETE_MESSAGE}){restored}")
+    state = "failed" if env.op.source_kept_reason else "succeeded"
+    if opened:
+        env.log.info(f"operation {state}: the warehouse was unblocked on the target at the flip")
+    else:
+        restored = (
+            f"; compaction_enabled restored to {fields['compaction_enabled']}" if fields else ""
+        )
+        env.log.info(f"warehouse unblocked: resharding → ready ({COMPLETE_MESSAGE}){restored}")
     try:
-        write_report(env, "succeeded")
+        write_report(env, state)
     except Exception as exc:  # noqa: BLE001 - the op is already succeeded
         env.log.warn(f"could not write the end-of-op report: {exc}")
+
+
+def kept_source_error(op: ReshardOperation) -> str:
+    return (
+        "the catalog was moved and the warehouse runs on the target, but the source was kept "
+        f"instead of dropped: {op.source_kept_reason}. The source database {op.source_database} "
+        f"on store {op.from_shard} is intact with its tenant role NOLOGIN: compare it with the "
+        'target and drop it by hand once satisfied (docs/runner.md "The online mode")'
+    )
+
+
+def _finish_opened(env: StepEnv) -> None:
+    """The terminal write of an operation whose warehouse is already ready on its target:
+    ``succeeded``, or ``failed`` when the source was kept (``source_kept_reason``)."""
+    op = env.op
+    if op.source_kept_reason:
+        env.fence.update(state="failed", error=kept_source_error(op), finished_at=Now())
+    else:
+        env.fence.update(state="succeeded", error="", finished_at=Now())
 
 
 def _restart_heartbeat(env: StepEnv, old: Any) -> None:

@@ -1,0 +1,103 @@
+"""The online reshard end to end (docs/copy.md "Online copy", docs/runner.md "The online mode"):
+a real runner process moves a catalog written by the real DuckDB DuckLake extension while a
+tenant keeps committing through DuckDB during the pre-copy; the block pays only for the
+catch-up, the check and the flip. DuckDB on the target then reads every commit, the same time
+travel, and writes there. Both placements of the backup are run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from reshard.operation import sequences
+from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
+from tests.fixtures.online import CaptureProbe, OnlineTenant, online_op
+from tests.fixtures.rows import new_store, new_warehouse
+from tests.fixtures.runner import (
+    RunnerS3,
+    database_exists,
+    op_log,
+    reload,
+    runner_moto_server,
+    runner_s3,
+    runner_state_dir,
+    start_runner,
+    step_rows,
+    warehouse_of,
+)
+from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
+
+__all__ = ["runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures used here
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
+
+
+@pytest.mark.parametrize("after_unblock", [True, False], ids=["backup-after-unblock", "before"])
+def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
+    after_unblock: bool,
+    transactional_db: None,
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    catalog = tenant_catalog(store_clusters.source, with_tables=False)
+    tenant = OnlineTenant(store_clusters.source, catalog, tmp_path / "lake-data")
+    with attach(extensions, tenant.cluster, catalog, tenant.data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+    warehouse = new_warehouse(
+        store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = online_op(warehouse, new_store(store_clusters.target), after_unblock=after_unblock)
+    env = {
+        **runner_s3.env(),
+        # the tenant's commits land after the pre-copy's snapshot: captured, then applied
+        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
+        "DUCKGRES_RESHARD_TEST_PAUSE_AT": "precopy:copied",
+        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "1.5",
+    }
+    with Writer(extensions, tenant) as writer:
+        runner = start_runner(op.id, runner_state_dir, env_extra=env)
+        deadline = time.monotonic() + 120
+        # the data plane stops writing at the block: so does this tenant
+        while time.monotonic() < deadline:
+            now = reload(op)
+            if now.is_terminal or sequences.at_or_past(
+                now.step, "blocking", "cnpg", now.copy_variant
+            ):
+                break
+            time.sleep(0.02)
+        writer.stop()
+        runner.wait(180)
+    op = reload(op)
+    lines = op_log(op.id)
+    assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
+    assert not writer.errors, writer.errors
+    assert len(writer.commits) >= 20
+    assert [s for s, _, _ in step_rows(op.id)] == list(
+        sequences.ONLINE_CNPG_TO_CNPG if after_unblock else sequences.ONLINE_BACKUP_FIRST
+    )
+    assert op.copy_mode == "online"
+    assert op.capture_removed_at is not None
+    assert any("catch-up applied" in line or "catch-up round" in line for line in lines)
+    assert any(line.startswith("whole-catalog comparison passed") for line in lines)
+    assert any(line.startswith("catalog backup complete: s3://") for line in lines)
+    assert warehouse_of(op).metadata_store_id == op.to_shard
+    assert not database_exists(store_clusters.source, catalog.database)  # dropped on success
+    CaptureProbe(store_clusters.target, catalog.database).assert_nothing_left()
+
+    with attach(extensions, store_clusters.target, catalog, tenant.data) as lake:
+        online = [r for r in lake.rows("events") if r[1] == "online"]
+        assert len(online) == len(writer.commits), "every commit of the tenant was moved"
+        assert lake.rows_at("events", before["snapshots"][-1]) == before["events"]
+        lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
+        assert lake.rows("dims") == [*before["dims"], ("z", 3)]
