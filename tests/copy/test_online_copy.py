@@ -228,3 +228,40 @@ def test_a_change_table_the_tenant_altered_is_never_read(pair: Pair, tamper: str
             conn.execute(statement)
     with pytest.raises(CopyError, match="no longer the table the capture created"):
         online.catch_up(pair.source, pair.target, hooks, pre)
+
+
+@pytest.mark.safeguard("reshard-145")
+def test_the_capture_never_waits_holding_a_lock_a_tenant_commit_needs(pair: Pair) -> None:
+    """A tenant's transaction holds one of the tables (uncommitted write): installing the
+    capture fails at once with nothing held (``Busy``) instead of queueing behind it with the
+    other tables locked, and the tenant's commit, touching a table the installer would have
+    locked first, goes through; once the tenant is done the install succeeds."""
+    with pair.source() as conn:
+        capture.remove(conn)
+        tables = discover_tables(conn)
+    first, last = tables[0], tables[-1]
+    with pair.source() as tenant, pair.source() as installer:
+        tenant.autocommit = False
+        tenant.execute(
+            f"UPDATE public.{last} SET {_first_column(tenant, last)} = "
+            f"{_first_column(tenant, last)} WHERE false"
+        )
+        tenant.execute(f"LOCK TABLE public.{last} IN ROW EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(capture.Busy):
+            capture.install(installer, tables)
+        assert time.monotonic() - started < 1.0, "the install never waits for the lock"
+        assert not capture.installed(installer), "a busy attempt leaves nothing"
+        tenant.execute(f"LOCK TABLE public.{first} IN ROW EXCLUSIVE MODE NOWAIT")
+        tenant.commit()
+        capture.install(installer, tables)
+        assert capture.installed_tables(installer) == tables
+
+
+def _first_column(conn: psycopg.Connection[Any], table: str) -> str:
+    row = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum = 1",
+        (f"public.{table}",),
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
