@@ -6,7 +6,7 @@ Everything real, on this machine (the services of ``.ci/services.sh``: the confi
 metadata stores on 5433 → 5434; an S3 server, moto, over HTTP for the backup). For each size:
 
 - two identical synthetic DuckLake catalogs (``make_demo_catalog``'s generator: ``2000`` and
-  ``20000`` DuckLake tables as in the other benches, ``1GiB`` = 20,000 tables with 48 data
+  ``20000`` DuckLake tables as in the other benches, ``1GiB`` = 20,000 tables with 24 data
   files each), each owned by a tenant role of its own, made readable by the real DuckDB
   DuckLake extension (:data:`READABLE`: the generator's deliberately odd names, types, views
   and tags replaced) and migrated by it to its catalog version;
@@ -52,7 +52,7 @@ from benchdb import recreate, setup_django  # noqa: E402
 import tests.testenv  # noqa: E402,F401  (the test services' defaults)
 
 CONFIG_DB = "duckgres_bench_online"
-SIZES = {"2000": (2000, 16), "20000": (20000, 16), "1GiB": (20000, 48)}
+SIZES = {"2000": (2000, 16), "20000": (20000, 16), "1GiB": (20000, 24)}
 OPTIONS = ", AUTOMATIC_MIGRATION TRUE, OVERRIDE_DATA_PATH TRUE"
 READABLE = (
     "DELETE FROM ducklake_view",

@@ -277,6 +277,13 @@ def _op_line(op: dict[str, Any]) -> str:
 )
 @click.option("--drain-timeout", type=click.IntRange(0, 86400), default=None)
 @click.option("--cutover-timeout", type=click.IntRange(0, 86400), default=None)
+@click.option(
+    "--copy-mode",
+    type=click.Choice(["online", "offline"]),
+    default=None,
+    help="online: pre-copy while the tenant runs, block only to catch up (cnpg to cnpg; "
+    "otherwise the operation runs offline and says why). Default: the server's setting.",
+)
 @click.option("--dry-run", is_flag=True, help="Run every check; create nothing.")
 @click.option("--follow", "follow_after", is_flag=True, help="Follow the new operation.")
 @click.option("--deadline", type=click.FloatRange(min=0), default=0, help="With --follow.")
@@ -292,6 +299,7 @@ def reshard_start(
     password_stdin: bool,
     drain_timeout: int | None,
     cutover_timeout: int | None,
+    copy_mode: str | None,
     dry_run: bool,
     follow_after: bool,
     deadline: float,
@@ -304,6 +312,8 @@ def reshard_start(
         body["drain_timeout_seconds"] = drain_timeout
     if cutover_timeout is not None:
         body["cutover_timeout_seconds"] = cutover_timeout
+    if copy_mode is not None:
+        body["copy_mode"] = copy_mode
     if dry_run:
         body["dry_run"] = True
 

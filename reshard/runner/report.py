@@ -51,6 +51,10 @@ def report_lines(op: ReshardOperation, state: str, *, open_outcome: str) -> list
         f"==== reshard report ({state}) ====",
         f"org {op.org_id}: {describe_source(op)} → {describe_target(op)}",
     ]
+    if op.copy_mode == "online":
+        lines.append(f"copy mode: {op.copy_mode_reason or op.copy_mode}")
+    if op.source_kept_reason:
+        lines.append(f"source kept, not dropped: {op.source_kept_reason}")
     if op.started_at:
         lines.append(f"started {op.started_at.isoformat()}")
     if op.blocked_at:

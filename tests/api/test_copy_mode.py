@@ -58,8 +58,9 @@ def test_online_to_an_external_store_runs_offline_and_says_why(
     assert response.status_code == 200, response.content
     plan = response.json()
     assert plan["copy_mode"]["mode"] == "offline"
-    assert "the online mode moves cnpg → cnpg only (this is cnpg → external)" in (
-        plan["copy_mode"]["reason"]
+    assert (
+        "the online mode moves cnpg → cnpg only (this is cnpg → external)"
+        in (plan["copy_mode"]["reason"])
     )
     assert plan["steps"] == list(sequences.CNPG_TO_EXTERNAL)
 

@@ -313,7 +313,7 @@ def test_cnpg_to_cnpg_is_accepted(transactional_db, clients, published, cnpg_sou
     assert audit.org_id == cnpg_source.org
     assert audit.detail == (
         f"reshard org {cnpg_source.org}: cnpg {cnpg_source.source_store.name} → cnpg "
-        f"{cnpg_source.target_store.name}"
+        f"{cnpg_source.target_store.name} (offline copy)"
     )
 
     # Step 7: a second start while this one is active is 409 and creates nothing more.

@@ -27,11 +27,15 @@ def test_start_list_show_cancel_follow_and_exit_codes(cli, reshardable):
     warehouse, target = reshardable
     org = warehouse.org_id
 
-    started = cli("reshard", "start", org, "--to-shard", target.name, "--output", "json")
+    started = cli(
+        "reshard", "start", org, "--to-shard", target.name, "--copy-mode", "online",
+        "--output", "json",
+    )  # fmt: skip
     assert started.returncode == 0, started.stderr
     op = json.loads(started.stdout)
     assert op["state"] == "pending"
     assert op["to_shard"] == target.name
+    assert (op["copy_mode"], op["copy_mode_reason"]) == ("online", "online (requested)")
     op_id = op["id"]
 
     listed = cli("reshard", "list", "--org", org)

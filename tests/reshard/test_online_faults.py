@@ -7,9 +7,11 @@ tenant's catalog as it was, on the store the binding names.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from duckgres_admin.models import ReshardOperation
@@ -62,6 +64,13 @@ def _pause(point: str, seconds: float = 4) -> dict[str, str]:
         "DUCKGRES_RESHARD_TEST_PAUSE_AT": point,
         "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": str(seconds),
     }
+
+
+def run(op_id: int, *args: str) -> str:
+    """``reshard_recover`` as an operator runs it; its output."""
+    out = io.StringIO()
+    call_command("reshard_recover", str(op_id), *args, stdout=out)
+    return out.getvalue()
 
 
 def _reached(op_id: int, text: str) -> bool:
@@ -205,8 +214,6 @@ def test_reshard_recover_removes_the_capture_of_a_force_failed_pre_copy(
     """A runner dies in the pre-copy, before the block, and the janitor force-fails the
     operation (as its rule does: a stamped step means recovery is required). The capture is on
     the tenant's tables; the plan names its removal and the recovery does it."""
-    from tests.reshard.test_recover import run
-
     world = cnpg_world
     op, s3 = _online(world, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)

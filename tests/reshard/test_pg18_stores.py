@@ -73,6 +73,11 @@ def second_pg18(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pg18]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def second_pg18_store(second_pg18: Pg18) -> StoreCluster:
+    return _provisioned(second_pg18)
+
+
 @pytest.fixture
 def pg18_tenants(pg18_store: StoreCluster) -> Iterator[list[str]]:
     """Roles whose databases and selves are dropped from the PostgreSQL 18 store afterwards."""
@@ -314,6 +319,7 @@ def test_a_real_ducklake_moves_between_two_postgresql_18_stores(
     pg18: Pg18,
     pg18_store: StoreCluster,
     second_pg18: Pg18,
+    second_pg18_store: StoreCluster,
     pg18_tenants: list[str],
     tenant_catalog: TenantCatalogFactory,
     extensions: Path,
@@ -323,7 +329,7 @@ def test_a_real_ducklake_moves_between_two_postgresql_18_stores(
 ) -> None:
     """cnpg → cnpg with both ends on PostgreSQL 18: the fence on an 18 source and the target's
     role rendering on an 18 target in one operation."""
-    target_store = _provisioned(second_pg18)
+    target_store = second_pg18_store
     data = tmp_path / "lake-data"
     catalog = tenant_catalog(pg18_store, with_tables=False, grant_to_provisioner=False)
     pg18_tenants.append(catalog.role)

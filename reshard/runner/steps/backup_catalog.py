@@ -281,13 +281,14 @@ def _record(env: StepEnv, hooks: StepHooks, result: backup.BackupResult) -> None
         env.log.info(line)
 
 
-def run_backup_step(env: StepEnv) -> None:
-    """The backup alone, inside the step (``DUCKGRES_RESHARD_BACKUP_OVERLAP`` false)."""
+def run_backup_step(env: StepEnv, *, cancel_aware: bool = True) -> None:
+    """The backup alone, inside the step (``DUCKGRES_RESHARD_BACKUP_OVERLAP`` false; and the
+    online mode's backup after the unblock, past its cancel cutoff: ``cancel_aware`` false)."""
     op, ctx = env.op, env.ctx
     wh = Warehouse.objects.get(org_id=op.org_id)
     prepared = take_prepared(ctx)
-    # backup_catalog precedes every direction's cancel cutoff.
-    with waits.cancel_watch(ctx, env.log, enabled=True) as cancelled:
+    # backup_catalog precedes every offline direction's cancel cutoff.
+    with waits.cancel_watch(ctx, env.log, enabled=cancel_aware) as cancelled:
         hooks = StepHooks(env, cancelled=cancelled, progress_keys=PROGRESS_KEYS)
         try:
             result = _dump(env, _plan_dump(env, wh, prepared), hooks)

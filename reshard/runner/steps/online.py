@@ -349,7 +349,8 @@ def run_backup_after_unblock(env: StepEnv) -> None:
     """The pre-flip backup of the fenced source, taken after the unblock; a failure keeps the
     source (a backup is what its drop waits for)."""
     env.ctx.backup_attempted = True
-    backup_catalog.run_backup_step(env)
+    # Past the cancel cutoff: a late cancel must not kill the dump the source's drop waits for.
+    backup_catalog.run_backup_step(env, cancel_aware=False)
     env.op.refresh_from_db(fields=["backup_s3_uri"])
     if not env.op.backup_s3_uri and not env.op.source_kept_reason:
         _keep_or_fail(env, "no backup of the fenced source was recorded")
