@@ -57,6 +57,8 @@ OPTIONS = ", AUTOMATIC_MIGRATION TRUE, OVERRIDE_DATA_PATH TRUE"
 READABLE = (
     "DELETE FROM ducklake_view",
     "DELETE FROM ducklake_tag",
+    "DELETE FROM ducklake_partition_info",
+    "DELETE FROM ducklake_partition_column",
     "UPDATE ducklake_table SET table_name = 't_' || table_id",
     "UPDATE ducklake_column SET column_name = 'c' || column_id, initial_default = NULL, "
     "default_value = NULL, column_type = CASE column_type WHEN 'timestamp with time zone' "

@@ -304,6 +304,7 @@ def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Appl
     changes of ``tables`` (copied by the pre-copy and still there) are applied; others are
     counted as skipped."""
     done = Applied()
+    keys = _first_columns(conn, tables)
     for change in changes:
         if change.table not in tables:
             done.skipped += 1
@@ -312,11 +313,11 @@ def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Appl
             _insert(conn, change.table, change.new, change.seq)
             done.inserted += 1
         elif change.op == "U":
-            _delete(conn, change.table, change.old, change.seq)
+            _delete(conn, change.table, change.old, change.seq, keys.get(change.table))
             _insert(conn, change.table, change.new, change.seq)
             done.updated += 1
         elif change.op == "D":
-            _delete(conn, change.table, change.old, change.seq)
+            _delete(conn, change.table, change.old, change.seq, keys.get(change.table))
             done.deleted += 1
         elif change.op == "T":
             conn.execute(sql.SQL("TRUNCATE {}").format(_table(change.table)))
@@ -339,14 +340,41 @@ def _insert(conn: Connection, table: str, row: dict[str, Any] | None, seq: int) 
     )
 
 
-def _delete(conn: Connection, table: str, row: dict[str, Any] | None, seq: int) -> None:
+def _first_columns(conn: Connection, tables: set[str]) -> dict[str, str]:
+    """Each table's first column on the target: the one its lookup index leads with
+    (``reshard.engines.copy.online.add_lookup_indexes``)."""
+    rows = conn.execute(
+        "SELECT c.relname::text, a.attname::text FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid "
+        "WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND a.attnum = ("
+        "SELECT min(attnum) FROM pg_catalog.pg_attribute WHERE attrelid = c.oid "
+        "AND attnum > 0 AND NOT attisdropped)",
+        (sorted(tables),),
+    ).fetchall()
+    return {str(t): str(c) for t, c in rows}
+
+
+def _delete(
+    conn: Connection, table: str, row: dict[str, Any] | None, seq: int, key: str | None = None
+) -> None:
+    """Remove ONE row equal to ``row`` (its whole old image); the predicate also names the
+    table's first column, so its index finds the candidates instead of a scan of the table."""
     if row is None:
         raise CaptureError(f"change {seq}: a change of {table} without its old row")
+    lookup: sql.Composable = sql.SQL("")
+    if key is not None:
+        column = sql.Identifier(key)
+        lookup = (
+            sql.SQL(" AND t.{} IS NULL").format(column)
+            if row.get(key) is None
+            else sql.SQL(" AND t.{} = r.{}").format(column, column)
+        )
     cur = conn.execute(
         sql.SQL(
-            "DELETE FROM {} WHERE ctid = (SELECT t.ctid FROM {} AS t "
-            "WHERE t IS NOT DISTINCT FROM {} LIMIT 1)"
-        ).format(_table(table), _table(table), _record(table)),
+            "DELETE FROM {} WHERE ctid = (SELECT t.ctid FROM {} AS t, {} AS r "
+            "WHERE t IS NOT DISTINCT FROM r{} LIMIT 1)"
+        ).format(_table(table), _table(table), _record(table), lookup),
         (json.dumps(row),),
     )
     if cur.rowcount != 1:

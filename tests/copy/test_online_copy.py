@@ -99,6 +99,7 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
     during = [t for t in writer.commits if started <= t <= ended]
     assert len(during) >= 5, "the tenant committed while the pre-copy ran"
     assert "ducklake_scratchpad" in pre.names
+    assert _lookup_indexes(pair), "the catch-up's lookup indexes were built on the target"
 
     with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
         lake.sql("UPDATE lake.events SET amount = -1 WHERE id <= 20")
@@ -116,6 +117,9 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
 
     done = online.catch_up(pair.source, pair.target, hooks, pre)
     try:
+        assert _lookup_indexes(pair) == [], (
+            "the flipped-to catalog is the source's, index for index"
+        )
         assert done.dropped == ("ducklake_scratchpad",)
         assert done.created, "the inlined-data table DuckDB created since was copied whole"
         assert done.applied.inserted >= len(writer.commits)
@@ -265,3 +269,11 @@ def _first_column(conn: psycopg.Connection[Any], table: str) -> str:
     ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+def _lookup_indexes(pair: Pair) -> list[str]:
+    with pair.target() as conn:
+        rows = conn.execute(
+            "SELECT relname FROM pg_class WHERE relname LIKE 'duckgres\\_catchup\\_%'"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
