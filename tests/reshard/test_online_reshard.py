@@ -7,13 +7,16 @@ travel, and writes there. Both placements of the backup are run.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from duckgres_admin.models import ReshardOperation
 from reshard.operation import sequences
-from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
 from tests.fixtures.online import (
+    AFTER_THE_SNAPSHOT,
     CaptureProbe,
     OnlineTenant,
     assert_moved_with_writes,
@@ -29,7 +32,9 @@ from tests.fixtures.runner import (
     runner_moto_server,
     runner_s3,
     runner_state_dir,
+    start_runner,
     step_rows,
+    wait_until,
     warehouse_of,
 )
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
@@ -86,3 +91,43 @@ def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
         assert_moved_with_writes(lake, before, writer, created)
         lake.sql("INSERT INTO lake.dims VALUES ('z', 3)")
         assert lake.rows("dims") == [*before["dims"], ("z", 3)]
+
+
+@pytest.mark.safeguard("reshard-144")
+@pytest.mark.safeguard("reshard-145")
+def test_a_cancel_during_the_pre_copy_removes_the_capture_while_the_tenant_writes(
+    transactional_db: None,
+    store_clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    runner_state_dir: Path,
+    runner_s3: RunnerS3,
+    tmp_path: Path,
+) -> None:
+    """The rollback's removal of the capture competes with the tenant's commits (the warehouse
+    was never blocked): it retries until it finds the tables free, never gives up because the
+    cancel that started it is still set, and no commit of the tenant fails."""
+    catalog = tenant_catalog(store_clusters.source, with_tables=False)
+    tenant = OnlineTenant(store_clusters.source, catalog, tmp_path / "lake-data")
+    with attach(extensions, tenant.cluster, catalog, tenant.data) as lake:
+        tenant_work(lake)
+    warehouse = new_warehouse(
+        store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
+    )
+    op = online_op(warehouse, new_store(store_clusters.target))
+    env = {**runner_s3.env(), **AFTER_THE_SNAPSHOT, "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "3"}
+    with Writer(extensions, tenant, pause=0.005) as writer:
+        runner = start_runner(op.id, runner_state_dir, env_extra=env)
+        wait_until(lambda: any("pre-copy complete" in line for line in op_log(op.id)), 60)
+        ReshardOperation.objects.filter(id=op.id).update(cancel_requested=True)
+        runner.wait(120)
+        time.sleep(0.5)  # the tenant keeps writing after the rollback
+    op = reload(op)
+    assert op.state == "cancelled", (op.error, op_log(op.id))
+    assert op.capture_removed_at is not None
+    assert not writer.errors, writer.errors
+    CaptureProbe(store_clusters.source, catalog.database).assert_nothing_left()
+    assert warehouse_of(op).metadata_store_id == warehouse.metadata_store_id
+    with attach(extensions, store_clusters.source, catalog, tenant.data) as lake:
+        online = [r for r in lake.rows("events") if r[1] == "online"]
+    assert len(online) == len(writer.commits)

@@ -264,8 +264,15 @@ def _lookup_index_names(tgt: Connection) -> list[str]:
 
 
 def drop_lookup_indexes(tgt: Connection) -> None:
-    for name in _lookup_index_names(tgt):
-        tgt.execute(sql.SQL("DROP INDEX public.{}").format(sql.Identifier(name)))
+    """All of them in ONE statement (inside the window: one per table took 1.6 s at 20,000
+    DuckLake tables)."""
+    names = _lookup_index_names(tgt)
+    if names:
+        tgt.execute(
+            sql.SQL("DROP INDEX {}").format(
+                sql.SQL(", ").join(sql.SQL("public.{}").format(sql.Identifier(n)) for n in names)
+            )
+        )
 
 
 def _subset(catalog: Catalog, tables: Sequence[str]) -> Catalog:

@@ -73,10 +73,11 @@ def run_rendering_target(env: StepEnv) -> None:
     )
 
 
-def _retrying(env: StepEnv, what: str, action: Callable[[], Any]) -> Any:
+def _retrying(env: StepEnv, what: str, action: Callable[[], Any], *, stoppable: bool = True) -> Any:
     """Run ``action`` (a capture statement that takes its tables' locks with ``NOWAIT``) until it
     finds them free, for at most CAPTURE_SECONDS; between attempts the stop and the cancel are
-    checked. Any other failure is final."""
+    checked (``stoppable``; a rollback's removal is not: it is what a cancel or a stop asks
+    for). Any other failure is final."""
     deadline = time.monotonic() + CAPTURE_SECONDS
     attempts = 0
     while True:
@@ -89,9 +90,9 @@ def _retrying(env: StepEnv, what: str, action: Callable[[], Any]) -> Any:
                     f"{what}: the tenant's writes held a table for {CAPTURE_SECONDS:g} s "
                     f"({attempts} attempts; last: {exc})"
                 ) from None
-            if env.ctx.stop.is_set():
+            if stoppable and env.ctx.stop.is_set():
                 raise Interrupted() from None
-            if waits.cancel_requested(env.op.id):
+            if stoppable and waits.cancel_requested(env.op.id):
                 raise Cancelled() from None
             time.sleep(CAPTURE_PAUSE_SECONDS)
             continue
@@ -246,7 +247,12 @@ def remove_capture(env: StepEnv, *, during_rollback: bool) -> bool:
     try:
         source = connections.source_side(ctx, op)
         with source.connect(ctx) as conn, connections.registered(ctx, conn):
-            found = _retrying(env, "removing the change capture", lambda: capture.remove(conn))
+            found = _retrying(
+                env,
+                "removing the change capture",
+                lambda: capture.remove(conn),
+                stoppable=not during_rollback,
+            )
     except (psycopg.Error, StepError, Cancelled, Interrupted) as exc:
         if not during_rollback:
             raise
