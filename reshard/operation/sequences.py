@@ -50,7 +50,7 @@ CNPG_TO_EXTERNAL = (
 # ``backup_after_unblock``, frozen at its start from DUCKGRES_RESHARD_ONLINE_BACKUP; docs/runner.md
 # "The backup in the online mode"): after the unblock (``opening`` is the commit point), or
 # inside the window before the flip, as the offline move has them.
-ONLINE_CNPG_TO_CNPG = (
+_ONLINE_TO_CATCH_UP = (
     "rendering_target",
     "precopying",
     "blocking",
@@ -59,6 +59,9 @@ ONLINE_CNPG_TO_CNPG = (
     "fencing_source",
     "pausing_compaction",
     "catching_up",
+)
+ONLINE_CNPG_TO_CNPG = (
+    *_ONLINE_TO_CATCH_UP,
     "cutover",
     "opening",
     "verifying",
@@ -67,14 +70,7 @@ ONLINE_CNPG_TO_CNPG = (
     "finalizing",
 )
 ONLINE_BACKUP_FIRST = (
-    "rendering_target",
-    "precopying",
-    "blocking",
-    "preparing_access",
-    "draining",
-    "fencing_source",
-    "pausing_compaction",
-    "catching_up",
+    *_ONLINE_TO_CATCH_UP,
     "backup_catalog",
     "cutover",
     "verifying",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from duckgres_admin.models import ReshardOperation
+from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.operation import sequences
 from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
 from tests.fixtures.online import (
@@ -47,6 +48,24 @@ def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
 
 
+def _lake_on_the_source(
+    clusters: StoreClusters,
+    tenant_catalog: TenantCatalogFactory,
+    extensions: Path,
+    data: Path,
+    bucket: str,
+) -> tuple[OnlineTenant, Warehouse, int, dict[str, Any]]:
+    """A real DuckLake with a tenant's work on the source cluster, the warehouse bound to it;
+    the snapshot that created ``events`` and what DuckDB read before the move."""
+    catalog = tenant_catalog(clusters.source, with_tables=False)
+    tenant = OnlineTenant(clusters.source, catalog, data)
+    with attach(extensions, tenant.cluster, catalog, tenant.data) as lake:
+        created = tenant_work(lake)
+        before = history(lake, created)
+    warehouse = new_warehouse(store=new_store(clusters.source), catalog=catalog, data_bucket=bucket)
+    return tenant, warehouse, created, before
+
+
 @pytest.mark.parametrize("after_unblock", [True, False], ids=["backup-after-unblock", "before"])
 def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
     after_unblock: bool,
@@ -58,14 +77,10 @@ def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
     runner_s3: RunnerS3,
     tmp_path: Path,
 ) -> None:
-    catalog = tenant_catalog(store_clusters.source, with_tables=False)
-    tenant = OnlineTenant(store_clusters.source, catalog, tmp_path / "lake-data")
-    with attach(extensions, tenant.cluster, catalog, tenant.data) as lake:
-        created = tenant_work(lake)
-        before = history(lake, created)
-    warehouse = new_warehouse(
-        store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
+    tenant, warehouse, created, before = _lake_on_the_source(
+        store_clusters, tenant_catalog, extensions, tmp_path / "lake-data", runner_s3.bucket
     )
+    catalog = tenant.catalog
     op = online_op(warehouse, new_store(store_clusters.target), after_unblock=after_unblock)
     runner, writer = run_with_writer(
         op, tenant, extensions, runner_state_dir, runner_s3.env(), timeout=180
@@ -107,13 +122,10 @@ def test_a_cancel_during_the_pre_copy_removes_the_capture_while_the_tenant_write
     """The rollback's removal of the capture competes with the tenant's commits (the warehouse
     was never blocked): it retries until it finds the tables free, never gives up because the
     cancel that started it is still set, and no commit of the tenant fails."""
-    catalog = tenant_catalog(store_clusters.source, with_tables=False)
-    tenant = OnlineTenant(store_clusters.source, catalog, tmp_path / "lake-data")
-    with attach(extensions, tenant.cluster, catalog, tenant.data) as lake:
-        tenant_work(lake)
-    warehouse = new_warehouse(
-        store=new_store(store_clusters.source), catalog=catalog, data_bucket=runner_s3.bucket
+    tenant, warehouse, _, _ = _lake_on_the_source(
+        store_clusters, tenant_catalog, extensions, tmp_path / "lake-data", runner_s3.bucket
     )
+    catalog = tenant.catalog
     op = online_op(warehouse, new_store(store_clusters.target))
     env = {**runner_s3.env(), **AFTER_THE_SNAPSHOT, "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": "3"}
     with Writer(extensions, tenant, pause=0.005) as writer:
