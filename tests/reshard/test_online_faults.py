@@ -160,14 +160,17 @@ def test_a_kill_before_the_flip_restarts_the_pre_copy_from_a_clean_slate_and_suc
 
 
 @pytest.mark.safeguard("reshard-144")
+@pytest.mark.parametrize("point", ["after_flip", "step:opening"])
 def test_a_kill_in_the_cutover_rolls_back_and_removes_the_capture(
-    cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3
+    cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3, point: str
 ) -> None:
-    """At ``cutover`` the flip may have landed: the takeover cannot resume, it rolls back."""
+    """At ``cutover`` (the flip may have landed) and at ``opening`` before its commit the
+    takeover cannot resume: it rolls back."""
     world = cnpg_world
     op, s3 = _online(world, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
-    killed_at(op.id, runner_state_dir, "after_flip", **s3)
+    killed_at(op.id, runner_state_dir, point, **s3)
+    assert reload(op).target_opened_at is None
     assert warehouse_of(reload(op)).metadata_store_id == world.target_store.name
     backdate(op.id)
     runner = run_runner(op.id, runner_state_dir, 180, env_extra=s3)
@@ -179,8 +182,15 @@ def test_a_kill_in_the_cutover_rolls_back_and_removes_the_capture(
 
 
 @pytest.mark.safeguard("reshard-146")
+@pytest.mark.parametrize(
+    ("point", "reason"),
+    [
+        ("step:verifying", "comparison did not pass in this run"),
+        ("step:backup_catalog", "no backup of the fenced source was recorded"),
+    ],
+)
 def test_a_kill_after_the_unblock_keeps_the_source_and_says_why(
-    cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3
+    cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3, point: str, reason: str
 ) -> None:
     """Past ``opening`` (the commit point) the tenant writes the target: the relaunch rolls
     forward, never re-points the source, and — the target's snapshot at the flip being gone with
@@ -189,7 +199,7 @@ def test_a_kill_after_the_unblock_keeps_the_source_and_says_why(
     world = cnpg_world
     op, s3 = _online(world, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
-    killed_at(op.id, runner_state_dir, "step:verifying", **s3)
+    killed_at(op.id, runner_state_dir, point, **s3)
     assert reload(op).target_opened_at is not None
     assert warehouse_of(reload(op)).state == "ready"
     backdate(op.id)
@@ -198,7 +208,7 @@ def test_a_kill_after_the_unblock_keeps_the_source_and_says_why(
     op = reload(op)
     assert op.state == "failed", op_log(op.id)
     assert "the source was kept" in op.error
-    assert "comparison did not pass in this run" in op.source_kept_reason
+    assert reason in op.source_kept_reason
     wh = warehouse_of(op)
     assert (wh.state, wh.metadata_store_id) == ("ready", world.target_store.name)
     assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
