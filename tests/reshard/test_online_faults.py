@@ -139,7 +139,8 @@ def test_a_kill_before_the_flip_restarts_the_pre_copy_from_a_clean_slate_and_suc
     cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3, point: str
 ) -> None:
     world = cnpg_world
-    op, s3 = _online(world, runner_s3)
+    # the triggers are dropped inside the window only when the backup runs before the flip
+    op, s3 = _online(world, runner_s3, after_unblock=point != "catch_up:triggers_dropped")
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
     killed_at(op.id, runner_state_dir, point, **s3)
     backdate(op.id)

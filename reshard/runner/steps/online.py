@@ -15,10 +15,12 @@ Invariants:
   and copies again, so a takeover's redo never mixes two pre-copies' rows or changes.
 - **The target is written before the block only by this operation**, under the target copier's
   advisory lock, and the binding names the source until ``cutover``.
-- **The catch-up applies every change the pre-copy did not see:** the triggers are dropped only
-  once the tenant is fenced (``fencing_source``: NOLOGIN, its sessions ended), then the write
-  fence is taken and the changes are applied in one target transaction; the in-window check
-  (snapshot, data files, metadata) runs before the flip.
+- **The catch-up applies every change the pre-copy did not see:** it runs only once the tenant
+  is fenced (``fencing_source``: NOLOGIN, its sessions ended), takes the write fence, and reads
+  the changes after the fence is up, applying them in one target transaction; the in-window
+  check (snapshot, data files, metadata) runs before the flip. The capture is removed before
+  any backup: in the catch-up when the backup runs before the flip, else after the unblock's
+  comparison, right before the backup (out of the window).
 - **With the backup after the unblock** (``backup_after_unblock``), ``opening`` unblocks the
   warehouse on the target and records ``target_opened_at`` in one transaction: the commit point.
   After it the source is never re-pointed, and it is dropped only once the whole-catalog
@@ -49,6 +51,7 @@ from reshard.runner.env import StepEnv
 from reshard.runner.errors import Cancelled, Interrupted, StepError
 from reshard.runner.hooks import StepHooks
 from reshard.runner.steps import backup_catalog, cutover, preflight, record_source
+from reshard.runner.steps.copying import release_handle
 from reshard.runner.steps.finalize import COMPLETE_MESSAGE, restore_fields
 
 MIN_SOURCE_VERSION = 130000  # pg_current_snapshot, pg_visible_in_snapshot and xid8
@@ -193,12 +196,17 @@ def run_catching_up(env: StepEnv) -> None:
         raise StepError("the pre-copy's marker is not held by this runner; cannot catch up")
     source = connections.source_side(ctx, op)
     target = connections.target_side(ctx, op)
-    try:
-        with source.connect(ctx) as conn, connections.registered(ctx, conn):
-            _retrying(env, "dropping the capture triggers", lambda: capture.drop_triggers(conn))
-    except psycopg.Error as exc:
-        raise StepError(f"cannot reach the source to end the capture: {exc}") from None
-    testhooks.kill_point("catch_up:triggers_dropped")
+    # With the backup after the unblock the capture is removed then, before the backup, out of
+    # the window (the tenant is fenced: its triggers see no write); before the flip it must go
+    # now, as the backup starts next.
+    in_window = not op.backup_after_unblock
+    if in_window:
+        try:
+            with source.connect(ctx) as conn, connections.registered(ctx, conn):
+                _retrying(env, "dropping the capture triggers", lambda: capture.drop_triggers(conn))
+        except psycopg.Error as exc:
+            raise StepError(f"cannot reach the source to end the capture: {exc}") from None
+        testhooks.kill_point("catch_up:triggers_dropped")
     with waits.cancel_watch(ctx, env.log, enabled=True) as cancelled:
         hooks = StepHooks(env, cancelled=cancelled, progress_keys=PROGRESS_KEYS)
         try:
@@ -210,7 +218,8 @@ def run_catching_up(env: StepEnv) -> None:
             raise StepError(str(exc)) from None
     ctx.release_handle = caught.release
     testhooks.kill_point("catch_up:applied")
-    remove_capture(env, during_rollback=False)
+    if in_window:
+        remove_capture(env, during_rollback=False)
     _check_caught_up(env, target)
     tables = [*precopied.tables, *caught.created]
     kept = [t for t in tables if t.name not in set(caught.dropped)]
@@ -355,6 +364,10 @@ def run_backup_after_unblock(env: StepEnv) -> None:
     """The pre-flip backup of the fenced source, taken after the unblock; a failure keeps the
     source (a backup is what its drop waits for)."""
     env.ctx.backup_attempted = True
+    # The capture goes first (a dump must not carry its triggers); its removal needs the write
+    # fence's locks released. The source stays fenced: NOLOGIN, its sessions ended.
+    release_handle(env)
+    remove_capture(env, during_rollback=False)
     # Past the cancel cutoff: a late cancel must not kill the dump the source's drop waits for.
     backup_catalog.run_backup_step(env, cancel_aware=False)
     env.op.refresh_from_db(fields=["backup_s3_uri"])
