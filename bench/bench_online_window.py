@@ -250,7 +250,7 @@ def main() -> int:
 
     from tests.fixtures.ducklake import extension_dir
     from tests.fixtures.runner import RunnerS3
-    from tests.fixtures.stores import StoreCluster, StoreClusters
+    from tests.fixtures.stores import StoreCluster, StoreClusters, drop_tenant
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -270,7 +270,11 @@ def main() -> int:
         for mode in ("offline", "online"):
             data = work / f"{size}-{mode}"
             catalog = _catalog(clusters, tables, files, extensions, data)
-            runs[mode] = _move(mode, clusters, catalog, args.rate, extensions, data, s3)
+            try:
+                runs[mode] = _move(mode, clusters, catalog, args.rate, extensions, data, s3)
+            finally:  # gigabytes on both stores: never left behind for the next run
+                for cluster in clusters:
+                    drop_tenant(cluster, catalog.role)
         _report(size, runs["offline"], runs["online"])
         points.append((runs["online"].megabytes, runs["online"].outside))
     if len(points) > 1:
