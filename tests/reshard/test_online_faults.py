@@ -16,7 +16,7 @@ from django.db import connection
 
 from duckgres_admin.models import ReshardOperation
 from reshard.operation import sequences
-from tests.fixtures.faults import backdate, killed_at, with_bucket
+from tests.fixtures.faults import backdate, killed_at, pause, with_bucket
 from tests.fixtures.online import CaptureProbe
 from tests.fixtures.runner import (
     CnpgWorld,
@@ -56,14 +56,6 @@ def _online(
 
 def _target(world: CnpgWorld) -> StoreCluster:
     return StoreCluster("target", world.target_store.host, world.target_store.port)
-
-
-def _pause(point: str, seconds: float = 4) -> dict[str, str]:
-    return {
-        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
-        "DUCKGRES_RESHARD_TEST_PAUSE_AT": point,
-        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": str(seconds),
-    }
 
 
 def run(op_id: int, *args: str) -> str:
@@ -108,7 +100,7 @@ def test_a_cancel_before_the_flip_leaves_nothing_of_the_online_mode(
     world = cnpg_world
     op, s3 = _online(world, runner_s3)
     before = catalog_checksums(world.catalog.cluster, world.catalog.database)
-    runner = start_runner(op.id, runner_state_dir, env_extra={**_pause(point), **s3})
+    runner = start_runner(op.id, runner_state_dir, env_extra={**pause(point), **s3})
     wait_until(lambda: reload(op).step == seen or _reached(op.id, seen), 60, seen)
     ReshardOperation.objects.filter(id=op.id).update(cancel_requested=True)
     assert runner.wait(120) == 0, runner.output()
@@ -252,7 +244,7 @@ def test_a_catalog_table_changed_during_the_pre_copy_fails_the_catch_up_and_roll
 ) -> None:
     world = cnpg_world
     op, s3 = _online(world, runner_s3)
-    runner = start_runner(op.id, runner_state_dir, env_extra={**_pause("step:blocking", 3), **s3})
+    runner = start_runner(op.id, runner_state_dir, env_extra={**pause("step:blocking", 3), **s3})
     wait_until(lambda: reload(op).step == "blocking", 60, "blocking")
     table = ducklake_tables(world.catalog.cluster, world.catalog.database)[0]
     with world.catalog.cluster.superuser_conn(world.catalog.database) as conn:

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from duckgres_admin.models import MetadataStore, ReshardOperation, Warehouse
-from tests.fixtures.faults import backdate, killed_at, lines_of_epoch, with_bucket
+from tests.fixtures.faults import backdate, killed_at, lines_of_epoch, pause, with_bucket
 from tests.fixtures.rows import new_warehouse
 from tests.fixtures.runner import (
     CnpgWorld,
@@ -45,14 +45,6 @@ __all__ = [
 pytestmark = pytest.mark.faults
 
 LATE_CANCEL = "cancel requested after the point of no return; the operation will complete"
-
-
-def pause(point: str, seconds: float = 4) -> dict[str, str]:
-    return {
-        "DUCKGRES_RESHARD_TEST_HOOKS": "1",
-        "DUCKGRES_RESHARD_TEST_PAUSE_AT": point,
-        "DUCKGRES_RESHARD_TEST_PAUSE_SECONDS": str(seconds),
-    }
 
 
 def target_cluster(world: CnpgWorld) -> StoreCluster:
