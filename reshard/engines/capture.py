@@ -48,7 +48,7 @@ for the short transaction that creates or drops the triggers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,7 +304,7 @@ def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Appl
     changes of ``tables`` (copied by the pre-copy and still there) are applied; others are
     counted as skipped."""
     done = Applied()
-    keys = _first_columns(conn, tables)
+    keys = first_columns(conn, tables)
     for change in changes:
         if change.table not in tables:
             done.skipped += 1
@@ -340,18 +340,28 @@ def _insert(conn: Connection, table: str, row: dict[str, Any] | None, seq: int) 
     )
 
 
-def _first_columns(conn: Connection, tables: set[str]) -> dict[str, str]:
-    """Each table's first column on the target: the one its lookup index leads with
-    (``reshard.engines.copy.online.add_lookup_indexes``)."""
-    rows = conn.execute(
-        "SELECT c.relname::text, a.attname::text FROM pg_catalog.pg_class c "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid "
-        "WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND a.attnum = ("
-        "SELECT min(attnum) FROM pg_catalog.pg_attribute WHERE attrelid = c.oid "
-        "AND attnum > 0 AND NOT attisdropped)",
-        (sorted(tables),),
-    ).fetchall()
+_FIRST_COLUMNS = """
+SELECT c.relname::pg_catalog.text, a.attname::pg_catalog.text FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid
+ WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND a.attnum = (
+         SELECT pg_catalog.min(attnum) FROM pg_catalog.pg_attribute
+          WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped)
+"""
+_NO_INDEX_LEADS = """
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                    WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+"""
+
+
+def first_columns(
+    conn: Connection, tables: Iterable[str], *, unindexed: bool = False
+) -> dict[str, str]:
+    """Each table's first column (by table name): the one the catch-up's lookup index leads
+    with (``reshard.engines.copy.online.add_lookup_indexes``) and its apply matches rows by.
+    ``unindexed``: only the tables where no index leads with that column yet."""
+    query = _FIRST_COLUMNS + (_NO_INDEX_LEADS if unindexed else "") + " ORDER BY 1"
+    rows = conn.execute(query, (sorted(tables),)).fetchall()
     return {str(t): str(c) for t, c in rows}
 
 

@@ -11,7 +11,8 @@ on both sides:
 The source is read inside the copy's still-open ``REPEATABLE READ`` snapshot (the release
 handle's connection, write fence held), so it sees exactly what was copied. A missing table is
 detected with ``to_regclass`` before any read, so the source transaction never aborts (it still
-holds the fence). Reads only: neither side is changed.
+holds the fence). Reads only: neither side is changed. The two sides are read at the same time,
+one thread per connection (two servers: the window pays the slower side, not the sum).
 
 Both sessions are pinned before the first read (``lib.pgadmin.pin_session``: ``search_path``
 empty, ``row_security`` off; safeguard reshard-60): every name read is schema-qualified, so a
@@ -27,9 +28,10 @@ to log) or raises :class:`VerifyError` with "DuckLake verification failed: <chec
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -37,6 +39,7 @@ from psycopg import sql
 from duckgres_admin.lib.pgadmin import pin_session
 
 Connection = psycopg.Connection[Any]
+T = TypeVar("T")
 
 _TABLES = ("ducklake_snapshot", "ducklake_data_file", "ducklake_metadata")
 
@@ -240,16 +243,27 @@ def _recorded(fingerprint: Mapping[str, Any], check: str) -> str:
     return f"{fingerprint.get('metadata_keys')} keys (md5 {fingerprint.get('metadata_md5')})"
 
 
+def _on_both(
+    read: Callable[[Connection], T], source: Connection, target: Connection
+) -> tuple[Future[T], Future[T]]:
+    """``read`` on both sides at the same time (two servers: the window pays the slower side,
+    not the sum); each connection is used by one thread only, and both reads have ended when
+    this returns. The futures hold each side's result or error."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
+        return pool.submit(read, source), pool.submit(read, target)
+
+
 def verify_ducklake(source_conn: Connection, target_conn: Connection) -> Verification:
     """Read both sides and compare; ``source_conn`` should be ``ReleaseHandle.connection``."""
+    left, right = _on_both(read_state, source_conn, target_conn)
     try:
-        source = read_state(source_conn)
+        source = left.result()
     except psycopg.Error as exc:
         raise VerifyError(
             "read", f"DuckLake verification could not read the source: {exc}"
         ) from exc
     try:
-        target = read_state(target_conn)
+        target = right.result()
     except psycopg.Error as exc:
         raise VerifyError(
             "read", f"DuckLake verification could not read the target: {exc}"
@@ -351,7 +365,8 @@ def compare_tables(source: Connection, target: Connection) -> TableComparison:
     names_source, names_target = _ducklake_tables(source), _ducklake_tables(target)
     both = [t for t in names_source if t in set(names_target)]
     one_side = sorted(set(names_source) ^ set(names_target))
-    left, right = _digests(source, both), _digests(target, both)
+    sides = _on_both(lambda conn: _digests(conn, both), source, target)
+    left, right = (side.result() for side in sides)
     differing = tuple(one_side + [t for t in both if left[t] != right[t]])
     rows = sum(count for count, _ in left.values())
     return TableComparison(len(set(names_source) | set(names_target)), rows, differing)

@@ -209,6 +209,38 @@ def test_a_kill_after_the_unblock_keeps_the_source_and_says_why(
     CaptureProbe(world.catalog.cluster, world.catalog.database).assert_nothing_left()
 
 
+@pytest.mark.safeguard("reshard-146")
+def test_a_target_that_differs_at_the_flip_keeps_the_source_and_names_the_table(
+    cnpg_world: CnpgWorld, runner_state_dir: Any, runner_s3: RunnerS3
+) -> None:
+    """The catch-up's in-window check passed, then, before the unblock, a row reaches the
+    target that the fenced source does not have (here written by hand; in life a bug or a
+    foreign writer). The comparison after the unblock reads the target's snapshot held from
+    the flip, finds the table that differs, and the source is kept, intact and fenced: the
+    operation fails naming the table, the warehouse serves from the target."""
+    world = cnpg_world
+    op, s3 = _online(world, runner_s3)
+    before = catalog_checksums(world.catalog.cluster, world.catalog.database)
+    runner = start_runner(op.id, runner_state_dir, env_extra={**pause("step:opening", 4), **s3})
+    wait_until(lambda: reload(op).step == "opening", 120, "opening")
+    with _target(world).superuser_conn(world.catalog.database) as conn:
+        conn.execute(
+            "INSERT INTO public.ducklake_metadata (key, value) VALUES ('written_at_the_flip', 'x')"
+        )
+    assert runner.wait(180) == 0, runner.output()
+    op = reload(op)
+    assert op.state == "failed", op_log(op.id)
+    assert "the source was kept" in op.error
+    assert "ducklake_metadata" in op.source_kept_reason
+    assert "differ" in op.source_kept_reason
+    assert op.catalog_fingerprint is None
+    wh = warehouse_of(op)
+    assert (wh.state, wh.metadata_store_id) == ("ready", world.target_store.name)
+    assert catalog_checksums(world.catalog.cluster, world.catalog.database) == before
+    assert role_can_login(world.catalog.cluster, world.catalog.role) is False
+    CaptureProbe(world.catalog.cluster, world.catalog.database).assert_nothing_left()
+
+
 # --- force-fail, then reshard_recover --------------------------------------------------------
 @pytest.mark.safeguard("reshard-144")
 def test_reshard_recover_removes_the_capture_of_a_force_failed_pre_copy(

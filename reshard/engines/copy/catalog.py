@@ -200,7 +200,10 @@ def fence_target(tgt: Connection) -> None:
         raise CopyError("target catalog is locked by another copier — refusing to interleave")
 
 
-def fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]:
+def lock_source(src: Connection, hooks: CopyHooks) -> list[str]:
+    """Open the fence's ``REPEATABLE READ`` transaction on the source and take a ``SHARE``
+    lock on every ``ducklake_*`` table in one statement; the table set is read again under the
+    locks and must not have changed. Returns the tables (sorted)."""
     try:
         src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         tables = introspection.discover_tables(src)
@@ -214,18 +217,27 @@ def fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]
             )
         )
         again = introspection.discover_tables(src)
-        if again != tables:
-            added = sorted(set(again) - set(tables))
-            gone = sorted(set(tables) - set(again))
-            raise CopyError(
-                "source catalog table set changed while acquiring the write fence "
-                f"(added: {', '.join(added) or 'none'}; removed: {', '.join(gone) or 'none'})"
-            )
+    except psycopg.Error as exc:
+        raise db_error("acquiring the source write fence", exc) from exc
+    if again != tables:
+        added = sorted(set(again) - set(tables))
+        gone = sorted(set(tables) - set(again))
+        raise CopyError(
+            "source catalog table set changed while acquiring the write fence "
+            f"(added: {', '.join(added) or 'none'}; removed: {', '.join(gone) or 'none'})"
+        )
+    hooks.log("info", f"source write fence held: SHARE locks on {len(tables)} tables")
+    return tables
+
+
+def fence_source(src: Connection, hooks: CopyHooks) -> tuple[list[str], Catalog]:
+    """:func:`lock_source`, then every table's shape read under the fence."""
+    tables = lock_source(src, hooks)
+    try:
         # Every shape is checked (and the DDL composed) before anything touches the target.
         catalog = read_catalog(src, tables)
     except psycopg.Error as exc:
-        raise db_error("acquiring the source write fence", exc) from exc
-    hooks.log("info", f"source write fence held: SHARE locks on {len(tables)} tables")
+        raise db_error("reading the catalog's shapes under the write fence", exc) from exc
     return tables, catalog
 
 

@@ -48,11 +48,13 @@ from reshard.engines.copy.base import (
 from reshard.engines.copy.catalog import (
     ReleaseHandle,
     copy_tables,
-    fence_source,
     fence_target,
+    lock_source,
 )
 from reshard.engines.copy.replay import drop_table, durable_commit, recreate_table, replay
-from reshard.engines.copy.shape import Catalog, Column, read_catalog
+from reshard.engines.copy.shape import Catalog, read_catalog
+
+ColumnRows = tuple[introspection.ColumnRow, ...]
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class Precopied:
 
     marker: str
     tables: tuple[TableCopy, ...]
-    columns: dict[str, list[Column]] = field(repr=False)
+    # Each table's pg_attribute rows as the pre-copy's snapshot read them: the fenced catch-up
+    # reads them again and compares them as read (no shaping inside the window).
+    columns: dict[str, ColumnRows] = field(repr=False)
     last_round: int = 0  # changes the last catch-up round applied (0 after the pre-copy)
 
     @property
@@ -95,7 +99,7 @@ def precopy_catalog(
         src = open_connection(source, hooks, opened, "source")
         tgt = open_connection(target, hooks, opened, "target")
         fence_target(tgt)
-        marker, tables, catalog = _snapshot(src, hooks)
+        marker, tables, catalog, columns = _snapshot(src, hooks)
         copied, _ = copy_tables(
             (src, source), (tgt, target), tables, catalog, hooks, parallelism, progress_interval
         )
@@ -105,7 +109,7 @@ def precopy_catalog(
             f"pre-copy complete: {len(copied)} tables under snapshot {marker} ({helped} lookup "
             "indexes for the catch-up)",
         )
-        return Precopied(marker, tuple(copied), catalog.columns)
+        return Precopied(marker, tuple(copied), columns)
     except (capture.CaptureError, psycopg.Error) as exc:
         raise _failed("pre-copy", exc) from exc
     finally:
@@ -113,7 +117,9 @@ def precopy_catalog(
             close_quietly(conn, hooks, rollback=True)
 
 
-def _snapshot(src: Connection, hooks: CopyHooks) -> tuple[str, list[str], Catalog]:
+def _snapshot(
+    src: Connection, hooks: CopyHooks
+) -> tuple[str, list[str], Catalog, dict[str, ColumnRows]]:
     try:
         src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         marker = capture.snapshot_marker(src)
@@ -123,10 +129,19 @@ def _snapshot(src: Connection, hooks: CopyHooks) -> tuple[str, list[str], Catalo
                 "no source table carries the change capture — install it before the pre-copy"
             )
         catalog = read_catalog(src, tables)
+        columns = column_rows(src, tables)
     except psycopg.Error as exc:
         raise db_error("opening the pre-copy snapshot", exc) from exc
     hooks.log("info", f"pre-copy snapshot {marker}: {len(tables)} captured tables")
-    return marker, tables, catalog
+    return marker, tables, catalog, columns
+
+
+def column_rows(conn: Connection, tables: Sequence[str]) -> dict[str, ColumnRows]:
+    """Each of ``tables``' columns as introspected, unshaped (a table with none: empty)."""
+    grouped: dict[str, list[introspection.ColumnRow]] = {t: [] for t in tables}
+    for row in introspection.read_columns(conn, tables):
+        grouped.setdefault(row.table, []).append(row)
+    return {t: tuple(rows) for t, rows in grouped.items()}
 
 
 def advance(
@@ -176,7 +191,10 @@ def catch_up(
         src = open_connection(source, hooks, opened, "source")
         tgt = open_connection(target, hooks, opened, "target")
         fence_target(tgt)
-        now, catalog = fence_source(src, hooks)
+        # The fence without the offline copy's shaping of every table: inside the window only
+        # the kept tables' columns are read (and compared as read) and only the tables created
+        # since the pre-copy are shaped, for their whole copy.
+        now = lock_source(src, hooks)
         # The changes are read on a session of their own (after the fence is up, so they are
         # all there): the fence's transaction then holds no lock on the change table, and the
         # caller can remove the capture while the fence stays up for the verification.
@@ -185,8 +203,8 @@ def catch_up(
         kept = [t for t in precopied.names if t in now]
         dropped = tuple(t for t in precopied.names if t not in now)
         created_names = [t for t in now if t not in precopied.names]
-        _same_shapes(catalog, kept, precopied)
-        new = _subset(catalog, created_names)
+        _same_columns(column_rows(src, kept), precopied)
+        new = read_catalog(src, created_names)
         with tgt.transaction():
             for table in dropped:
                 drop_table(tgt, table, hooks)
@@ -222,17 +240,6 @@ def catch_up(
 # catch-up's transaction, so the catalog that is flipped to is the source's, index for index.
 LOOKUP_PREFIX = "duckgres_catchup_"
 
-_UNINDEXED_FIRST_COLUMNS = """
-SELECT c.relname::text, a.attname::text FROM pg_catalog.pg_class c
-  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid
- WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND a.attnum = (
-         SELECT min(attnum) FROM pg_catalog.pg_attribute
-          WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped)
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
-                    WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
-"""
-
 
 def add_lookup_indexes(tgt: Connection, tables: Sequence[str]) -> int:
     """Index the first column of each of ``tables`` on the target that no index leads with.
@@ -243,8 +250,8 @@ def add_lookup_indexes(tgt: Connection, tables: Sequence[str]) -> int:
             f"the catalog has a relation named {LOOKUP_PREFIX}…, a prefix the online copy "
             "reserves for its own lookup indexes: run the operation offline"
         )
-    rows = tgt.execute(_UNINDEXED_FIRST_COLUMNS, (list(tables),)).fetchall()
-    for number, (table, column) in enumerate(rows):
+    rows = capture.first_columns(tgt, tables, unindexed=True)
+    for number, (table, column) in enumerate(rows.items()):
         tgt.execute(
             sql.SQL("CREATE INDEX {} ON {} ({})").format(
                 sql.Identifier(f"{LOOKUP_PREFIX}{number}"), qualified(str(table)),
@@ -275,16 +282,8 @@ def drop_lookup_indexes(tgt: Connection) -> None:
         )
 
 
-def _subset(catalog: Catalog, tables: Sequence[str]) -> Catalog:
-    return Catalog(
-        {t: catalog.columns[t] for t in tables},
-        {t: catalog.constraints[t] for t in tables},
-        {t: catalog.indexes[t] for t in tables},
-    )
-
-
-def _same_shapes(catalog: Catalog, tables: Sequence[str], precopied: Precopied) -> None:
-    changed = [t for t in tables if catalog.columns[t] != precopied.columns[t]]
+def _same_columns(now: dict[str, ColumnRows], precopied: Precopied) -> None:
+    changed = [t for t, rows in now.items() if rows != precopied.columns[t]]
     if changed:
         raise CopyError(
             f"the columns of {', '.join(changed)} changed since the pre-copy: their changes "
