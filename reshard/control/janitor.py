@@ -94,12 +94,26 @@ def _annotated(ops: QuerySet[ReshardOperation]) -> QuerySet[ReshardOperation]:
     )
 
 
-def force_fail_message(op_id: int, *, blocked: bool, step: str = "<step>") -> str:
+def force_fail_message(
+    op_id: int, *, blocked: bool, step: str = "<step>", started: bool = False
+) -> str:
+    """The janitor's force-fail error: ``blocked`` (``blocked_at`` set), else ``started`` (a
+    step stamped: an online copy's pre-copy may have left its capture and a target), else
+    never started."""
     name = runner_name(op_id)
     head = (
         f"reshard runner could not be kept alive: the runner pod {name} died or failed to start "
         f"{MAX_RESPAWNS} times; "
     )
+    if not blocked and started:
+        return head + (
+            "automatic recovery has stopped and this operation is marked failed. The warehouse "
+            f"was never blocked (last step: {step}), but the operation may have left work on "
+            "the stores: a target database and, for the online copy, its change capture on "
+            "the source catalog's tables. Fix the cause (pod events, the log above), then run "
+            f"`python manage.py reshard_recover {op_id}` to remove it from its durable "
+            "progress. Do not edit the catalog by hand."
+        )
     if not blocked:
         return head + "the warehouse was never blocked; fix the cause and start a new operation."
     return head + (
@@ -133,8 +147,9 @@ UPDATE duckgres_reshard_operations
        -- the attempt that found the budget spent relaunched nothing: it reads as the relaunches
        respawn_attempts = LEAST(respawn_attempts, %s),
        recovery_required = (step <> '' OR blocked_at IS NOT NULL),
-       error = CASE WHEN (step <> '' OR blocked_at IS NOT NULL)
+       error = CASE WHEN blocked_at IS NOT NULL
                     THEN replace(%s, %s, COALESCE(NULLIF(step, ''), 'none'))
+                    WHEN step <> '' THEN replace(%s, %s, step)
                     ELSE %s END
  WHERE id = %s AND state IN ('pending', 'running') AND {NEEDS_RUNNER_SQL}
 RETURNING recovery_required, error, runner_epoch
@@ -537,10 +552,12 @@ class Janitor:
     def _force_fail(self, op: ReshardOperation, report: TickReport) -> None:
         self._may_act()
         blocked_msg = force_fail_message(op.id, blocked=True, step=_STEP_PLACEHOLDER)
+        started_msg = force_fail_message(op.id, blocked=False, started=True, step=_STEP_PLACEHOLDER)
         never_msg = force_fail_message(op.id, blocked=False)
         with transaction.atomic(), connection.cursor() as cursor:
             params: list[int | str] = [
-                MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, never_msg, op.id,
+                MAX_RESPAWNS, blocked_msg, _STEP_PLACEHOLDER, started_msg, _STEP_PLACEHOLDER,
+                never_msg, op.id,
             ]  # fmt: skip
             cursor.execute(_FORCE_FAIL_SQL, [*params, *needs_runner_params()])
             row = cursor.fetchone()

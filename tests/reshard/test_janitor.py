@@ -211,6 +211,26 @@ def test_force_fail_of_a_never_started_op_needs_no_recovery() -> None:
     assert row.error in op_log(op.id)
 
 
+@pytest.mark.safeguard("reshard-144")
+def test_force_fail_of_a_pre_copy_says_the_warehouse_was_never_blocked_and_asks_for_recovery() -> (
+    None
+):
+    """An online copy lost in its pre-copy: a step is stamped, the warehouse never blocked.
+    The error must not claim the warehouse may be blocked, and must still send the operator to
+    ``reshard_recover`` (the capture and the target are left to remove)."""
+    op = stale_running(step="precopying", blocked=False, copy_mode="online")
+    type(op).objects.filter(id=op.id).update(respawn_attempts=3)
+    make_janitor(FakeLauncher()).reconcile()
+    row = refresh(op)
+    assert row.state == "failed"
+    assert row.recovery_required is True
+    assert row.error == force_fail_message(op.id, blocked=False, started=True, step="precopying")
+    assert "was never blocked (last step: precopying)" in row.error
+    assert "may still be blocked" not in row.error
+    assert f"python manage.py reshard_recover {op.id}" in row.error
+    assert row.error in op_log(op.id)
+
+
 @pytest.mark.safeguard("reshard-24")
 def test_wedged_runner_is_replaced_and_a_new_runner_gets_the_spawn_grace() -> None:
     op = stale_running(step="draining")
