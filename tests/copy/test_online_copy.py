@@ -70,6 +70,11 @@ def pair(
         conn.execute("INSERT INTO public.ducklake_scratchpad VALUES (1, 'kept until dropped')")
         conn.execute("CREATE TABLE public.ducklake_notes (k integer, v text)")
         conn.execute("INSERT INTO public.ducklake_notes VALUES (1, 'one'), (2, 'two'), (2, 'two')")
+        conn.execute("CREATE TABLE public.ducklake_bulk (k integer, v text)")
+        conn.execute(
+            "INSERT INTO public.ducklake_bulk SELECT g, 'row ' || g "
+            f"FROM generate_series(1, {online.LOOKUP_MIN_ROWS}) g"
+        )
         capture.install(conn, discover_tables(conn))
     yield p
     with p.source() as conn:
@@ -99,7 +104,13 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
     during = [t for t in writer.commits if started <= t <= ended]
     assert len(during) >= 5, "the tenant committed while the pre-copy ran"
     assert "ducklake_scratchpad" in pre.names
-    assert _lookup_indexes(pair), "the catch-up's lookup indexes were built on the target"
+    # Only the tables large enough for a scan to cost more than an index get one.
+    indexed = _lookup_indexes(pair)
+    assert "ducklake_bulk" in indexed, "the catch-up's lookup indexes were built on the target"
+    assert sorted(indexed) == sorted(
+        t.name for t in pre.tables if t.rows >= online.LOOKUP_MIN_ROWS
+    ), "no index on a table smaller than the threshold (dropping each one costs the window)"
+    assert "ducklake_notes" not in indexed
 
     with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
         lake.sql("UPDATE lake.events SET amount = -1 WHERE id <= 20")
@@ -109,6 +120,7 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
     with pair.source() as conn:
         conn.execute("DROP TABLE public.ducklake_scratchpad")
         conn.execute("DELETE FROM public.ducklake_notes WHERE k = 1")
+        conn.execute("UPDATE public.ducklake_bulk SET v = 'changed' WHERE k = 7")  # by its index
         # one of two equal rows: the target deletes one of its two, either
         conn.execute(
             "DELETE FROM public.ducklake_notes WHERE ctid = "
@@ -272,8 +284,10 @@ def _first_column(conn: psycopg.Connection[Any], table: str) -> str:
 
 
 def _lookup_indexes(pair: Pair) -> list[str]:
+    """The tables the catch-up's lookup indexes are on."""
     with pair.target() as conn:
         rows = conn.execute(
-            "SELECT relname FROM pg_class WHERE relname LIKE 'duckgres\\_catchup\\_%'"
+            "SELECT i.indrelid::regclass::text FROM pg_index i JOIN pg_class c "
+            "ON c.oid = i.indexrelid WHERE c.relname LIKE 'duckgres\\_catchup\\_%'"
         ).fetchall()
     return [str(r[0]) for r in rows]
