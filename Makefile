@@ -92,6 +92,7 @@ provision:
 	.ci/build-kube-apiserver.sh
 	.ci/surfaces.sh --install-only
 	.ci/promtool.sh
+	.ci/pg12.sh
 
 # The full suite, as CI runs it: CI mode unless the caller says CI=false, so services installs
 # Ceph and starts the kube-apiserver, and a marked suite that cannot run fails instead of

@@ -210,21 +210,24 @@ def _line(name: str, value: float, unit: str, base: float | None = None) -> None
     print(f"{name}: {value:.3f} {unit}{ratio}")
 
 
-def _report(size: str, offline: Run, online: Run) -> None:
-    print(f"--- {size}: catalog {online.megabytes:.0f} MiB on the target")
-    for run in (offline, online):
-        base = offline if run is online else None
-        _line(f"{size} {run.mode} window outside the propagation wait", run.outside, "s",
-              base.outside if base else None)  # fmt: skip
-        _line(f"{size} {run.mode} window with the production poll interval (60 s)",
-              run.outside + 60, "s", base.outside + 60 if base else None)  # fmt: skip
-        for store in ("source", "target"):
-            _line(f"{size} {run.mode} {store} PostgreSQL CPU", run.cpu[store], "s",
-                  base.cpu[store] if base else None)  # fmt: skip
-            _line(f"{size} {run.mode} {store} WAL", run.wal[store] / 1048576, "MiB",
-                  base.wal[store] / 1048576 if base else None)  # fmt: skip
-        steps = ", ".join(f"{k} {v:.2f}" for k, v in run.steps.items())
-        print(f"{size} {run.mode} steps (s): {steps}")
+def _report_run(size: str, run: Run, base: Run | None) -> None:
+    """One move's figures, printed as soon as it is done (ratios against ``base``)."""
+    if base is None:
+        print(f"--- {size}: catalog {run.megabytes:.0f} MiB on the target")
+    _line(f"{size} {run.mode} window outside the propagation wait", run.outside, "s",
+          base.outside if base else None)  # fmt: skip
+    _line(f"{size} {run.mode} window with the production poll interval (60 s)",
+          run.outside + 60, "s", base.outside + 60 if base else None)  # fmt: skip
+    for store in ("source", "target"):
+        _line(f"{size} {run.mode} {store} PostgreSQL CPU", run.cpu[store], "s",
+              base.cpu[store] if base else None)  # fmt: skip
+        _line(f"{size} {run.mode} {store} WAL", run.wal[store] / 1048576, "MiB",
+              base.wal[store] / 1048576 if base else None)  # fmt: skip
+    steps = ", ".join(f"{k} {v:.2f}" for k, v in run.steps.items())
+    print(f"{size} {run.mode} steps (s): {steps}", flush=True)
+
+
+def _report_online(size: str, online: Run) -> None:
     before = statistics.median(online.before)
     if online.during:
         _line(f"{size} online tenant commit latency during the pre-copy, median",
@@ -237,7 +240,7 @@ def _report(size: str, offline: Run, online: Run) -> None:
     print(f"    changes applied in the window: {online.applied} (rounds before the block: "
           f"{online.rounds}); the tenant committed {online.commits} times "
           f"({online.commits / max(online.steps.get('precopying', 1), 1e-9):.0f}/s of "
-          "pre-copy)")  # fmt: skip
+          "pre-copy)", flush=True)  # fmt: skip
 
 
 def main() -> int:
@@ -277,7 +280,8 @@ def main() -> int:
             finally:  # gigabytes on both stores: never left behind for the next run
                 for cluster in clusters:
                     drop_tenant(cluster, catalog.role)
-        _report(size, runs["offline"], runs["online"])
+            _report_run(size, runs[mode], runs.get("offline") if mode == "online" else None)
+        _report_online(size, runs["online"])
         points.append((runs["online"].megabytes, runs["online"].outside))
     if len(points) > 1:
         mean_x = statistics.fmean(x for x, _ in points)

@@ -79,7 +79,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from psycopg import pq
+from psycopg import pq, sql
 
 from duckgres_admin.lib import endpoints, hosts, secretrefs
 
@@ -388,6 +388,14 @@ def socket_deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[N
 def libpq_major() -> int:
     """The major version of the libpq psycopg is using."""
     return int(pq.version()) // 10000
+
+
+def drop_database(database: str, server_version: int) -> sql.Composed:
+    """``DROP DATABASE IF EXISTS`` with ``WITH (FORCE)`` where the server has it (13+): FORCE
+    ends the sessions the caller may end. A PostgreSQL 12 server gets the plain statement,
+    which fails while a session is on the database (callers wait for them first)."""
+    force = sql.SQL(" WITH (FORCE)") if server_version >= 130000 else sql.SQL("")
+    return sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(database), force)
 
 
 def _ms(seconds: float) -> str:

@@ -211,13 +211,12 @@ def _admin_conn(store: MetadataStore, password: str, dbname: str = "postgres") -
     )
 
 
-_DROP_DB = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
 RELOCK_SECONDS = 10.0
 
 
 def _drop_scratch(conn: Any, name: str, *, database: bool = True) -> None:
     if database:
-        conn.execute(sql.SQL(_DROP_DB).format(sql.Identifier(name)))
+        conn.execute(pgadmin.drop_database(name, conn.info.server_version))
     conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 

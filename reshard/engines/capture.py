@@ -18,9 +18,9 @@ key, so logical replication would need ``REPLICA IDENTITY FULL`` on them).
 
 **Invariants.**
 
-1. *Nothing outlives the operation:* :func:`remove` is one idempotent ``DROP SCHEMA … CASCADE``
-   (the triggers depend on the functions, so they go with them); the tenant's tables are left
-   exactly as they were. Every terminal path calls it.
+1. *Nothing outlives the operation:* :func:`remove` drops the triggers and then the schema
+   (``DROP SCHEMA … CASCADE``), idempotent and resumable; the tenant's tables are left exactly
+   as they were. Every terminal path calls it.
 2. *A change is applied exactly when the pre-copy did not see it:* the pre-copy records its
    snapshot (:func:`snapshot_marker`, ``pg_current_snapshot()`` inside its ``REPEATABLE READ``
    transaction); :func:`pending` returns the changes of transactions **not visible** in it
@@ -37,12 +37,27 @@ key, so logical replication would need ``REPLICA IDENTITY FULL`` on them).
    it must still be the plain table of built-in types :func:`install` created (a view or a
    type with the tenant's own functions would run the tenant's code in the reading session).
 
-Every statement that takes a lock on a tenant's table (``CREATE TRIGGER``, ``DROP SCHEMA …
-CASCADE``) first takes all of them at once with ``NOWAIT`` (:func:`_lock_all`): the capture never
-waits while it holds a lock, so it can never deadlock with a tenant's commit that touches several
-tables (PostgreSQL would then pick a victim, possibly the tenant's transaction). A busy table
-fails the attempt at once (:class:`Busy`) and the caller retries; a tenant's write waits at most
-for the short transaction that creates or drops the triggers.
+Locks on the tenant's tables. ``CREATE TRIGGER`` takes ``SHARE ROW EXCLUSIVE`` on its table and
+``DROP TRIGGER`` ``ACCESS EXCLUSIVE``; a tenant's DuckDB commit writes several tables in one
+transaction, in its own order. The capture therefore never waits for a table while it holds
+another one, so it can never deadlock with such a commit (PostgreSQL would then pick a victim,
+possibly the tenant's transaction):
+
+- :func:`install` creates the schema in one transaction, then puts the triggers on each table in
+  a transaction **of its own**, which waits at most :data:`TABLE_LOCK_WAIT_MS` for that one
+  table (a tenant's writes to it queue behind that wait at most) and holds nothing else. A wait
+  that runs out raises :class:`Busy` with every table before it done: calling it again resumes.
+  Taking all the tables at once instead (``LOCK … NOWAIT``, then the triggers) starved on a
+  catalog of 2,022 tables with DuckDB committing 20 times a second: some table was always held
+  (226 attempts in 30 s, none free). Per-table transactions keep the pre-copy exact: a tenant's
+  transaction that wrote a table before its trigger existed held that table's lock until it
+  committed, so it committed before the trigger, hence before the pre-copy's snapshot, which
+  is taken once every trigger is in place.
+- :func:`remove` and :func:`drop_triggers` first try every table at once with ``NOWAIT``
+  (:func:`_lock_all`; instant when the tenant is fenced, as on the way to success). When a
+  tenant's transaction holds one, :func:`remove` drops the triggers table by table as
+  :func:`install` adds them, then the schema; :func:`drop_triggers` (only ever called once the
+  tenant is fenced) raises :class:`Busy` and the caller retries.
 """
 
 from __future__ import annotations
@@ -59,6 +74,7 @@ SCHEMA = "duckgres_capture"
 TRIGGER = "duckgres_capture"
 TRUNCATE_TRIGGER = "duckgres_capture_truncate"
 LOCK_TIMEOUT_MS = 2000
+TABLE_LOCK_WAIT_MS = 200  # how long one table's trigger statement waits for a tenant's write
 FETCH_ROWS = 1000
 
 Connection = psycopg.Connection[Any]
@@ -148,35 +164,82 @@ def installed(conn: Connection) -> bool:
 
 
 def install(conn: Connection, tables: Sequence[str]) -> None:
-    """Create the capture schema and put the triggers on ``tables`` (``public``), in one
-    transaction on ``conn`` (autocommit connection, ``SET ROLE`` to the tenant done). Refuses
-    when the schema exists already: a leftover is removed first (:func:`remove`), never
-    reused, because its changes belong to another pre-copy."""
-    if installed(conn):
-        raise CaptureError(f"schema {SCHEMA} exists already on the source: remove it first")
+    """:func:`create_schema`, then :func:`add_triggers` (``conn``: autocommit, ``SET ROLE`` to
+    the tenant done)."""
+    create_schema(conn)
+    add_triggers(conn, tables)
+
+
+def create_schema(conn: Connection) -> None:
+    """The capture schema, its change table and functions, in one transaction (no lock on a
+    tenant's table). Refused when the schema exists: a leftover of another install is removed
+    first (:func:`remove`), never reused, because its changes belong to another pre-copy."""
     try:
+        if installed(conn):
+            raise CaptureError(f"schema {SCHEMA} exists already on the source: remove it first")
         with conn.transaction():
             _lock_timeout(conn)
-            _lock_all(conn, tables, "SHARE ROW EXCLUSIVE")
             for statement in _CREATE:
                 conn.execute(statement)
-            for table in tables:
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} "
-                        "FOR EACH ROW EXECUTE FUNCTION {}.record()"
-                    ).format(sql.Identifier(TRIGGER), _table(table), _SCHEMA)
-                )
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TRIGGER {} AFTER TRUNCATE ON {} "
-                        "FOR EACH STATEMENT EXECUTE FUNCTION {}.record_truncate()"
-                    ).format(sql.Identifier(TRUNCATE_TRIGGER), _table(table), _SCHEMA)
-                )
     except CaptureError:
         raise
     except psycopg.Error as exc:
         raise CaptureError(f"installing change capture: {_one_line(exc)}") from exc
+
+
+def add_triggers(conn: Connection, tables: Sequence[str]) -> None:
+    """Put the triggers on each of ``tables`` (``public``) that lacks them, each table in a
+    transaction of its own (see the module: one table locked at a time, for at most
+    :data:`TABLE_LOCK_WAIT_MS`). :class:`Busy` when a table stayed held by a tenant's
+    transaction: the tables before it carry their triggers, and calling again resumes."""
+    try:
+        done = set(installed_tables(conn))
+        for table in tables:
+            if table not in done:
+                _on_one_table(conn, table, "SHARE ROW EXCLUSIVE", _create_triggers(table))
+    except CaptureError:
+        raise
+    except psycopg.Error as exc:
+        raise CaptureError(f"installing change capture: {_one_line(exc)}") from exc
+
+
+def _create_triggers(table: str) -> tuple[sql.Composed, ...]:
+    return (
+        sql.SQL(
+            "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {} "
+            "FOR EACH ROW EXECUTE FUNCTION {}.record()"
+        ).format(sql.Identifier(TRIGGER), _table(table), _SCHEMA),
+        sql.SQL(
+            "CREATE TRIGGER {} AFTER TRUNCATE ON {} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {}.record_truncate()"
+        ).format(sql.Identifier(TRUNCATE_TRIGGER), _table(table), _SCHEMA),
+    )
+
+
+def _drop_triggers(table: str) -> tuple[sql.Composed, ...]:
+    return tuple(
+        sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(name), _table(table))
+        for name in (TRIGGER, TRUNCATE_TRIGGER)
+    )
+
+
+def _on_one_table(
+    conn: Connection, table: str, mode: str, statements: Sequence[sql.Composed]
+) -> None:
+    """``statements`` on ``table`` in one transaction that locks only it, waiting at most
+    :data:`TABLE_LOCK_WAIT_MS` (:class:`Busy` after: nothing of it done)."""
+    try:
+        with conn.transaction():
+            conn.execute(
+                sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(f"{TABLE_LOCK_WAIT_MS}ms")
+                )
+            )
+            conn.execute(sql.SQL("LOCK TABLE {} IN " + mode + " MODE").format(_table(table)))
+            for statement in statements:
+                conn.execute(statement)
+    except psycopg.errors.LockNotAvailable as exc:
+        raise Busy(f"a tenant's transaction holds a table: {_one_line(exc)}") from exc
 
 
 def installed_tables(conn: Connection) -> list[str]:
@@ -192,12 +255,25 @@ def installed_tables(conn: Connection) -> list[str]:
 
 
 def remove(conn: Connection) -> bool:
-    """Drop everything :func:`install` created (idempotent); True when something was there.
-    The tenant's tables lose the triggers and are otherwise untouched."""
+    """Drop everything :func:`install` created (idempotent, resumable); True when something was
+    there. All at once when no tenant's transaction holds a captured table, else the triggers
+    table by table (:class:`Busy` when one stayed held: call again), then the schema. The
+    tenant's tables lose the triggers and are otherwise untouched."""
     try:
+        present = installed(conn)
+        tables = installed_tables(conn)
+        try:
+            with conn.transaction():
+                _lock_timeout(conn)
+                _lock_all(conn, tables, "ACCESS EXCLUSIVE")
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
+            return present
+        except Busy:
+            pass
+        for table in tables:
+            _on_one_table(conn, table, "ACCESS EXCLUSIVE", _drop_triggers(table))
         with conn.transaction():
             _lock_timeout(conn)
-            present = installed(conn)
             _lock_all(conn, installed_tables(conn), "ACCESS EXCLUSIVE")
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
     except CaptureError:

@@ -51,7 +51,8 @@ def report_lines(op: ReshardOperation, state: str, *, open_outcome: str) -> list
         f"==== reshard report ({state}) ====",
         f"org {op.org_id}: {describe_source(op)} → {describe_target(op)}",
     ]
-    if op.copy_mode == "online":
+    # The mode when it is online, or when online was asked and the stores refused it (why).
+    if op.copy_mode == "online" or "online" in op.copy_mode_reason:
         lines.append(f"copy mode: {op.copy_mode_reason or op.copy_mode}")
     if op.source_kept_reason:
         lines.append(f"source kept, not dropped: {op.source_kept_reason}")

@@ -248,10 +248,10 @@ def test_a_change_table_the_tenant_altered_is_never_read(pair: Pair, tamper: str
 
 @pytest.mark.safeguard("reshard-145")
 def test_the_capture_never_waits_holding_a_lock_a_tenant_commit_needs(pair: Pair) -> None:
-    """A tenant's transaction holds one of the tables (uncommitted write): installing the
-    capture fails at once with nothing held (``Busy``) instead of queueing behind it with the
-    other tables locked, and the tenant's commit, touching a table the installer would have
-    locked first, goes through; once the tenant is done the install succeeds."""
+    """A tenant's transaction holds the last table (uncommitted write): the install puts the
+    triggers on every other table, waits a bounded time for the busy one and gives up
+    (``Busy``) holding nothing, so the tenant's commit, touching a table the install did
+    before, goes through; once the tenant is done the install resumes and completes."""
     with pair.source() as conn:
         capture.remove(conn)
         tables = discover_tables(conn)
@@ -263,15 +263,39 @@ def test_the_capture_never_waits_holding_a_lock_a_tenant_commit_needs(pair: Pair
             f"{_first_column(tenant, last)} WHERE false"
         )
         tenant.execute(f"LOCK TABLE public.{last} IN ROW EXCLUSIVE MODE")
+        capture.create_schema(installer)
         started = time.monotonic()
         with pytest.raises(capture.Busy):
-            capture.install(installer, tables)
-        assert time.monotonic() - started < 1.0, "the install never waits for the lock"
-        assert not capture.installed(installer), "a busy attempt leaves nothing"
+            capture.add_triggers(installer, tables)
+        waited = time.monotonic() - started
+        assert waited < 5 * capture.TABLE_LOCK_WAIT_MS / 1000 + 2, waited
+        assert capture.installed_tables(installer) == tables[:-1], "resumable: the rest is done"
         tenant.execute(f"LOCK TABLE public.{first} IN ROW EXCLUSIVE MODE NOWAIT")
         tenant.commit()
-        capture.install(installer, tables)
+        capture.add_triggers(installer, tables)
         assert capture.installed_tables(installer) == tables
+
+
+@pytest.mark.safeguard("reshard-145")
+def test_the_removal_goes_table_by_table_around_a_tenants_open_transaction(pair: Pair) -> None:
+    """A tenant's open read holds the last table: the removal cannot take every table at
+    once, so it drops the triggers of the others one table at a time, gives up on the busy
+    one holding nothing (the tenant's write to the first table goes through), and finishes,
+    schema and all, once the tenant is done."""
+    with pair.source() as tenant, pair.source() as remover:
+        tables = capture.installed_tables(remover)
+        first, last = tables[0], tables[-1]
+        tenant.autocommit = False
+        tenant.execute(f"SELECT count(*) FROM public.{last}")
+        with pytest.raises(capture.Busy):
+            capture.remove(remover)
+        assert capture.installed_tables(remover) == [last]
+        assert capture.installed(remover), "the schema goes last"
+        tenant.execute(f"LOCK TABLE public.{first} IN ROW EXCLUSIVE MODE NOWAIT")
+        tenant.commit()
+        assert capture.remove(remover) is True
+        assert not capture.installed(remover)
+        assert capture.installed_tables(remover) == []
 
 
 def _first_column(conn: psycopg.Connection[Any], table: str) -> str:

@@ -24,7 +24,7 @@ from psycopg import sql
 from duckgres_admin.models import ReshardOperation
 from tests.fixtures.ducklake import Lake, Writer, attach, extension_dir, history, tenant_work
 from tests.fixtures.online import OnlineTenant, assert_moved_with_writes, run_with_writer
-from tests.fixtures.pg18 import Pg18, pg18, started_pg18
+from tests.fixtures.pg18 import Pg18, as_store, pg18, started_pg18
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.runner import (
     RunnerS3,
@@ -52,18 +52,7 @@ __all__ = ["pg18", "runner_moto_server", "runner_s3", "runner_state_dir"]  # fix
 @pytest.fixture(scope="module")
 def pg18_store(pg18: Pg18) -> StoreCluster:
     """The PostgreSQL 18 server as a metadata store: its provisioner as the CI stores have it."""
-    return _provisioned(pg18)
-
-
-def _provisioned(pg18: Pg18) -> StoreCluster:
-    store = StoreCluster("pg18", "127.0.0.1", pg18.tls_port)
-    with pg18.conn() as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE PASSWORD {}").format(
-                sql.Identifier(PROVISIONER_USER), sql.Literal(store.provisioner_password)
-            )
-        )
-    return store
+    return as_store(pg18)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +64,7 @@ def second_pg18(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pg18]:
 
 @pytest.fixture(scope="module")
 def second_pg18_store(second_pg18: Pg18) -> StoreCluster:
-    return _provisioned(second_pg18)
+    return as_store(second_pg18)
 
 
 @pytest.fixture

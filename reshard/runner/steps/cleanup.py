@@ -1,8 +1,9 @@
 """Steps K/O ``cleaning_up``, L ``orphaning_source`` and N ``verifying_external``
 (spec §4.4 K, L, N, O; safeguards 4, 12, 15, 16).
 
-The source ``DROP DATABASE … WITH (FORCE)`` runs on the source's **direct** endpoint, database
-``postgres``, as the provisioner after ``SET ROLE`` tenant, after the pre-statement heartbeat,
+The source ``DROP DATABASE … WITH (FORCE)`` (plain on PostgreSQL 12, which has no FORCE) runs
+on the source's **direct** endpoint, database ``postgres``, as the provisioner after
+``SET ROLE`` tenant, after the pre-statement heartbeat,
 and only after the commit point is durable (``source_drop_committed_at`` for →cnpg,
 ``external_verified_at`` for →external), once the sessions still on the database have left
 (bounded; the runner's own copy and ``pg_dump`` sessions exit asynchronously, and the tenant role
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import psycopg
 from django.db.models.functions import Coalesce, Now
-from psycopg import sql
 
+from duckgres_admin.lib import pgadmin
 from reshard.engines import identity, testhooks
 from reshard.runner import connections, waits
 from reshard.runner.env import StepEnv
@@ -94,9 +95,7 @@ def drop_source(env: StepEnv) -> None:
         with connections.provisioner_conn(ctx, prov, role=op.source_user) as conn:
             let_sessions_end(env, conn, database)
             env.fence.pre_statement_heartbeat()
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
-            )
+            conn.execute(pgadmin.drop_database(database, conn.info.server_version))
             testhooks.kill_point("after_source_drop")
             gone = not connections.database_exists(conn, database)
     except (psycopg.Error, StepError) as exc:

@@ -57,7 +57,7 @@ from reshard.runner.steps.finalize import COMPLETE_MESSAGE, restore_fields
 MIN_SOURCE_VERSION = 130000  # pg_current_snapshot, pg_visible_in_snapshot and xid8
 ROUND_ENOUGH_CHANGES = 200  # a round that applied at most this many ends the rounds
 MAX_ROUNDS = 5
-CAPTURE_SECONDS = 30.0  # how long a capture statement is retried while tenants' writes hold a table
+CAPTURE_SECONDS = 120.0  # how long a capture action is retried while tenants hold a table
 CAPTURE_PAUSE_SECONDS = 0.05
 PROGRESS_KEYS = ("tables_total", "tables_done", "rows_copied", "bytes_copied")
 
@@ -77,8 +77,9 @@ def run_rendering_target(env: StepEnv) -> None:
 
 
 def _retrying(env: StepEnv, what: str, action: Callable[[], Any], *, stoppable: bool = True) -> Any:
-    """Run ``action`` (a capture statement that takes its tables' locks with ``NOWAIT``) until it
-    finds them free, for at most CAPTURE_SECONDS; between attempts the stop and the cancel are
+    """Run ``action`` (a resumable capture action that gives up on a table a tenant's
+    transaction holds: ``capture.Busy``) until it is done, for at most CAPTURE_SECONDS; between
+    attempts the stop and the cancel are
     checked (``stoppable``; a rollback's removal is not: it is what a cancel or a stop asks
     for). Any other failure is final."""
     deadline = time.monotonic() + CAPTURE_SECONDS
@@ -134,7 +135,10 @@ def run_precopying(env: StepEnv) -> None:
         env.fence.update(capture_installed_at=Now(), capture_removed_at=None)
         with source.connect(ctx) as conn, connections.registered(ctx, conn):
             tables = introspection.discover_tables(conn)
-            _retrying(env, "installing the change capture", lambda: capture.install(conn, tables))
+            _retrying(env, "creating the change capture", lambda: capture.create_schema(conn))
+            _retrying(
+                env, "installing the change capture", lambda: capture.add_triggers(conn, tables)
+            )
     except psycopg.Error as exc:
         raise StepError(f"preparing the pre-copy failed: {exc}") from None
     except CopyError as exc:
