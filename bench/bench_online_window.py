@@ -67,6 +67,10 @@ READABLE = (
     "THEN 'timestamptz' WHEN 'double' THEN 'float64' WHEN 'struct<a int32, b varchar>' "
     "THEN 'varchar' ELSE column_type END",
 )
+PRODUCTION_HEARTBEAT = {
+    "DUCKGRES_RESHARD_HEARTBEAT_SECONDS": "30",
+    "DUCKGRES_RESHARD_STALE_SECONDS": "300",
+}
 APPLIED = re.compile(r"catch-up applied (\d+) changes")
 ROUND = re.compile(r"catch-up round: (\d+) changes applied")
 
@@ -162,7 +166,9 @@ def _move(mode: str, clusters: Any, catalog: Any, rate: float, extensions: Path,
         started = time.monotonic()
         cpu = {k: s.cpu() for k, s in stores.items()}
         wal = {k: s.wal() for k, s in stores.items()}
-        runner = start_runner(op.id, state, env_extra=s3.env())
+        # The production heartbeat and stale window, not the tests' (1 s and 62 s: a runner
+        # self-fences after 2 s without a heartbeat, which a 20,000-table copy on 2 cores hit).
+        runner = start_runner(op.id, state, env_extra={**s3.env(), **PRODUCTION_HEARTBEAT})
         while time.monotonic() - started < 3600:
             now = reload(op)
             if now.is_terminal or now.blocked_at is not None:
