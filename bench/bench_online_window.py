@@ -253,6 +253,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2000,1GiB,20000")
     parser.add_argument("--rate", type=float, default=20.0, help="tenant commits per second")
+    parser.add_argument(
+        "--modes", default="offline,online",
+        help="online alone: no baseline in this run, so no ratios (compare with one that had)",
+    )  # fmt: skip
     args = parser.parse_args()
     recreate(CONFIG_DB)
     setup_django(CONFIG_DB)
@@ -278,7 +282,7 @@ def main() -> int:
     for size in args.sizes.split(","):
         tables, files = SIZES[size]
         runs = {}
-        for mode in ("offline", "online"):
+        for mode in args.modes.split(","):
             data = work / f"{size}-{mode}"
             catalog = _catalog(clusters, tables, files, extensions, data)
             try:
@@ -287,6 +291,8 @@ def main() -> int:
                 for cluster in clusters:
                     drop_tenant(cluster, catalog.role)
             _report_run(size, runs[mode], runs.get("offline") if mode == "online" else None)
+        if "online" not in runs:
+            continue
         _report_online(size, runs["online"])
         points.append((runs["online"].megabytes, runs["online"].outside))
     if len(points) > 1:

@@ -44,9 +44,11 @@ another one, so it can never deadlock with such a commit (PostgreSQL would then 
 possibly the tenant's transaction):
 
 - :func:`install` creates the schema in one transaction, then puts the triggers on each table in
-  a transaction **of its own**, which waits at most :data:`TABLE_LOCK_WAIT_MS` for that one
-  table (a tenant's writes to it queue behind that wait at most) and holds nothing else. A wait
-  that runs out raises :class:`Busy` with every table before it done: calling it again resumes.
+  a transaction **of its own**, which waits a bounded time for that one table (a tenant's
+  writes to it queue behind that wait at most) and holds nothing else. A wait that runs out
+  raises :class:`Busy` with every table before it done: calling it again resumes, with a longer
+  wait (:func:`lock_wait_ms`: 200 ms doubling to 5 s), so it gets through even when the tenant's
+  commits take seconds and always overlap.
   Taking all the tables at once instead (``LOCK … NOWAIT``, then the triggers) starved on a
   catalog of 2,022 tables with DuckDB committing 20 times a second: some table was always held
   (226 attempts in 30 s, none free). Per-table transactions keep the pre-copy exact: a tenant's
@@ -74,7 +76,8 @@ SCHEMA = "duckgres_capture"
 TRIGGER = "duckgres_capture"
 TRUNCATE_TRIGGER = "duckgres_capture_truncate"
 LOCK_TIMEOUT_MS = 2000
-TABLE_LOCK_WAIT_MS = 200  # how long one table's trigger statement waits for a tenant's write
+TABLE_LOCK_WAIT_MS = 200  # how long one table's trigger statement first waits for a tenant
+TABLE_LOCK_WAIT_MAX_MS = 5000  # the longest it waits, after doubling on each busy attempt
 FETCH_ROWS = 1000
 
 Connection = psycopg.Connection[Any]
@@ -187,16 +190,19 @@ def create_schema(conn: Connection) -> None:
         raise CaptureError(f"installing change capture: {_one_line(exc)}") from exc
 
 
-def add_triggers(conn: Connection, tables: Sequence[str]) -> None:
+def add_triggers(
+    conn: Connection, tables: Sequence[str], wait_ms: int = TABLE_LOCK_WAIT_MS
+) -> None:
     """Put the triggers on each of ``tables`` (``public``) that lacks them, each table in a
-    transaction of its own (see the module: one table locked at a time, for at most
-    :data:`TABLE_LOCK_WAIT_MS`). :class:`Busy` when a table stayed held by a tenant's
-    transaction: the tables before it carry their triggers, and calling again resumes."""
+    transaction of its own (see the module: one table locked at a time, waiting at most
+    ``wait_ms`` for it). :class:`Busy` when a table stayed held by a tenant's transaction: the
+    tables before it carry their triggers, and calling again resumes (with a longer wait:
+    :func:`lock_wait_ms`)."""
     try:
         done = set(installed_tables(conn))
         for table in tables:
             if table not in done:
-                _on_one_table(conn, table, "SHARE ROW EXCLUSIVE", _create_triggers(table))
+                _on_one_table(conn, table, "SHARE ROW EXCLUSIVE", _create_triggers(table), wait_ms)
     except CaptureError:
         raise
     except psycopg.Error as exc:
@@ -223,23 +229,35 @@ def _drop_triggers(table: str) -> tuple[sql.Composed, ...]:
     )
 
 
+def lock_wait_ms(attempt: int) -> int:
+    """The wait for one table at the ``attempt``-th try (1, 2, …): doubling from
+    :data:`TABLE_LOCK_WAIT_MS` to :data:`TABLE_LOCK_WAIT_MAX_MS`. While it waits, the capture
+    is queued for that one table: the tenant's transactions holding it finish, its new writes
+    to it wait behind (at most this long), and it holds no other table, so nothing deadlocks.
+    A longer wait is what lets it through when the tenant's commits are long (seconds on a
+    very large catalog) and always overlap."""
+    return int(min(TABLE_LOCK_WAIT_MS * 2 ** max(0, attempt - 1), TABLE_LOCK_WAIT_MAX_MS))
+
+
 def _on_one_table(
-    conn: Connection, table: str, mode: str, statements: Sequence[sql.Composed]
+    conn: Connection,
+    table: str,
+    mode: str,
+    statements: Sequence[sql.Composed],
+    wait_ms: int = TABLE_LOCK_WAIT_MS,
 ) -> None:
     """``statements`` on ``table`` in one transaction that locks only it, waiting at most
-    :data:`TABLE_LOCK_WAIT_MS` (:class:`Busy` after: nothing of it done)."""
+    ``wait_ms`` (:class:`Busy` after: nothing of it done)."""
     try:
         with conn.transaction():
-            conn.execute(
-                sql.SQL("SET LOCAL lock_timeout = {}").format(
-                    sql.Literal(f"{TABLE_LOCK_WAIT_MS}ms")
-                )
-            )
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{wait_ms}ms")))
             conn.execute(sql.SQL("LOCK TABLE {} IN " + mode + " MODE").format(_table(table)))
             for statement in statements:
                 conn.execute(statement)
     except psycopg.errors.LockNotAvailable as exc:
-        raise Busy(f"a tenant's transaction holds a table: {_one_line(exc)}") from exc
+        raise Busy(
+            f"a tenant's transaction held {table} for {wait_ms} ms: {_one_line(exc)}"
+        ) from exc
 
 
 def installed_tables(conn: Connection) -> list[str]:
@@ -254,7 +272,7 @@ def installed_tables(conn: Connection) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def remove(conn: Connection) -> bool:
+def remove(conn: Connection, wait_ms: int = TABLE_LOCK_WAIT_MS) -> bool:
     """Drop everything :func:`install` created (idempotent, resumable); True when something was
     there. All at once when no tenant's transaction holds a captured table, else the triggers
     table by table (:class:`Busy` when one stayed held: call again), then the schema. The
@@ -271,7 +289,7 @@ def remove(conn: Connection) -> bool:
         except Busy:
             pass
         for table in tables:
-            _on_one_table(conn, table, "ACCESS EXCLUSIVE", _drop_triggers(table))
+            _on_one_table(conn, table, "ACCESS EXCLUSIVE", _drop_triggers(table), wait_ms)
         with conn.transaction():
             _lock_timeout(conn)
             _lock_all(conn, installed_tables(conn), "ACCESS EXCLUSIVE")

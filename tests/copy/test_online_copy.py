@@ -9,6 +9,7 @@ leaves the tenant's tables without a trace of it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -274,6 +275,58 @@ def test_the_capture_never_waits_holding_a_lock_a_tenant_commit_needs(pair: Pair
         tenant.commit()
         capture.add_triggers(installer, tables)
         assert capture.installed_tables(installer) == tables
+
+
+@pytest.mark.safeguard("reshard-145")
+def test_the_install_gets_through_tenant_commits_that_always_overlap(pair: Pair) -> None:
+    """Two tenant sessions write the same table in turn, each transaction holding it 600 ms and
+    starting before the other ends, so the table is never free (a very large catalog's DuckDB
+    commits). A fixed 200 ms wait never gets through; the doubling wait queues the install
+    behind the current holders long enough, and every tenant transaction still commits."""
+    with pair.source() as conn:
+        capture.remove(conn)
+        tables = discover_tables(conn)
+    last = tables[-1]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    commits = [0, 0]
+
+    def tenant(number: int) -> None:
+        time.sleep(0.3 * number)
+        try:
+            with pair.source() as session:
+                session.autocommit = False
+                while not stop.is_set():
+                    session.execute(f"LOCK TABLE public.{last} IN ROW EXCLUSIVE MODE")
+                    time.sleep(0.6)
+                    session.commit()
+                    commits[number] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tenant, args=(n,)) for n in (0, 1)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        with pair.source() as installer:
+            capture.create_schema(installer)
+            busy = 0
+            while True:
+                try:
+                    capture.add_triggers(installer, tables, capture.lock_wait_ms(busy + 1))
+                    break
+                except capture.Busy:
+                    busy += 1
+                    assert busy < 8, "the install never got through"
+            assert busy >= 1, "the table was free: the tenant sessions did not hold it"
+            assert capture.installed_tables(installer) == tables
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert not errors, errors
+    assert min(commits) >= 1
 
 
 @pytest.mark.safeguard("reshard-145")

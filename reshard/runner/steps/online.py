@@ -76,24 +76,29 @@ def run_rendering_target(env: StepEnv) -> None:
     )
 
 
-def _retrying(env: StepEnv, what: str, action: Callable[[], Any], *, stoppable: bool = True) -> Any:
-    """Run ``action`` (a resumable capture action that gives up on a table a tenant's
-    transaction holds: ``capture.Busy``) until it is done, for at most CAPTURE_SECONDS; between
-    attempts the stop and the cancel are
-    checked (``stoppable``; a rollback's removal is not: it is what a cancel or a stop asks
-    for). Any other failure is final."""
+def _retrying(
+    env: StepEnv, what: str, action: Callable[[int], Any], *, stoppable: bool = True
+) -> Any:
+    """Run ``action(wait_ms)`` (a resumable capture action that gives up on a table a tenant's
+    transaction held for ``wait_ms``: ``capture.Busy``) until it is done, for at most
+    CAPTURE_SECONDS, the wait growing with each busy attempt (``capture.lock_wait_ms``);
+    between attempts the stop and the cancel are checked (``stoppable``; a rollback's removal
+    is not: it is what a cancel or a stop asks for), and every tenth busy attempt is logged.
+    Any other failure is final."""
     deadline = time.monotonic() + CAPTURE_SECONDS
     attempts = 0
     while True:
         attempts += 1
         try:
-            result = action()
+            result = action(capture.lock_wait_ms(attempts))
         except capture.Busy as exc:
             if time.monotonic() >= deadline:
                 raise StepError(
                     f"{what}: the tenant's writes held a table for {CAPTURE_SECONDS:g} s "
                     f"({attempts} attempts; last: {exc})"
                 ) from None
+            if attempts % 10 == 1:
+                env.log.info(f"{what}: attempt {attempts} found a table busy ({exc}); retrying")
             if stoppable and env.ctx.stop.is_set():
                 raise Interrupted() from None
             if stoppable and waits.cancel_requested(env.op.id):
@@ -127,7 +132,7 @@ def run_precopying(env: StepEnv) -> None:
                 )
             if capture.installed(conn):
                 env.log.info("found a change capture of an earlier attempt: removing it first")
-                _retrying(env, "removing the earlier capture", lambda: capture.remove(conn))
+                _retrying(env, "removing the earlier capture", lambda ms: capture.remove(conn, ms))
         with target.connect(ctx) as conn, connections.registered(ctx, conn):
             dropped = catalog_copy.drop_ducklake_tables(conn, hooks)
         if dropped:
@@ -135,9 +140,11 @@ def run_precopying(env: StepEnv) -> None:
         env.fence.update(capture_installed_at=Now(), capture_removed_at=None)
         with source.connect(ctx) as conn, connections.registered(ctx, conn):
             tables = introspection.discover_tables(conn)
-            _retrying(env, "creating the change capture", lambda: capture.create_schema(conn))
+            _retrying(env, "creating the change capture", lambda _: capture.create_schema(conn))
             _retrying(
-                env, "installing the change capture", lambda: capture.add_triggers(conn, tables)
+                env,
+                "installing the change capture",
+                lambda ms: capture.add_triggers(conn, tables, ms),
             )
     except psycopg.Error as exc:
         raise StepError(f"preparing the pre-copy failed: {exc}") from None
@@ -207,7 +214,9 @@ def run_catching_up(env: StepEnv) -> None:
     if in_window:
         try:
             with source.connect(ctx) as conn, connections.registered(ctx, conn):
-                _retrying(env, "dropping the capture triggers", lambda: capture.drop_triggers(conn))
+                _retrying(
+                    env, "dropping the capture triggers", lambda _: capture.drop_triggers(conn)
+                )
         except psycopg.Error as exc:
             raise StepError(f"cannot reach the source to end the capture: {exc}") from None
         testhooks.kill_point("catch_up:triggers_dropped")
@@ -263,7 +272,7 @@ def remove_capture(env: StepEnv, *, during_rollback: bool) -> bool:
             found = _retrying(
                 env,
                 "removing the change capture",
-                lambda: capture.remove(conn),
+                lambda ms: capture.remove(conn, ms),
                 stoppable=not during_rollback,
             )
     except (psycopg.Error, StepError, Cancelled, Interrupted) as exc:
