@@ -384,6 +384,21 @@ def pending(conn: Connection, marker: str) -> Iterator[Change]:
             return
 
 
+def rewritten_tables(conn: Connection, marker: str) -> list[str]:
+    """The tables with an update or a delete among the changes the pre-copy did not see (the
+    ones whose rows the apply must find on the target); the change table checked first."""
+    _check_changes_table(conn)
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT DISTINCT tbl FROM {}.changes WHERE op IN ('U', 'D') "
+            "AND NOT pg_catalog.pg_visible_in_snapshot(xid, %s::pg_catalog.pg_snapshot) "
+            "ORDER BY 1"
+        ).format(_SCHEMA),
+        (marker,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def _row(text: str | None, seq: int, which: str) -> dict[str, Any] | None:
     if text is None:
         return None

@@ -105,13 +105,7 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
     during = [t for t in writer.commits if started <= t <= ended]
     assert len(during) >= 5, "the tenant committed while the pre-copy ran"
     assert "ducklake_scratchpad" in pre.names
-    # Only the tables large enough for a scan to cost more than an index get one.
-    indexed = _lookup_indexes(pair)
-    assert "ducklake_bulk" in indexed, "the catch-up's lookup indexes were built on the target"
-    assert sorted(indexed) == sorted(
-        t.name for t in pre.tables if t.rows >= online.LOOKUP_MIN_ROWS
-    ), "no index on a table smaller than the threshold (dropping each one costs the window)"
-    assert "ducklake_notes" not in indexed
+    assert _lookup_indexes(pair) == [], "built by the rounds, for the tables they must match"
 
     with attach(extensions, pair.clusters.source, pair.catalog, pair.data) as lake:
         lake.sql("UPDATE lake.events SET amount = -1 WHERE id <= 20")
@@ -152,6 +146,38 @@ def test_the_catch_up_brings_the_target_to_a_source_written_during_the_pre_copy(
         assert history(lake, 1) == before
         lake.sql("INSERT INTO lake.late VALUES (4)")
         assert lake.rows("late") == [(1,), (2,), (3,), (4,)]
+
+
+def test_lookup_indexes_go_only_on_large_tables_with_updates_or_deletes(pair: Pair) -> None:
+    """A round indexes the tables whose rows the apply must find (an update or a delete) when
+    they are large enough for a scan to cost more than the index; an insert-only table, however
+    large, and a small one get none (dropping each index costs the window). The catch-up drops
+    them all."""
+    hooks = RecordingHooks()
+    with pair.source() as conn:
+        conn.execute("CREATE TABLE public.ducklake_appended (k integer)")
+        conn.execute(
+            "INSERT INTO public.ducklake_appended SELECT g "
+            f"FROM generate_series(1, {online.LOOKUP_MIN_ROWS}) g"
+        )
+        capture.add_triggers(conn, ["ducklake_appended"])
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    assert _lookup_indexes(pair) == []
+    with pair.source() as conn:
+        conn.execute("UPDATE public.ducklake_bulk SET v = 'changed' WHERE k = 7")
+        conn.execute("DELETE FROM public.ducklake_notes WHERE k = 1")
+        conn.execute("INSERT INTO public.ducklake_appended VALUES (-1)")
+    pre = online.advance(pair.source, pair.target, hooks, pre)
+    assert pre.last_round == 3
+    assert _lookup_indexes(pair) == ["ducklake_bulk"]
+    done = online.catch_up(pair.source, pair.target, hooks, pre)
+    try:
+        assert _lookup_indexes(pair) == []
+    finally:
+        done.release.release()
+    source, target = pair.clusters.source, pair.clusters.target
+    database = pair.catalog.database
+    assert catalog_checksums(target, database) == catalog_checksums(source, database)
 
 
 def test_removing_the_capture_leaves_the_tenants_tables_as_they_were(pair: Pair) -> None:
