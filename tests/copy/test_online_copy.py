@@ -23,15 +23,12 @@ from reshard.engines.copy import online, pump
 from reshard.engines.copy.base import CopyError
 from reshard.engines.copy.introspection import discover_tables
 from reshard.engines.verify import verify_ducklake
-from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import Writer, attach, extensions, history, tenant_work
 from tests.fixtures.hooks import RecordingHooks
 from tests.fixtures.runner import catalog_checksums
 from tests.fixtures.stores import StoreClusters, TenantCatalog, TenantCatalogFactory
 
-
-@pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
+__all__ = ["extensions"]  # fixtures used here
 
 
 class Pair:

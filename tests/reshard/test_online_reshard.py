@@ -15,7 +15,7 @@ import pytest
 
 from duckgres_admin.models import ReshardOperation, Warehouse
 from reshard.operation import sequences
-from tests.fixtures.ducklake import Writer, attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import Writer, attach, extensions, history, tenant_work
 from tests.fixtures.online import (
     AFTER_THE_SNAPSHOT,
     CaptureProbe,
@@ -40,12 +40,12 @@ from tests.fixtures.runner import (
 )
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 
-__all__ = ["runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures used here
-
-
-@pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
+__all__ = [
+    "extensions",
+    "runner_moto_server",
+    "runner_s3",
+    "runner_state_dir",
+]  # fixtures used here
 
 
 def _lake_on_the_source(

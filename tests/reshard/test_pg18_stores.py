@@ -22,7 +22,7 @@ import pytest
 from psycopg import sql
 
 from duckgres_admin.models import ReshardOperation
-from tests.fixtures.ducklake import Lake, Writer, attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import Lake, Writer, attach, extensions, history, tenant_work
 from tests.fixtures.online import OnlineTenant, assert_moved_with_writes, run_with_writer
 from tests.fixtures.pg18 import Pg18, as_store, pg18, started_pg18
 from tests.fixtures.rows import new_op, new_store, new_warehouse
@@ -46,7 +46,13 @@ from tests.fixtures.stores import (
     drop_tenant,
 )
 
-__all__ = ["pg18", "runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures used here
+__all__ = [
+    "extensions",
+    "pg18",
+    "runner_moto_server",
+    "runner_s3",
+    "runner_state_dir",
+]  # fixtures used here
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +100,6 @@ def _env(pg18: Pg18, s3: RunnerS3, *others: Pg18) -> dict[str, str]:
         "DUCKGRES_STORE_CHANNEL_BINDING_EXEMPT": exempt,
         "DUCKGRES_PG_BIN_DIRS": f"/usr/lib/postgresql/*/bin:{pg18.bin_dir}",
     }
-
-
-@pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
 
 
 def _move(

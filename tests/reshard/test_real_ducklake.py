@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.fixtures.ducklake import attach, extension_dir, history, tenant_work
+from tests.fixtures.ducklake import attach, extensions, history, tenant_work
 from tests.fixtures.rows import new_op, new_store, new_warehouse
 from tests.fixtures.runner import (
     RunnerS3,
@@ -27,18 +25,18 @@ from tests.fixtures.runner import (
 )
 from tests.fixtures.stores import StoreClusters, TenantCatalogFactory
 
-__all__ = ["runner_moto_server", "runner_s3", "runner_state_dir"]  # fixtures used here
+__all__ = [
+    "extensions",
+    "runner_moto_server",
+    "runner_s3",
+    "runner_state_dir",
+]  # fixtures used here
 
 
 def _count(clusters: StoreClusters, database: str, table: str) -> int:
     with clusters.source.superuser_conn(database) as conn:
         row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     return int(str(row[0])) if row else 0
-
-
-@pytest.fixture(scope="module")
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extension_dir(tmp_path_factory.mktemp("duckdb-extensions"))
 
 
 def test_a_reshard_of_a_real_ducklake_keeps_its_snapshots_time_travel_and_writes(
