@@ -281,24 +281,27 @@ def remove(conn: Connection, wait_ms: int = TABLE_LOCK_WAIT_MS) -> bool:
         present = installed(conn)
         tables = installed_tables(conn)
         try:
-            with conn.transaction():
-                _lock_timeout(conn)
-                _lock_all(conn, tables, "ACCESS EXCLUSIVE")
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
+            _drop_schema(conn, tables)
             return present
         except Busy:
             pass
         for table in tables:
             _on_one_table(conn, table, "ACCESS EXCLUSIVE", _drop_triggers(table), wait_ms)
-        with conn.transaction():
-            _lock_timeout(conn)
-            _lock_all(conn, installed_tables(conn), "ACCESS EXCLUSIVE")
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
+        _drop_schema(conn, installed_tables(conn))
     except CaptureError:
         raise
     except psycopg.Error as exc:
         raise CaptureError(f"removing change capture: {_one_line(exc)}") from exc
     return present
+
+
+def _drop_schema(conn: Connection, tables: Sequence[str]) -> None:
+    """The schema and what depends on it, ``tables`` (those still carrying a trigger) locked
+    at once with ``NOWAIT`` first (:class:`Busy`: nothing done)."""
+    with conn.transaction():
+        _lock_timeout(conn)
+        _lock_all(conn, tables, "ACCESS EXCLUSIVE")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(_SCHEMA))
 
 
 def drop_triggers(conn: Connection) -> None:
