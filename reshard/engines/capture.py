@@ -416,7 +416,15 @@ def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Appl
     changes of ``tables`` (copied by the pre-copy and still there) are applied; others are
     counted as skipped."""
     done = Applied()
-    keys = first_columns(conn, tables)
+    keys: dict[str, str | None] = {}
+
+    def key(table: str) -> str | None:
+        # Looked up per table the first time it has an update or a delete, not for every
+        # copied table up front (2,029 of them cost the window 56 ms at 20,000 DuckLake tables).
+        if table not in keys:
+            keys[table] = first_columns(conn, [table]).get(table)
+        return keys[table]
+
     for change in changes:
         if change.table not in tables:
             done.skipped += 1
@@ -425,11 +433,11 @@ def apply(conn: Connection, changes: Iterator[Change], tables: set[str]) -> Appl
             _insert(conn, change.table, change.new, change.seq)
             done.inserted += 1
         elif change.op == "U":
-            _delete(conn, change.table, change.old, change.seq, keys.get(change.table))
+            _delete(conn, change.table, change.old, change.seq, key(change.table))
             _insert(conn, change.table, change.new, change.seq)
             done.updated += 1
         elif change.op == "D":
-            _delete(conn, change.table, change.old, change.seq, keys.get(change.table))
+            _delete(conn, change.table, change.old, change.seq, key(change.table))
             done.deleted += 1
         elif change.op == "T":
             conn.execute(sql.SQL("TRUNCATE {}").format(_table(change.table)))

@@ -54,8 +54,6 @@ from reshard.engines.copy.catalog import (
 from reshard.engines.copy.replay import drop_table, durable_commit, recreate_table, replay
 from reshard.engines.copy.shape import Catalog, read_catalog
 
-ColumnRows = tuple[introspection.ColumnRow, ...]
-
 
 @dataclass(frozen=True)
 class Precopied:
@@ -63,9 +61,9 @@ class Precopied:
 
     marker: str
     tables: tuple[TableCopy, ...]
-    # Each table's pg_attribute rows as the pre-copy's snapshot read them: the fenced catch-up
-    # reads them again and compares them as read (no shaping inside the window).
-    columns: dict[str, ColumnRows] = field(repr=False)
+    # A digest of each table's pg_attribute rows as the pre-copy's snapshot read them: the
+    # fenced catch-up reads them again and compares (no shaping inside the window).
+    columns: dict[str, str] = field(repr=False)
     last_round: int = 0  # changes the last catch-up round applied (0 after the pre-copy)
 
     @property
@@ -113,9 +111,7 @@ def precopy_catalog(
             close_quietly(conn, hooks, rollback=True)
 
 
-def _snapshot(
-    src: Connection, hooks: CopyHooks
-) -> tuple[str, list[str], Catalog, dict[str, ColumnRows]]:
+def _snapshot(src: Connection, hooks: CopyHooks) -> tuple[str, list[str], Catalog, dict[str, str]]:
     try:
         src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         marker = capture.snapshot_marker(src)
@@ -125,19 +121,11 @@ def _snapshot(
                 "no source table carries the change capture — install it before the pre-copy"
             )
         catalog = read_catalog(src, tables)
-        columns = column_rows(src, tables)
+        columns = introspection.read_column_digests(src, tables)
     except psycopg.Error as exc:
         raise db_error("opening the pre-copy snapshot", exc) from exc
     hooks.log("info", f"pre-copy snapshot {marker}: {len(tables)} captured tables")
     return marker, tables, catalog, columns
-
-
-def column_rows(conn: Connection, tables: Sequence[str]) -> dict[str, ColumnRows]:
-    """Each of ``tables``' columns as introspected, unshaped (a table with none: empty)."""
-    grouped: dict[str, list[introspection.ColumnRow]] = {t: [] for t in tables}
-    for row in introspection.read_columns(conn, tables):
-        grouped.setdefault(row.table, []).append(row)
-    return {t: tuple(rows) for t, rows in grouped.items()}
 
 
 def advance(
@@ -191,20 +179,23 @@ def catch_up(
     try:
         src = open_connection(source, hooks, opened, "source")
         tgt = open_connection(target, hooks, opened, "target")
+        # The changes are read on a session of their own, its snapshot taken after the fence
+        # is up (so they are all there): the fence's transaction then holds no lock on the
+        # change table, and the caller can remove the capture while the fence stays up for the
+        # verification. Connected before the fence: a connection costs the window ~20 ms.
+        chg = open_connection(source, hooks, opened, "source")
         fence_target(tgt)
         # The fence without the offline copy's shaping of every table: inside the window only
-        # the kept tables' columns are read (and compared as read) and only the tables created
+        # the kept tables' columns are read (a digest, compared) and only the tables created
         # since the pre-copy are shaped, for their whole copy.
         now = lock_source(src, hooks)
-        # The changes are read on a session of their own (after the fence is up, so they are
-        # all there): the fence's transaction then holds no lock on the change table, and the
-        # caller can remove the capture while the fence stays up for the verification.
-        chg = open_connection(source, hooks, opened, "source")
         chg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        kept = [t for t in precopied.names if t in now]
-        dropped = tuple(t for t in precopied.names if t not in now)
-        created_names = [t for t in now if t not in precopied.names]
-        _same_columns(column_rows(src, kept), precopied)
+        # Sets, not lists: at 2,029 catalog tables list membership cost the window 0.5 s.
+        present, before = set(now), set(precopied.names)
+        kept = [t for t in precopied.names if t in present]
+        dropped = tuple(t for t in precopied.names if t not in present)
+        created_names = [t for t in now if t not in before]
+        _same_columns(kept, introspection.read_column_digests(src, kept), precopied)
         new = read_catalog(src, created_names)
         with tgt.transaction():
             for table in dropped:
@@ -295,12 +286,13 @@ def drop_lookup_indexes(tgt: Connection) -> None:
         )
 
 
-def _same_columns(now: dict[str, ColumnRows], precopied: Precopied) -> None:
-    changed = [t for t, rows in now.items() if rows != precopied.columns[t]]
+def _same_columns(kept: Sequence[str], now: dict[str, str], precopied: Precopied) -> None:
+    changed = [t for t in kept if now.get(t) != precopied.columns.get(t)]
     if changed:
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise CopyError(
-            f"the columns of {', '.join(changed)} changed since the pre-copy: their changes "
-            "cannot be applied faithfully; run the operation offline"
+            f"the columns of {', '.join(changed[:5])}{more} changed since the pre-copy: their "
+            "changes cannot be applied faithfully; run the operation offline"
         )
 
 

@@ -235,7 +235,8 @@ def run_catching_up(env: StepEnv) -> None:
         remove_capture(env, during_rollback=False)
     _check_caught_up(env, target)
     tables = [*precopied.tables, *caught.created]
-    kept = [t for t in tables if t.name not in set(caught.dropped)]
+    gone = set(caught.dropped)
+    kept = [t for t in tables if t.name not in gone]
     env.fence.update(
         tables_copied=len(kept),
         rows_copied=sum(t.rows for t in kept) + caught.applied.total,
