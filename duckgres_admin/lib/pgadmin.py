@@ -402,6 +402,30 @@ def _ms(seconds: float) -> str:
     return str(max(1, int(seconds * 1000)))
 
 
+# PostgreSQL cancels an autovacuum (not one preventing wraparound) that blocks a lock request
+# only once the request has waited the requester's deadlock_timeout (1 s by default). A session
+# that may lower it makes an autovacuum of a large catalog table yield within this instead.
+AUTOVACUUM_YIELD_MS = 50
+
+
+def yield_autovacuum_sooner(conn: psycopg.Connection[Any]) -> bool:
+    """Lower the session's ``deadlock_timeout`` to :data:`AUTOVACUUM_YIELD_MS` where the
+    current user may set it (a superuser, or on PostgreSQL 15+ a role a superuser gave ``GRANT
+    SET ON PARAMETER deadlock_timeout``); True when it did. Call it before any ``SET ROLE``: the
+    privilege is the login's. Elsewhere the server's value stays (no error, no statement
+    that could fail)."""
+    allowed = (
+        "pg_catalog.has_parameter_privilege('deadlock_timeout', 'SET')"
+        if conn.info.server_version >= 150000
+        else "pg_catalog.current_setting('is_superuser') = 'on'"
+    )
+    row = conn.execute(
+        f"SELECT pg_catalog.set_config('deadlock_timeout', %s, false) WHERE {allowed}",
+        (f"{AUTOVACUUM_YIELD_MS}ms",),
+    ).fetchone()
+    return row is not None
+
+
 def pin_session(
     conn: psycopg.Connection[Any],
     *,

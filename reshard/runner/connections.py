@@ -309,6 +309,8 @@ class Side:
         )
         try:
             if self.role:
+                # The provisioner's right, not the tenant's: before the SET ROLE.
+                pgadmin.yield_autovacuum_sooner(conn)
                 conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
                 if not autocommit:
                     conn.commit()

@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 from duckgres_admin.models import ReshardOperation
+from reshard.engines.copy.catalog import AUTOVACUUM_NOTE
 from tests.fixtures.ducklake import Lake, Writer, attach, extensions, history, tenant_work
 from tests.fixtures.online import OnlineTenant, assert_moved_with_writes, run_with_writer
 from tests.fixtures.pg18 import Pg18, as_store, pg18, started_pg18
@@ -170,6 +171,9 @@ def test_a_real_ducklake_moves_between_postgresql_15_and_18(
     tenant = OnlineTenant(source, catalog, data)
     writer = _move(op, mode, tenant, extensions, runner_state_dir, _env(pg18, runner_s3))
     assert any(line.startswith("catalog backup complete: s3://") for line in op_log(op.id))
+    # This PostgreSQL 18 server's provisioner has no SET ON deadlock_timeout: the fence says
+    # what an autovacuum can cost and which grant shortens it (the 15 source lowers it).
+    assert (AUTOVACUUM_NOTE in op_log(op.id)) is from_18
 
     with attach(extensions, target, catalog, data) as lake:
         _read_back(lake, created, before, writer)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from duckgres_admin.lib.pgadmin import AUTOVACUUM_YIELD_MS
 from duckgres_admin.platform.lockkeys import COPY_TARGET_LOCK_KEY
 from reshard.engines.copy import introspection, pump
 from reshard.engines.copy.base import (
@@ -200,6 +201,14 @@ def fence_target(tgt: Connection) -> None:
         raise CopyError("target catalog is locked by another copier — refusing to interleave")
 
 
+AUTOVACUUM_NOTE = (
+    "this source session keeps the server's deadlock_timeout (1 s by default): an autovacuum "
+    "on a catalog table can hold the write fence up to that long before PostgreSQL cancels it; "
+    "GRANT SET ON PARAMETER deadlock_timeout TO <provisioner> (PostgreSQL 15+) makes it "
+    f"{AUTOVACUUM_YIELD_MS} ms"
+)
+
+
 def lock_source(src: Connection, hooks: CopyHooks) -> list[str]:
     """Open the fence's ``REPEATABLE READ`` transaction on the source and take a ``SHARE``
     lock on every ``ducklake_*`` table in one statement; the table set is read again under the
@@ -210,6 +219,12 @@ def lock_source(src: Connection, hooks: CopyHooks) -> list[str]:
         if not tables:
             raise CopyError("source has no ducklake_% tables — refusing to copy an empty catalog")
         check_table_names(tables)
+        row = src.execute(
+            "SELECT pg_catalog.current_setting('deadlock_timeout') = %s",
+            (f"{AUTOVACUUM_YIELD_MS}ms",),
+        ).fetchone()
+        if not row or row[0] is not True:
+            hooks.log("info", AUTOVACUUM_NOTE)
         hooks.log("info", f"acquiring the source write fence on {len(tables)} tables…")
         src.execute(
             sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
