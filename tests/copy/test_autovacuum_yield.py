@@ -107,6 +107,7 @@ def _fence(server: Pg18, login: str) -> tuple[float, RecordingHooks]:
     return took, hooks
 
 
+@pytest.mark.safeguard("reshard-147")
 def test_an_autovacuum_yields_to_the_fence_within_the_lowered_deadlock_timeout(
     server: Pg18,
 ) -> None:

@@ -67,6 +67,7 @@ def _lake_on_the_source(
     return tenant, warehouse, created, before
 
 
+@pytest.mark.safeguard("reshard-147")
 @pytest.mark.parametrize("after_unblock", [True, False], ids=["backup-after-unblock", "before"])
 def test_an_online_reshard_moves_a_ducklake_written_during_its_pre_copy(
     after_unblock: bool,

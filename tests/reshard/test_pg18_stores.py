@@ -134,6 +134,7 @@ def _read_back(lake: Lake, created: int, before: dict[str, Any], writer: Writer 
         assert_moved_with_writes(lake, before, writer, created)
 
 
+@pytest.mark.safeguard("reshard-147")
 @pytest.mark.parametrize("mode", ["offline", "online"])
 @pytest.mark.parametrize("direction", ["15 -> 18", "18 -> 15"])
 def test_a_real_ducklake_moves_between_postgresql_15_and_18(
