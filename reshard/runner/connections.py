@@ -308,9 +308,9 @@ class Side:
             autocommit=autocommit,
         )
         try:
+            # The login's right (the provisioner's, not the tenant's): before any SET ROLE.
+            pgadmin.yield_autovacuum_sooner(conn)
             if self.role:
-                # The provisioner's right, not the tenant's: before the SET ROLE.
-                pgadmin.yield_autovacuum_sooner(conn)
                 conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
                 if not autocommit:
                     conn.commit()

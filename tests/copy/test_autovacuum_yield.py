@@ -32,6 +32,21 @@ PASSWORD = "autovacuum-yield-pw"
 
 @pytest.fixture
 def server(pg18: Pg18) -> Iterator[Pg18]:
+    try:
+        _prepare(pg18)
+        yield pg18
+    finally:  # the server is the module's: nothing of this test outlives it, set up or not
+        with pg18.conn() as admin:
+            admin.execute("ALTER SYSTEM RESET autovacuum_naptime")
+            admin.execute("SELECT pg_reload_conf()")
+            admin.execute("DROP DATABASE IF EXISTS av_catalog WITH (FORCE)")
+            if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = 'av_granted'").fetchone():
+                admin.execute("REVOKE SET ON PARAMETER deadlock_timeout FROM av_granted")
+            for role in ("av_granted", "av_plain", "av_tenant"):
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def _prepare(pg18: Pg18) -> None:
     with pg18.conn() as admin:
         admin.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
         admin.execute("SELECT pg_reload_conf()")
@@ -58,14 +73,6 @@ def server(pg18: Pg18) -> Iterator[Pg18]:
             "INSERT INTO public.ducklake_big SELECT g, 'x' FROM generate_series(1, 50000) g"
         )
         conn.execute("DELETE FROM public.ducklake_big WHERE id % 2 = 0")
-    yield pg18
-    with pg18.conn() as admin:
-        admin.execute("ALTER SYSTEM RESET autovacuum_naptime")
-        admin.execute("SELECT pg_reload_conf()")
-        admin.execute("DROP DATABASE av_catalog WITH (FORCE)")
-        admin.execute("REVOKE SET ON PARAMETER deadlock_timeout FROM av_granted")
-        for role in ("av_granted", "av_plain", "av_tenant"):
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def _login(server: Pg18, user: str) -> psycopg.Connection[Any]:

@@ -236,6 +236,19 @@ def test_a_table_whose_columns_changed_since_the_pre_copy_is_refused(pair: Pair,
         online.catch_up(pair.source, pair.target, hooks, pre)
 
 
+def test_a_table_dropped_and_created_again_since_the_pre_copy_is_refused(pair: Pair) -> None:
+    """Same name, same columns, but a new table without the capture's trigger: its writes since
+    were never recorded, so the catch-up refuses it rather than miss them."""
+    hooks = RecordingHooks()
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    with pair.source() as conn:
+        conn.execute("DROP TABLE public.ducklake_notes")
+        conn.execute("CREATE TABLE public.ducklake_notes (k integer, v text)")
+        conn.execute("INSERT INTO public.ducklake_notes VALUES (9, 'never captured')")
+    with pytest.raises(CopyError, match=r"columns of ducklake_notes changed since.*created again"):
+        online.catch_up(pair.source, pair.target, hooks, pre)
+
+
 def test_rounds_before_the_block_leave_the_fenced_catch_up_only_the_last_changes(
     pair: Pair, extensions: Path
 ) -> None:

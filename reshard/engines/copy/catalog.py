@@ -204,8 +204,8 @@ def fence_target(tgt: Connection) -> None:
 AUTOVACUUM_NOTE = (
     "this source session keeps the server's deadlock_timeout (1 s by default): an autovacuum "
     "on a catalog table can hold the write fence up to that long before PostgreSQL cancels it; "
-    "GRANT SET ON PARAMETER deadlock_timeout TO <provisioner> (PostgreSQL 15+) makes it "
-    f"{AUTOVACUUM_YIELD_MS} ms"
+    "GRANT SET ON PARAMETER deadlock_timeout TO <the login the runner uses on the source> "
+    f"(PostgreSQL 15+) makes it {AUTOVACUUM_YIELD_MS} ms"
 )
 
 
@@ -219,9 +219,9 @@ def lock_source(src: Connection, hooks: CopyHooks) -> list[str]:
         if not tables:
             raise CopyError("source has no ducklake_% tables — refusing to copy an empty catalog")
         check_table_names(tables)
-        row = src.execute(
-            "SELECT pg_catalog.current_setting('deadlock_timeout') = %s",
-            (f"{AUTOVACUUM_YIELD_MS}ms",),
+        row = src.execute(  # pg_settings.setting is in milliseconds, whatever the display
+            "SELECT setting::int <= %s FROM pg_catalog.pg_settings WHERE name = 'deadlock_timeout'",
+            (AUTOVACUUM_YIELD_MS,),
         ).fetchone()
         if not row or row[0] is not True:
             hooks.log("info", AUTOVACUUM_NOTE)

@@ -291,8 +291,9 @@ def _same_columns(kept: Sequence[str], now: dict[str, str], precopied: Precopied
     if changed:
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise CopyError(
-            f"the columns of {', '.join(changed[:5])}{more} changed since the pre-copy: their "
-            "changes cannot be applied faithfully; run the operation offline"
+            f"the columns of {', '.join(changed[:5])}{more} changed since the pre-copy (or the "
+            "table was dropped and created again): their changes cannot be applied "
+            "faithfully; run the operation offline"
         )
 
 
