@@ -414,16 +414,22 @@ def yield_autovacuum_sooner(conn: psycopg.Connection[Any]) -> bool:
     SET ON PARAMETER deadlock_timeout``); True when it did. Call it before any ``SET ROLE``: the
     privilege is the login's. Elsewhere the server's value stays (no error, no statement
     that could fail)."""
-    allowed = (
-        "pg_catalog.has_parameter_privilege('deadlock_timeout', 'SET')"
-        if conn.info.server_version >= 150000
-        else "pg_catalog.current_setting('is_superuser') = 'on'"
-    )
     row = conn.execute(
-        f"SELECT pg_catalog.set_config('deadlock_timeout', %s, false) WHERE {allowed}",
+        "SELECT pg_catalog.set_config('deadlock_timeout', %s, false) WHERE "
+        + may_set_sql(conn, "deadlock_timeout"),
         (f"{AUTOVACUUM_YIELD_MS}ms",),
     ).fetchone()
     return row is not None
+
+
+def may_set_sql(conn: psycopg.Connection[Any], parameter: str) -> str:
+    """A boolean SQL expression: the current user may set the superuser-only ``parameter`` (a
+    superuser, or on PostgreSQL 15+ a role given ``GRANT SET ON PARAMETER``). Chosen by the
+    server's version, since ``has_parameter_privilege`` does not exist before 15. ``parameter``
+    is one of this product's constants, never input."""
+    if conn.info.server_version >= 150000:
+        return f"pg_catalog.has_parameter_privilege('{parameter}', 'SET')"
+    return "pg_catalog.current_setting('is_superuser') = 'on'"
 
 
 def pin_session(

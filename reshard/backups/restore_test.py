@@ -286,10 +286,7 @@ def _limit_temp_files(conn: Any, name: str) -> None:
     """The scratch role's ``temp_file_limit`` (kB) = the size cap, where the provisioner may
     set that parameter (a superuser's ``GRANT SET ON PARAMETER temp_file_limit TO <it>``, 15+);
     otherwise a warning naming that grant, and only the database's size is guarded."""
-    row = conn.execute(
-        "SELECT pg_catalog.current_setting('server_version_num')::int >= 150000 AND "
-        "pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"
-    ).fetchone()
+    row = conn.execute("SELECT " + pgadmin.may_set_sql(conn, "temp_file_limit")).fetchone()
     if not row or not row[0]:
         _log.warning(
             "restore test: the provisioner may not set temp_file_limit on the scratch store, so "

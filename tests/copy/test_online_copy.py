@@ -216,6 +216,17 @@ def test_a_change_the_target_cannot_match_fails_the_catch_up(pair: Pair) -> None
         assert tgt.execute("SELECT count(*) FROM public.ducklake_scratchpad").fetchone() == (0,)
 
 
+def _refused_after_the_pre_copy(pair: Pair, statements: list[str], match: str) -> None:
+    """Pre-copy, run ``statements`` on the source as the tenant, and the catch-up refuses."""
+    hooks = RecordingHooks()
+    pre = online.precopy_catalog(pair.source, pair.target, hooks)
+    with pair.source() as conn:
+        for statement in statements:
+            conn.execute(statement)
+    with pytest.raises(CopyError, match=match):
+        online.catch_up(pair.source, pair.target, hooks, pre)
+
+
 @pytest.mark.parametrize(
     "ddl",
     [
@@ -228,25 +239,25 @@ def test_a_change_the_target_cannot_match_fails_the_catch_up(pair: Pair) -> None
 )
 def test_a_table_whose_columns_changed_since_the_pre_copy_is_refused(pair: Pair, ddl: str) -> None:
     """Any change to a kept table's columns (each is compared as a digest of its rows)."""
-    hooks = RecordingHooks()
-    pre = online.precopy_catalog(pair.source, pair.target, hooks)
-    with pair.source() as conn:
-        conn.execute(f"ALTER TABLE public.ducklake_scratchpad {ddl}")
-    with pytest.raises(CopyError, match="columns of ducklake_scratchpad changed since"):
-        online.catch_up(pair.source, pair.target, hooks, pre)
+    _refused_after_the_pre_copy(
+        pair,
+        [f"ALTER TABLE public.ducklake_scratchpad {ddl}"],
+        "columns of ducklake_scratchpad changed since",
+    )
 
 
 def test_a_table_dropped_and_created_again_since_the_pre_copy_is_refused(pair: Pair) -> None:
     """Same name, same columns, but a new table without the capture's trigger: its writes since
     were never recorded, so the catch-up refuses it rather than miss them."""
-    hooks = RecordingHooks()
-    pre = online.precopy_catalog(pair.source, pair.target, hooks)
-    with pair.source() as conn:
-        conn.execute("DROP TABLE public.ducklake_notes")
-        conn.execute("CREATE TABLE public.ducklake_notes (k integer, v text)")
-        conn.execute("INSERT INTO public.ducklake_notes VALUES (9, 'never captured')")
-    with pytest.raises(CopyError, match=r"columns of ducklake_notes changed since.*created again"):
-        online.catch_up(pair.source, pair.target, hooks, pre)
+    _refused_after_the_pre_copy(
+        pair,
+        [
+            "DROP TABLE public.ducklake_notes",
+            "CREATE TABLE public.ducklake_notes (k integer, v text)",
+            "INSERT INTO public.ducklake_notes VALUES (9, 'never captured')",
+        ],
+        r"columns of ducklake_notes changed since.*created again",
+    )
 
 
 def test_rounds_before_the_block_leave_the_fenced_catch_up_only_the_last_changes(
@@ -285,13 +296,7 @@ def test_rounds_before_the_block_leave_the_fenced_catch_up_only_the_last_changes
     ],
 )
 def test_a_change_table_the_tenant_altered_is_never_read(pair: Pair, tamper: str) -> None:
-    hooks = RecordingHooks()
-    pre = online.precopy_catalog(pair.source, pair.target, hooks)
-    with pair.source() as conn:
-        for statement in tamper.split("; "):
-            conn.execute(statement)
-    with pytest.raises(CopyError, match="no longer the table the capture created"):
-        online.catch_up(pair.source, pair.target, hooks, pre)
+    _refused_after_the_pre_copy(pair, tamper.split("; "), "no longer the table the capture created")
 
 
 @pytest.mark.safeguard("reshard-145")
